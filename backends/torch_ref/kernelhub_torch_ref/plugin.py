@@ -1,0 +1,71 @@
+"""Registers the torch_ref backend: one Impl per op, backward derived with torch.func.vjp."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from kernelhub import hookimpl
+from kernelhub.spec import Backend, Impl
+from kernelhub_torch_ref import __version__, kplanes, semiconv, tikhonov, trilinear, tv
+
+FORWARDS: dict[str, Callable[..., torch.Tensor]] = {
+    "tv_loss_l1_3d": tv.tv_loss_l1_3d,
+    "tv_loss_sq_3d": tv.tv_loss_sq_3d,
+    "tv_loss_iso_3d": tv.tv_loss_iso_3d,
+    "kplanes_interp_tilted": kplanes.kplanes_interp_tilted,
+    "kplanes_interp_tilted_ms": kplanes.kplanes_interp_tilted_ms,
+    "kplanes_interp_tilted_taps": kplanes.kplanes_interp_tilted_taps,
+    "trilinear_interp": trilinear.trilinear_interp,
+    "semiconv": semiconv.semiconv,
+    "tikhonov_inverse_2xn": tikhonov.tikhonov_inverse_2xn,
+}
+# Where the reference's gradient is not the autograd of its forward (OPS.md: Tikhonov's
+# gradient is the closed form's, not the SVD's), the function to differentiate instead.
+DIFFERENTIATE: dict[str, Callable[..., torch.Tensor]] = {
+    "tikhonov_inverse_2xn": tikhonov.closed_form_float64,
+}
+
+
+def vjp_backward(forward: Callable[..., torch.Tensor], diff: Sequence[int]) -> Callable:
+    """A backward(grad, *args, needs) computed by torch.func.vjp of ``forward``.
+
+    torch.func works inside a torch.library kernel, where plain autograd is switched off.
+    """
+
+    def backward(grad: torch.Tensor, *args, needs: Sequence[bool]):
+        def f(*primals):
+            full = list(args)
+            for i, p in zip(diff, primals):
+                full[i] = p
+            return forward(*full)
+
+        out, pullback = torch.func.vjp(f, *(args[i] for i in diff))
+        grads = pullback(grad.to(out.dtype))
+        result = []
+        for g, arg, need in zip(grads, (args[i] for i in diff), needs):
+            if not need:
+                result.append(None)
+            elif isinstance(g, (list, tuple)):
+                result.append([x.to(a.dtype) for x, a in zip(g, arg)])
+            else:
+                result.append(g.to(arg.dtype))
+        return result
+
+    return backward
+
+
+@hookimpl
+def kernelhub_register_impls(registry) -> None:
+    registry.add_backend(Backend("torch_ref", __version__, "plain PyTorch, written from OPS.md"))
+    for op, forward in FORWARDS.items():
+        spec = registry.spec(op)
+        registry.add_impl(Impl(
+            op=op,
+            backend="torch_ref",
+            forward=forward,
+            backward=vjp_backward(DIFFERENTIATE.get(op, forward), spec.differentiable),
+            dtypes=spec.dtypes,
+            devices=None,
+        ))

@@ -1,0 +1,227 @@
+"""The ``kernelhub`` command: each subcommand builds a dict, then prints it as a rich table or ``--json``.
+
+To add a command: write ``cmd_<name>(args) -> dict`` and ``render_<name>(data, console)``,
+and add its parser in ``build_parser``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import platform
+import shutil
+import sys
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+import kernelhub
+from kernelhub.errors import KernelhubError
+
+__all__ = ["main", "build_parser"]
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise argparse.ArgumentTypeError(f"unknown dtype {name!r}")
+    return dtype
+
+
+def _short(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# -- list -------------------------------------------------------------------
+def cmd_list(args: argparse.Namespace) -> dict:
+    hub = kernelhub.get_hub()
+    reg = hub.registry
+    backends = {}
+    for name in sorted(set(reg.backends) | {e.plugin for e in reg.plugin_errors}):
+        b = reg.backends.get(name)
+        reason = reg.unavailable_reason(name)
+        backends[name] = {"version": b.version if b else None, "available": reason is None, "reason": reason,
+                          "disabled": name in hub.config.disabled, "plugin": reg.plugin_of(name)}
+    ops = {}
+    for op in sorted(reg.specs):
+        ops[op] = {}
+        for bname, impl in sorted(reg.impls(op).items()):
+            ops[op][bname] = {"devices": list(impl.devices) if impl.devices else ["any"],
+                              "dtypes": [_short(d) for d in impl.dtypes], "deterministic": impl.deterministic,
+                              "available": reg.unavailable_reason(bname) is None}
+    errors = [{"plugin": e.plugin, "stage": e.stage, "error": e.error} for e in reg.plugin_errors]
+    return {"backends": backends, "ops": ops, "plugin_errors": errors, "config": hub.config.source}
+
+
+def render_list(data: dict, console: Console) -> None:
+    t = Table(title="backends")
+    for col in ("backend", "version", "status"):
+        t.add_column(col)
+    for name, b in data["backends"].items():
+        status = "[green]available[/]" if b["available"] else f"[red]unavailable[/]: {b['reason']}"
+        if b["disabled"]:
+            status += " [yellow](disabled by config)[/]"
+        t.add_row(name, b["version"] or "-", status)
+    console.print(t)
+    names = list(data["backends"])
+    t = Table(title=f"ops x backends (config: {data['config']})")
+    t.add_column("op")
+    for n in names:
+        t.add_column(n)
+    for op, impls in data["ops"].items():
+        cells = []
+        for n in names:
+            i = impls.get(n)
+            if i is None:
+                cells.append("-")
+            else:
+                mark = "" if i["available"] else "[red](unavailable)[/] "
+                cells.append(f"{mark}{','.join(i['devices'])}: {' '.join(i['dtypes'])}")
+        t.add_row(op, *cells)
+    console.print(t)
+    for e in data["plugin_errors"]:
+        console.print(f"[red]plugin {e['plugin']!r} failed at {e['stage']}:[/] {e['error']}")
+
+
+# -- explain ----------------------------------------------------------------
+def _example_args(op: str, shapes: list[list[int]], values: list[str], dtype: torch.dtype, device: str) -> tuple:
+    """Arguments for ``op``: tensors of the given shapes, other arguments from ``values`` (NAME=VALUE)
+    or else from the spec's first small sample; validated by the spec like a real call."""
+    spec = kernelhub.get_hub().registry.spec(op)
+    gen = torch.Generator(device=device).manual_seed(0)
+    template = spec.samples("small", dtype, torch.device(device), gen)[0].args
+    tensors = [i for i, a in enumerate(spec.args) if a.kind == "tensor"]
+    if shapes and len(shapes) != len(tensors):
+        raise ValueError(f"{op} takes {len(tensors)} tensor shape(s) "
+                         f"({', '.join(spec.args[i].name for i in tensors)}), got {len(shapes)}")
+    kwargs = {a.name: v for a, v in zip(spec.args, template)}
+    for i, shape in zip(tensors, shapes):
+        kwargs[spec.args[i].name] = torch.randn(shape, generator=gen, device=device).to(template[i].dtype)
+    for item in values:
+        name, _, text = item.partition("=")
+        if name not in kwargs:
+            raise ValueError(f"{op} has no argument {name!r}; arguments: {list(kwargs)}")
+        try:
+            kwargs[name] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            kwargs[name] = text
+    return spec.normalize(**kwargs)
+
+
+def cmd_explain(args: argparse.Namespace) -> dict:
+    call = _example_args(args.op, args.shape or [], args.arg or [], args.dtype, args.device)
+    return kernelhub.get_hub().selector.decide(args.op, call).as_dict()
+
+
+def render_explain(data: dict, console: Console) -> None:
+    t = Table(title=f"{data['op']}({data['call']}) -> {data['chosen']}")
+    for col in ("backend", "status", "why"):
+        t.add_column(col)
+    colour = {"accepted": "green", "lost": "yellow", "rejected": "red"}
+    for c in data["candidates"]:
+        why = "; ".join(c["reasons"])
+        if c["lost_to"]:
+            why = f"lost to {c['lost_to']}: {why}"
+        t.add_row(c["backend"], f"[{colour[c['status']]}]{c['status']}[/]", why)
+    console.print(t)
+
+
+# -- doctor -----------------------------------------------------------------
+def cmd_doctor(args: argparse.Namespace) -> dict:
+    hub = kernelhub.get_hub()
+    cuda = torch.cuda.is_available()
+    devices = ["cpu"] + [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "kernelhub": kernelhub.__version__,
+                "cuda (torch build)": torch.version.cuda}
+    for mod in ("triton", "pluggy", "rich", "numpy"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception as exc:
+            versions[mod] = f"not importable ({type(exc).__name__})"
+    compilers = {name: shutil.which(name) for name in ("c++", "nvcc", "ninja")}
+    return {
+        "versions": versions,
+        "devices": devices,
+        "cuda_available": cuda,
+        "compilers": compilers,
+        "config": hub.config.as_dict(),
+        "backends": {n: {"version": b.version, "plugin": hub.registry.plugin_of(n),
+                         "unavailable_reason": hub.registry.unavailable_reason(n)}
+                     for n, b in sorted(hub.registry.backends.items())},
+        "plugin_errors": [{"plugin": e.plugin, "stage": e.stage, "error": e.error, "traceback": e.traceback}
+                          for e in hub.registry.plugin_errors],
+    }
+
+
+def render_doctor(data: dict, console: Console) -> None:
+    t = Table(title="environment", show_header=False)
+    for k, v in data["versions"].items():
+        t.add_row(k, str(v))
+    t.add_row("devices", ", ".join(data["devices"]))
+    for k, v in data["compilers"].items():
+        t.add_row(f"compiler {k}", v or "[yellow]not found[/]")
+    console.print(t)
+    t = Table(title="backends")
+    for col in ("backend", "version", "plugin", "status"):
+        t.add_column(col)
+    for n, b in data["backends"].items():
+        t.add_row(n, b["version"], b["plugin"], "[green]available[/]" if b["unavailable_reason"] is None
+                  else f"[red]unavailable[/]: {b['unavailable_reason']}")
+    console.print(t)
+    cfg = data["config"]
+    t = Table(title=f"config in force: {cfg['source']}", show_header=False)
+    for k in ("overrides", "kill_switch", "strict", "disabled", "priority", "ops"):
+        t.add_row(k, json.dumps(cfg[k]))
+    console.print(t)
+    if not data["plugin_errors"]:
+        console.print("plugin errors: none")
+    for e in data["plugin_errors"]:
+        console.print(f"[red]plugin {e['plugin']!r} failed at {e['stage']}:[/] {e['error']}")
+
+
+# -- main -------------------------------------------------------------------
+COMMANDS = {
+    "list": (cmd_list, render_list, "ops x backends: available or why not, devices, dtypes"),
+    "explain": (cmd_explain, render_explain, "which backend serves a call, and why the others do not"),
+    "doctor": (cmd_doctor, render_doctor, "versions, devices, compilers, plugin errors, config in force"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kernelhub", description="kernelhub: fused kernels chosen per call")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (_, _, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        if name == "explain":
+            p.add_argument("op", help="op name, e.g. tv_loss_l1_3d")
+            p.add_argument("--shape", action="append", type=lambda s: [int(x) for x in s.split(",") if x],
+                           help="shape of each tensor argument in order, e.g. --shape 64,64,64 (repeat per tensor)")
+            p.add_argument("--arg", action="append", metavar="NAME=VALUE",
+                           help="a non-tensor argument, e.g. --arg semifield=log:2 --arg groups=1")
+            p.add_argument("--dtype", type=_dtype, default=torch.float32)
+            p.add_argument("--device", default="cpu")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cmd, render, _ = COMMANDS[args.command]
+    console = Console()
+    try:
+        data = cmd(args)
+    except (KernelhubError, KeyError, ValueError, TypeError) as exc:
+        console.print(f"[red]kernelhub {args.command}: {exc}[/]")
+        return 2
+    if args.json:
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        render(data, console)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Configuration: ``kernelhub.toml`` plus at most three environment overrides.
+
+The file is looked up in this order, first found wins:
+
+1. ``$KERNELHUB_CONFIG`` (a path; an error if it does not exist),
+2. ``./kernelhub.toml`` in the working directory,
+3. ``$XDG_CONFIG_HOME/kernelhub/kernelhub.toml`` (default ``~/.config/kernelhub/kernelhub.toml``),
+4. the built-in defaults (the same values as the repository's commented ``kernelhub.toml``).
+
+Environment overrides, applied on top of the file:
+
+- ``KERNELHUB_CONFIG``: the file above.
+- ``KERNELHUB_KILL_SWITCH=1``: every op runs torch_ref (``0`` forces it off).
+- ``KERNELHUB_DISABLE=triton,cuda_ext``: backends added to ``disabled``.
+
+Any error names the source (file or variable), the key, and the allowed values.
+An unknown backend name anywhere is an error, never ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+from collections.abc import Mapping
+from pathlib import Path
+
+from kernelhub.errors import ConfigError
+
+__all__ = ["Config", "OpConfig", "load_config", "find_config_file", "DEFAULT_PRIORITY", "ENV_VARS"]
+
+DEFAULT_PRIORITY = ("cuda_ext", "triton", "inductor", "torch_ref")
+ENV_VARS = ("KERNELHUB_CONFIG", "KERNELHUB_KILL_SWITCH", "KERNELHUB_DISABLE")
+REFERENCE_BACKEND = "torch_ref"
+
+
+@dataclasses.dataclass(frozen=True)
+class OpConfig:
+    priority: tuple[str, ...] = ()
+    pin: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The configuration in force. ``source`` says where it came from."""
+
+    kill_switch: bool = False
+    strict: bool = False
+    disabled: frozenset[str] = frozenset()
+    priority: tuple[str, ...] = DEFAULT_PRIORITY
+    ops: Mapping[str, OpConfig] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
+    source: str = "built-in defaults"
+    overrides: tuple[str, ...] = ()
+
+    def op(self, name: str) -> OpConfig:
+        return self.ops.get(name) or OpConfig()
+
+    def priority_for(self, op: str, backends: list[str]) -> list[str]:
+        """Order ``backends``: the op's priority, then the global one, then unlisted names
+        alphabetically, with torch_ref last unless a list names it."""
+        order = list(self.op(op).priority) + [b for b in self.priority if b not in self.op(op).priority]
+        rank = {b: i for i, b in enumerate(order)}
+        unlisted = len(order)
+        return sorted(backends, key=lambda b: (rank.get(b, unlisted + (b == REFERENCE_BACKEND)), b))
+
+    def check_ops(self, known_ops: Mapping) -> None:
+        for name in self.ops:
+            if name not in known_ops:
+                raise ConfigError(f"{self.source}: [ops.{name}]: unknown op; known ops: {sorted(known_ops)}")
+
+    def as_dict(self) -> dict:
+        return {
+            "source": self.source,
+            "overrides": list(self.overrides),
+            "kill_switch": self.kill_switch,
+            "strict": self.strict,
+            "disabled": sorted(self.disabled),
+            "priority": list(self.priority),
+            "ops": {k: {"priority": list(v.priority), "pin": v.pin} for k, v in self.ops.items()},
+        }
+
+
+_TOP_KEYS = {"kill_switch": bool, "strict": bool, "disabled": list, "priority": list, "ops": dict}
+_OP_KEYS = {"priority": list, "pin": str}
+
+
+def find_config_file(cwd: Path | None = None) -> Path | None:
+    env = os.environ.get("KERNELHUB_CONFIG")
+    if env:
+        path = Path(env)
+        if not path.is_file():
+            raise ConfigError(f"KERNELHUB_CONFIG={env!r}: no such file")
+        return path
+    local = (cwd or Path.cwd()) / "kernelhub.toml"
+    if local.is_file():
+        return local
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    user = base / "kernelhub" / "kernelhub.toml"
+    return user if user.is_file() else None
+
+
+def _names(value: object, where: str, known: frozenset[str]) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: expected a list of backend names, got {value!r}")
+    for v in value:
+        if v not in known:
+            raise ConfigError(f"{where}: unknown backend {v!r}; allowed: {sorted(known)}")
+    return tuple(value)
+
+
+def _check_keys(table: Mapping, allowed: Mapping[str, type], where: str) -> None:
+    for key, value in table.items():
+        if key not in allowed:
+            raise ConfigError(f"{where}: unknown key {key!r}; allowed keys: {sorted(allowed)}")
+        if not isinstance(value, allowed[key]):
+            raise ConfigError(
+                f"{where}.{key}: expected {allowed[key].__name__}, got {type(value).__name__} {value!r}")
+
+
+def parse_config(data: Mapping, source: str, known_backends: frozenset[str]) -> Config:
+    _check_keys(data, _TOP_KEYS, source)
+    ops = {}
+    for name, table in data.get("ops", {}).items():
+        where = f"{source}: [ops.{name}]"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: expected a table with keys {sorted(_OP_KEYS)}")
+        _check_keys(table, _OP_KEYS, where)
+        pin = table.get("pin", "")
+        if pin and pin not in known_backends:
+            raise ConfigError(f"{where}.pin: unknown backend {pin!r}; allowed: {sorted(known_backends)}")
+        ops[name] = OpConfig(priority=_names(table.get("priority", []), f"{where}.priority", known_backends), pin=pin)
+    return Config(
+        kill_switch=data.get("kill_switch", False),
+        strict=data.get("strict", False),
+        disabled=frozenset(_names(data.get("disabled", []), f"{source}: disabled", known_backends)),
+        priority=_names(data.get("priority", list(DEFAULT_PRIORITY)), f"{source}: priority", known_backends),
+        ops=types.MappingProxyType(ops),
+        source=source,
+    )
+
+
+def load_config(known_backends: frozenset[str], path: Path | None = None) -> Config:
+    """Find, read and validate the configuration, then apply the environment overrides."""
+    path = path if path is not None else find_config_file()
+    if path is None:
+        config = parse_config({}, "built-in defaults", known_backends)
+    else:
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        config = parse_config(data, str(path), known_backends)
+
+    overrides = []
+    kill = os.environ.get("KERNELHUB_KILL_SWITCH")
+    if kill is not None and kill != "":
+        if kill not in ("0", "1"):
+            raise ConfigError(f"KERNELHUB_KILL_SWITCH={kill!r}: allowed values are '0' and '1'")
+        config = dataclasses.replace(config, kill_switch=kill == "1")
+        overrides.append(f"KERNELHUB_KILL_SWITCH={kill}")
+    disable = os.environ.get("KERNELHUB_DISABLE")
+    if disable:
+        names = [n.strip() for n in disable.split(",") if n.strip()]
+        for n in names:
+            if n not in known_backends:
+                raise ConfigError(f"KERNELHUB_DISABLE: unknown backend {n!r}; allowed: {sorted(known_backends)}")
+        config = dataclasses.replace(config, disabled=config.disabled | frozenset(names))
+        overrides.append(f"KERNELHUB_DISABLE={disable}")
+    return dataclasses.replace(config, overrides=tuple(overrides))

@@ -1,0 +1,35 @@
+"""Exceptions raised by kernelhub. Every message names the op, the argument or the plugin involved."""
+
+from __future__ import annotations
+
+__all__ = [
+    "KernelhubError",
+    "PluginValidationError",
+    "ConfigError",
+    "NoImplementationError",
+    "StrictModeError",
+]
+
+
+class KernelhubError(Exception):
+    """Base class of kernelhub's own errors."""
+
+
+class PluginValidationError(KernelhubError):
+    """A plugin registered something that contradicts a spec (raised at registration, not at call time)."""
+
+    def __init__(self, plugin: str, message: str) -> None:
+        self.plugin = plugin
+        super().__init__(f"plugin {plugin!r}: {message}")
+
+
+class ConfigError(KernelhubError, ValueError):
+    """A configuration file or environment override is invalid; the message names the source, key and allowed values."""
+
+
+class NoImplementationError(KernelhubError, RuntimeError):
+    """No registered implementation can serve a call; the message lists every candidate with its reasons."""
+
+
+class StrictModeError(KernelhubError, RuntimeError):
+    """Strict mode is on and a call would have fallen back to another backend."""

@@ -1,0 +1,100 @@
+"""The hub: one registry, one config, one selector per process, and the run loop with fallback."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from kernelhub.config import Config, load_config
+from kernelhub.dispatch import OpHandle, define_ops, flatten_grads
+from kernelhub.errors import NoImplementationError
+from kernelhub.registry import Registry, declared_backend_names
+from kernelhub.select import Decision, Selector
+
+__all__ = ["Hub", "get_hub", "reload"]
+
+
+class Hub:
+    def __init__(self, extra_plugins: Iterable[tuple[str, object]] = (), config: Config | None = None) -> None:
+        extra_plugins = list(extra_plugins)
+        known = declared_backend_names() | {name for name, _ in extra_plugins}
+        self.config = config if config is not None else load_config(known)
+        self.registry = Registry().load(extra_plugins, strict=self.config.strict)
+        self.config.check_ops(self.registry.specs)
+        self.selector = Selector(self.registry, self.config)
+        self._handles: dict[tuple[str, str], OpHandle] = {}
+        for spec in self.registry.specs.values():
+            define_ops(spec, _run_forward, _run_backward)
+
+    def handle(self, name: str, backend: str | None = None) -> OpHandle:
+        key = (name, backend or "")
+        h = self._handles.get(key)
+        if h is None:
+            spec = self.registry.spec(name)
+            if backend and backend not in self.registry.backends:
+                raise NoImplementationError(
+                    f"kernelhub.op({name!r}, backend={backend!r}): backend not available: "
+                    f"{self.registry.unavailable_reason(backend)} (registered: {sorted(self.registry.backends)})")
+            h = self._handles[key] = OpHandle(spec, define_ops(spec, _run_forward, _run_backward), backend or "")
+        return h
+
+    def explain(self, name: str, *args: Any, **kwargs: Any) -> Decision:
+        return self.selector.decide(name, self.registry.spec(name).normalize(*args, **kwargs))
+
+    def _run(self, op: str, args: Sequence[Any], forced: str, call):
+        while True:
+            decision = self.selector.decide(op, args, forced)
+            if decision.chosen is None:
+                raise NoImplementationError(f"kernelhub: no implementation can serve this call:\n{decision}")
+            impl = decision.eligible[0]
+            try:
+                return impl, call(impl)
+            except Exception as exc:
+                if forced or len(decision.eligible) == 1:
+                    raise
+                self.selector.strict_check(
+                    f"{op}: backend {impl.backend!r} raised {type(exc).__name__}: {exc} (would fall back to "
+                    f"{decision.eligible[1].backend!r})")
+                self.selector.mark_failed(op, args, forced, impl.backend, exc)
+
+    def run_forward(self, op: str, args: Sequence[Any], forced: str) -> torch.Tensor:
+        # outputs are contiguous, as the fake implementations promise torch.compile
+        return self._run(op, args, forced, lambda impl: impl.forward(*args))[1].contiguous()
+
+    def run_backward(self, op: str, grad: torch.Tensor, args: Sequence[Any], needs: Sequence[bool],
+                     forced: str) -> list[torch.Tensor]:
+        spec = self.registry.spec(op)
+        _, grads = self._run(op, args, forced, lambda impl: impl.backward(grad, *args, needs=needs))
+        return flatten_grads(spec, args, needs, grads)
+
+
+_HUB: Hub | None = None
+_LOCK = threading.Lock()
+
+
+def get_hub() -> Hub:
+    global _HUB
+    if _HUB is None:
+        with _LOCK:
+            if _HUB is None:
+                _HUB = Hub()
+    return _HUB
+
+
+def reload(extra_plugins: Iterable[tuple[str, object]] = (), config: Config | None = None) -> Hub:
+    """Rebuild the hub: re-read the config, reload plugins, drop cached decisions."""
+    global _HUB
+    with _LOCK:
+        _HUB = Hub(extra_plugins, config)
+    return _HUB
+
+
+def _run_forward(op, args, backend):
+    return get_hub().run_forward(op, args, backend)
+
+
+def _run_backward(op, grad, args, needs, backend):
+    return get_hub().run_backward(op, grad, args, needs, backend)

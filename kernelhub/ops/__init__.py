@@ -1,0 +1,25 @@
+"""kernelhub's own op specs, registered through the same hook a third party uses.
+
+To add an op: write its `OpSpec` in a module here (one module per op family), list
+it in `SPECS`, implement it in backends/torch_ref (the reference), and run
+`python -m kernelhub.testing.tolerances --write` to measure its tolerances.
+"""
+
+from __future__ import annotations
+
+from kernelhub.hookspecs import hookimpl
+from kernelhub.ops.kplanes import KPLANES, KPLANES_MS, KPLANES_TAPS
+from kernelhub.ops.semiconv import SEMICONV
+from kernelhub.ops.tikhonov import TIKHONOV
+from kernelhub.ops.trilinear import TRILINEAR
+from kernelhub.ops.tv import TV_ISO, TV_L1, TV_SQ
+
+__all__ = ["SPECS"]
+
+SPECS = (TV_L1, TV_SQ, TV_ISO, KPLANES, KPLANES_MS, KPLANES_TAPS, TRILINEAR, SEMICONV, TIKHONOV)
+
+
+@hookimpl
+def kernelhub_register_specs(registry) -> None:
+    for spec in SPECS:
+        registry.add_spec(spec)

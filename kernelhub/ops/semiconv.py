@@ -1,0 +1,216 @@
+"""Semifield convolution: morphology (max-plus, min-plus) and its smooth relatives (OPS.md, op 7).
+
+Canonical arguments: ``(img, kernel, semifield, stride[n], padding[2n] as (begin, end)
+pairs, dilation[n], groups, kind)`` with n the number of spatial dims.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernelhub.ops import _checks as c
+from kernelhub.ops.tolerances import TOLERANCES
+from kernelhub.spec import Arg, OpSpec, SampleInput
+
+__all__ = ["SEMICONV", "parse_semifield", "output_size"]
+
+OP = "semiconv"
+SEMIFIELDS = ("tropical_max", "tropical_min", "linear", "root:p", "log:mu")
+
+
+def parse_semifield(semifield: str) -> tuple[str, float]:
+    """``"root:2"`` -> ("root", 2.0); ``"tropical_max"`` -> ("tropical_max", 0.0)."""
+    if not isinstance(semifield, str):
+        raise TypeError(f"{OP}: argument 'semifield' must be a str, got {type(semifield).__name__}")
+    name, _, param = semifield.partition(":")
+    if name in ("tropical_max", "tropical_min", "linear") and not param:
+        return name, 0.0
+    if name in ("root", "log") and param:
+        try:
+            value = float(param)
+        except ValueError:
+            value = float("nan")
+        if value != 0 and math.isfinite(value):
+            return name, value
+        raise ValueError(f"{OP}: argument 'semifield' {semifield!r}: the parameter must be a finite number != 0")
+    raise ValueError(f"{OP}: argument 'semifield' must be one of {list(SEMIFIELDS)}, got {semifield!r}")
+
+
+def semifield_zero(semifield: str) -> float:
+    name, p = parse_semifield(semifield)
+    if name == "tropical_max" or (name == "log" and p > 0):
+        return float("-inf")
+    if name == "tropical_min" or name == "log":
+        return float("inf")
+    return 0.0
+
+
+def output_size(n: int, k: int, stride: int, pad_begin: int, pad_end: int, dilation: int) -> int:
+    return (n + pad_begin + pad_end - dilation * (k - 1) - 1) // stride + 1
+
+
+def _ints(name: str, value, nd: int, minimum: int) -> list[int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value] * nd
+    if not isinstance(value, (list, tuple)) or len(value) != nd or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise TypeError(f"{OP}: argument {name!r} must be an int or {nd} ints (one per spatial dim), got {value!r}")
+    if any(v < minimum for v in value):
+        raise ValueError(f"{OP}: argument {name!r} must be >= {minimum}, got {value!r}")
+    return list(value)
+
+
+def _padding(padding, nd: int, spatial, ksize, stride, dilation) -> list[int]:
+    if padding == "valid":
+        return [0] * (2 * nd)
+    if padding == "same":
+        flat = []
+        for n, k, s, d in zip(spatial, ksize, stride, dilation):
+            total = max((math.ceil(n / s) - 1) * s + d * (k - 1) + 1 - n, 0)
+            flat += [total // 2, total - total // 2]  # the odd step goes at the end
+        return flat
+    if isinstance(padding, str):
+        raise ValueError(f"{OP}: argument 'padding' must be an int, ints, (begin, end) pairs, 'valid' or 'same', "
+                         f"got {padding!r}")
+    if isinstance(padding, (list, tuple)) and padding and all(isinstance(p, (list, tuple)) for p in padding):
+        if len(padding) != nd or not all(len(p) == 2 for p in padding):
+            raise ValueError(f"{OP}: argument 'padding' as pairs needs {nd} (begin, end) pairs, got {padding!r}")
+        flat = [v for p in padding for v in p]
+        _ints("padding", flat, 2 * nd, 0)
+        return flat
+    if isinstance(padding, (list, tuple)) and len(padding) == 2 * nd:  # the canonical flat form
+        return _ints("padding", list(padding), 2 * nd, 0)
+    return [v for p in _ints("padding", padding, nd, 0) for v in (p, p)]
+
+
+def _normalize(img, kernel, semifield="tropical_max", stride=1, padding=0, dilation=1, groups=1,
+               kind="conv") -> tuple:
+    c.tensor(OP, "img", img, c.FLOATS)
+    if img.ndim not in (3, 4, 5):
+        raise ValueError(f"{OP}: argument 'img' must be [B, C, *S] with 1, 2 or 3 spatial dims, "
+                         f"got shape {tuple(img.shape)}")
+    nd = img.ndim - 2
+    c.tensor(OP, "kernel", kernel, c.FLOATS, ndim=img.ndim)
+    c.same(OP, ("img", img), ("kernel", kernel))
+    parse_semifield(semifield)
+    if kind not in ("conv", "corr"):
+        raise ValueError(f"{OP}: argument 'kind' must be 'conv' or 'corr', got {kind!r}")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"{OP}: argument 'groups' must be an int >= 1, got {groups!r}")
+    C, O = img.shape[1], kernel.shape[0]
+    if C % groups or O % groups:
+        raise ValueError(f"{OP}: argument 'groups' = {groups} must divide img channels C = {C} and "
+                         f"kernel outputs O = {O}")
+    if kernel.shape[1] != C // groups:
+        raise ValueError(f"{OP}: argument 'kernel' must have C/groups = {C // groups} input channels in dim 1, "
+                         f"got shape {tuple(kernel.shape)}")
+    ksize = list(kernel.shape[2:])
+    if any(k < 1 for k in ksize):
+        raise ValueError(f"{OP}: argument 'kernel' must have spatial sizes >= 1, got shape {tuple(kernel.shape)}")
+    stride = _ints("stride", stride, nd, 1)
+    dilation = _ints("dilation", dilation, nd, 1)
+    spatial = list(img.shape[2:])
+    pad = _padding(padding, nd, spatial, ksize, stride, dilation)
+    for i in range(nd):
+        size = output_size(spatial[i], ksize[i], stride[i], pad[2 * i], pad[2 * i + 1], dilation[i])
+        if size <= 0:
+            raise ValueError(f"{OP}: output size {size} <= 0 in spatial dim {i}: input {spatial[i]}, kernel "
+                             f"{ksize[i]}, stride {stride[i]}, padding {pad[2 * i:2 * i + 2]}, "
+                             f"dilation {dilation[i]}; check 'padding' or 'kernel'")
+    return (img, kernel, semifield, stride, pad, dilation, groups, kind)
+
+
+def _output(img, kernel, semifield, stride, padding, dilation, groups, kind):
+    nd = img.ndim - 2
+    sizes = [output_size(img.shape[2 + i], kernel.shape[2 + i], stride[i], padding[2 * i], padding[2 * i + 1],
+                         dilation[i]) for i in range(nd)]
+    return img.new_empty((img.shape[0], kernel.shape[0], *sizes))
+
+
+_CASES = {
+    # name: (img shape, kernel shape, semifield, stride, padding, dilation, groups, kind)
+    "small": [
+        ((2, 3, 9, 8), (3, 1, 3, 3), "tropical_max", 1, 1, 1, 3, "conv"),
+        ((2, 3, 9, 8), (2, 3, 3, 2), "tropical_min", 1, "same", 1, 1, "corr"),
+        ((2, 2, 11), (4, 2, 3), "linear", 2, [(1, 2)], 1, 1, "conv"),
+        ((1, 2, 5, 6, 4), (2, 1, 2, 3, 2), "log:2.5", 1, [(1, 0), (0, 1), (1, 1)], 1, 2, "corr"),
+        ((2, 4, 7, 9), (4, 2, 3, 3), "root:3", (2, 1), "valid", (1, 2), 2, "conv"),
+        ((2, 2, 7, 6), (2, 2, 3, 3), "log:-1.5", 1, 2, 1, 1, "conv"),
+    ],
+    "medium": [
+        ((2, 8, 24, 20), (8, 1, 5, 5), "tropical_max", 1, 2, 1, 8, "conv"),
+        ((2, 4, 20, 18), (6, 4, 3, 3), "tropical_min", 2, "same", 1, 1, "corr"),
+        ((2, 4, 8, 9, 7), (4, 2, 3, 3, 3), "log:1", 1, 1, 1, 2, "conv"),
+        ((2, 6, 16, 15), (6, 3, 3, 3), "root:2", 1, 1, 2, 2, "corr"),
+        ((3, 4, 40), (4, 4, 5), "linear", 1, "same", 1, 1, "conv"),
+    ],
+    "edge": [
+        ((1, 1, 3, 3), (1, 1, 5, 5), "tropical_max", 1, 2, 1, 1, "conv"),   # kernel larger than the image
+        ((1, 2, 2, 3), (2, 1, 3, 3), "tropical_min", 1, 2, 1, 2, "corr"),   # windows of padding only
+        ((0, 2, 5, 5), (2, 2, 3, 3), "linear", 1, 0, 1, 1, "conv"),        # empty batch
+        ((1, 1, 4), (1, 1, 1), "log:3", 1, 0, 1, 1, "corr"),
+    ],
+    "benchmark": [
+        ((16, 32, 256, 256), (32, 1, 3, 3), "tropical_max", 1, 1, 1, 32, "conv"),
+        ((16, 32, 256, 256), (32, 32, 3, 3), "tropical_max", 1, 1, 1, 1, "conv"),
+    ],
+}
+
+
+def _samples(size: str, dtype: torch.dtype, device: torch.device, gen: torch.Generator) -> list[SampleInput]:
+    out = []
+    for ishape, kshape, sf, stride, pad, dil, groups, kind in _CASES[size]:
+        name, p = parse_semifield(sf)
+        if name == "root":  # root semifields take inputs >= 0
+            img, ker = (c.randn(ishape, dtype, device, gen, low=0.1, high=2.0),
+                        c.randn(kshape, dtype, device, gen, low=0.1, high=2.0))
+        else:
+            img, ker = c.randn(ishape, dtype, device, gen), c.randn(kshape, dtype, device, gen)
+        args = _normalize(img, ker, sf, stride, pad, dil, groups, kind)
+        out.append(SampleInput(f"{sf}_{'x'.join(map(str, ishape))}_k{'x'.join(map(str, kshape[2:]))}", args))
+    if size == "edge":
+        # integer values: many exact ties, the winner must be the first in (c, tap) order
+        img = torch.randint(0, 3, (2, 4, 6, 6), generator=gen, device=device).to(dtype)
+        ker = torch.randint(0, 2, (4, 2, 3, 3), generator=gen, device=device).to(dtype)
+        for sf in ("tropical_max", "tropical_min"):
+            out.append(SampleInput(f"ties_{sf}", _normalize(img, ker, sf, 1, 1, 1, 2, "conv")))
+        nan = c.randn((1, 2, 5, 5), dtype, device, gen)
+        nan[0, 1, 2, 2] = float("nan")
+        out.append(SampleInput("nan", _normalize(nan, c.randn((2, 2, 3, 3), dtype, device, gen), "tropical_max",
+                                                 1, 1, 1, 1, "conv")))
+    return out
+
+
+def _bad_inputs():
+    img, ker = torch.zeros(1, 2, 5, 5), torch.zeros(2, 2, 3, 3)
+    return [
+        ((torch.zeros(2, 5), ker), {}, ValueError, "img"),
+        ((img, torch.zeros(2, 2, 3)), {}, ValueError, "kernel"),
+        ((img, ker, "tropical"), {}, ValueError, "semifield"),
+        ((img, ker, "root:0"), {}, ValueError, "semifield"),
+        ((img, ker), {"padding": "full"}, ValueError, "padding"),
+        ((img, ker), {"stride": 0}, ValueError, "stride"),
+        ((img, ker), {"groups": 3}, ValueError, "groups"),
+        ((img, ker), {"kind": "xcorr"}, ValueError, "kind"),
+        ((img, torch.zeros(2, 2, 7, 7)), {}, ValueError, "output size"),
+        ((img, ker.double()), {}, TypeError, "kernel"),
+    ]
+
+
+SEMICONV = OpSpec(
+    name=OP,
+    args=(Arg("img", "tensor", differentiable=True, doc="[B, C, *S], 1-3 spatial dims"),
+          Arg("kernel", "tensor", differentiable=True, doc="[O, C/groups, *K]"),
+          Arg("semifield", "str", doc=" | ".join(SEMIFIELDS)),
+          Arg("stride", "ints"), Arg("padding", "ints", doc="(begin, end) per spatial dim, flattened"),
+          Arg("dilation", "ints"), Arg("groups", "int"), Arg("kind", "str", doc="'conv' flips the kernel, 'corr' not")),
+    doc="Convolution in a semifield: out = (+)_(c, tap) img_pad (x) kernel'; max/min gradients go to the first winner.",
+    dtypes=c.FLOATS,
+    tolerances=TOLERANCES[OP],
+    normalize=_normalize,
+    output=_output,
+    samples=_samples,
+    bad_inputs=_bad_inputs,
+)

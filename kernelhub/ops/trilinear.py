@@ -1,0 +1,66 @@
+"""Trilinear interpolation from per-point corner values (OPS.md, op 6)."""
+
+from __future__ import annotations
+
+import torch
+
+from kernelhub.ops import _checks as c
+from kernelhub.ops.tolerances import TOLERANCES
+from kernelhub.spec import Arg, OpSpec, SampleInput
+
+__all__ = ["TRILINEAR"]
+
+OP = "trilinear_interp"
+
+
+def _normalize(feats, points) -> tuple:
+    c.tensor(OP, "feats", feats, c.FLOATS, ndim=3)
+    c.dim(OP, "feats", feats, 1, 8)
+    c.tensor(OP, "points", points, c.FLOATS, ndim=2)
+    c.dim(OP, "points", points, 1, 3)
+    if points.shape[0] != feats.shape[0]:
+        raise ValueError(f"{OP}: argument 'points' has N = {points.shape[0]} rows but 'feats' has "
+                         f"N = {feats.shape[0]}; they must match")
+    c.same(OP, ("feats", feats), ("points", points))
+    return (feats, points)
+
+
+def _samples(size: str, dtype: torch.dtype, device: torch.device, gen: torch.Generator) -> list[SampleInput]:
+    shapes = {"small": [(13, 5)], "medium": [(2000, 33)], "edge": [(0, 4), (3, 1)],
+              "benchmark": [(262144, 256)]}[size]
+    out = []
+    for n, f in shapes:
+        # a few points outside [-1, 1]: the op extrapolates linearly there
+        out.append(SampleInput(f"N{n}_F{f}", (c.randn((n, 8, f), dtype, device, gen),
+                                              c.randn((n, 3), dtype, device, gen, low=-1.1, high=1.1))))
+    if size == "edge":
+        pts = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0], [0.0, 0.5, -0.5]], dtype=dtype, device=device)
+        feats = c.randn((3, 8, 4), dtype, device, gen)
+        feats[2, 3, 1] = float("nan")
+        out.append(SampleInput("corners_nan", (feats, pts)))
+    return out
+
+
+def _bad_inputs():
+    f, p = torch.zeros(4, 8, 2), torch.zeros(4, 3)
+    return [
+        ((torch.zeros(4, 7, 2), p), {}, ValueError, "feats"),
+        ((f, torch.zeros(4, 2)), {}, ValueError, "points"),
+        ((f, torch.zeros(5, 3)), {}, ValueError, "points"),
+        ((f, p.double()), {}, TypeError, "points"),
+        ((f.int(), p), {}, TypeError, "feats"),
+    ]
+
+
+TRILINEAR = OpSpec(
+    name=OP,
+    args=(Arg("feats", "tensor", differentiable=True, doc="[N, 8, F], corner k = 4i + 2j + l"),
+          Arg("points", "tensor", differentiable=True, doc="[N, 3] in [-1, 1] (not clamped)")),
+    doc="out[n] = sum_k weight_k(points[n]) * feats[n, k]: [N, F].",
+    dtypes=c.FLOATS,
+    tolerances=TOLERANCES[OP],
+    normalize=_normalize,
+    output=lambda feats, points: feats.new_empty((feats.shape[0], feats.shape[2])),
+    samples=_samples,
+    bad_inputs=_bad_inputs,
+)

@@ -1,0 +1,106 @@
+"""Total-variation losses of a volume ``[..., D, H, W]`` (OPS.md, ops 1-3)."""
+
+from __future__ import annotations
+
+import torch
+
+from kernelhub.ops import _checks as c
+from kernelhub.ops.tolerances import TOLERANCES
+from kernelhub.spec import Arg, OpSpec, SampleInput
+
+__all__ = ["TV_L1", "TV_SQ", "TV_ISO"]
+
+VOLUME = Arg("volume", "tensor", differentiable=True, doc="real [..., D, H, W], ndim >= 3")
+
+
+def _volume(op: str, volume: object) -> torch.Tensor:
+    return c.tensor(op, "volume", volume, c.FLOATS, min_ndim=3)
+
+
+def _out_dtype(volume: torch.Tensor) -> torch.dtype:
+    return torch.float64 if volume.dtype == torch.float64 else torch.float32
+
+
+def _samples(with_eps: bool):
+    def samples(size: str, dtype: torch.dtype, device: torch.device, gen: torch.Generator) -> list[SampleInput]:
+        shapes = {
+            "small": [(5, 6, 7), (2, 3, 4, 5, 6)],
+            "medium": [(2, 24, 40, 33)],
+            "edge": [(1, 5, 6), (4, 1, 6), (4, 5, 1), (1, 1, 1), (2, 2, 2), (0, 4, 4), (3, 0, 2, 3, 4)],
+            "benchmark": [(256, 256, 256), (512, 512, 512), (16, 1024, 1024)],
+        }[size]
+        out = []
+        for shape in shapes:
+            v = c.randn(shape, dtype, device, gen)
+            extra = (1e-8,) if with_eps else ()
+            out.append(SampleInput("x".join(map(str, shape)), (v, *extra)))
+        if size == "edge":
+            v = c.randn((3, 4, 5), dtype, device, gen)
+            v[1, 2, 3] = float("nan")
+            out.append(SampleInput("nan", (v, *((1e-8,) if with_eps else ()))))
+            out.append(SampleInput("constant", (torch.full((3, 4, 5), 2.5, dtype=dtype, device=device),
+                                                *((1e-8,) if with_eps else ()))))
+        return out
+    return samples
+
+
+def _bad_inputs(with_eps: bool):
+    def bad() -> list[tuple[tuple, dict, type, str]]:
+        eps = (1e-8,) if with_eps else ()
+        cases = [
+            ((torch.zeros(4, 4), *eps), {}, ValueError, "volume"),
+            ((torch.zeros(3, 3, 3, dtype=torch.int64), *eps), {}, TypeError, "volume"),
+            (([[[1.0]]], *eps), {}, TypeError, "volume"),
+        ]
+        if with_eps:
+            cases += [((torch.zeros(3, 3, 3), 0.0), {}, ValueError, "eps"),
+                      ((torch.zeros(3, 3, 3), -1.0), {}, ValueError, "eps")]
+        return cases
+    return bad
+
+
+def _normalize_plain(op: str):
+    def normalize(volume: torch.Tensor) -> tuple:
+        return (_volume(op, volume),)
+    return normalize
+
+
+def _normalize_iso(volume: torch.Tensor, eps: float = 1e-8) -> tuple:
+    return (_volume("tv_loss_iso_3d", volume), c.positive_float("tv_loss_iso_3d", "eps", eps))
+
+
+TV_L1 = OpSpec(
+    name="tv_loss_l1_3d",
+    args=(VOLUME,),
+    doc="Per-axis sums of |forward differences| along D, H, W: returns float [3] (raw sums).",
+    dtypes=c.FLOATS,
+    tolerances=TOLERANCES["tv_loss_l1_3d"],
+    normalize=_normalize_plain("tv_loss_l1_3d"),
+    output=lambda volume: volume.new_empty((3,), dtype=_out_dtype(volume)),
+    samples=_samples(False),
+    bad_inputs=_bad_inputs(False),
+)
+
+TV_SQ = OpSpec(
+    name="tv_loss_sq_3d",
+    args=(VOLUME,),
+    doc="Sum over the three axes of squared forward differences: returns a scalar (unnormalised).",
+    dtypes=c.FLOATS,
+    tolerances=TOLERANCES["tv_loss_sq_3d"],
+    normalize=_normalize_plain("tv_loss_sq_3d"),
+    output=lambda volume: volume.new_empty((), dtype=_out_dtype(volume)),
+    samples=_samples(False),
+    bad_inputs=_bad_inputs(False),
+)
+
+TV_ISO = OpSpec(
+    name="tv_loss_iso_3d",
+    args=(VOLUME, Arg("eps", "float", doc="> 0, inside the square root")),
+    doc="Mean over the corner set of sqrt(dd^2 + dh^2 + dw^2 + eps); 0 when D, H or W < 2.",
+    dtypes=c.FLOATS,
+    tolerances=TOLERANCES["tv_loss_iso_3d"],
+    normalize=_normalize_iso,
+    output=lambda volume, eps: volume.new_empty((), dtype=_out_dtype(volume)),
+    samples=_samples(True),
+    bad_inputs=_bad_inputs(True),
+)

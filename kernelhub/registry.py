@@ -1,0 +1,191 @@
+"""The registry: op specs, backends and impls, filled by pluggy plugins.
+
+Plugins are found through the entry-point group ``kernelhub.backends`` and loaded
+one at a time; a failure is recorded in ``plugin_errors`` and the plugin skipped
+(``strict=True`` raises instead). See ``kernelhub/hookspecs.py`` for the contract.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import traceback
+import types
+from collections.abc import Iterable, Mapping
+
+import pluggy
+
+from kernelhub import hookspecs
+from kernelhub.errors import PluginValidationError
+from kernelhub.spec import Backend, Impl, OpSpec
+
+__all__ = ["Registry", "PluginError", "ENTRY_POINT_GROUP", "declared_backend_names", "FIRST_PARTY_BACKENDS"]
+
+ENTRY_POINT_GROUP = "kernelhub.backends"
+
+# Names of the project's own backend distributions. A configuration may name them
+# even where they are not installed (one config file serves laptop and GPU box);
+# any other name must belong to an installed plugin.
+FIRST_PARTY_BACKENDS = ("torch_ref", "inductor", "triton", "cuda_ext")
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginError:
+    plugin: str
+    stage: str  # "import", "register_specs", "register_impls"
+    error: str
+    traceback: str
+
+
+def _entry_points() -> list[importlib.metadata.EntryPoint]:
+    return sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
+
+
+def declared_backend_names() -> frozenset[str]:
+    """Backend names a configuration may use: installed plugins plus the first-party ones."""
+    return frozenset(FIRST_PARTY_BACKENDS) | {ep.name for ep in _entry_points()}
+
+
+class Registry:
+    """Specs, backends and impls. Read through the mapping views; write only from hooks."""
+
+    def __init__(self) -> None:
+        self._pm = pluggy.PluginManager("kernelhub")
+        self._pm.add_hookspecs(hookspecs)
+        self._specs: dict[str, OpSpec] = {}
+        self._backends: dict[str, Backend] = {}
+        self._backend_plugin: dict[str, str] = {}
+        self._impls: dict[str, dict[str, Impl]] = {}
+        self._availability: dict[str, str | None] = {}
+        self._errors: list[PluginError] = []
+        self._current_plugin: str | None = None
+        self.specs: Mapping[str, OpSpec] = types.MappingProxyType(self._specs)
+        self.backends: Mapping[str, Backend] = types.MappingProxyType(self._backends)
+        self.plugin_errors: list[PluginError] = self._errors
+
+    # -- loading -----------------------------------------------------------
+    def load(self, extra_plugins: Iterable[tuple[str, object]] = (), strict: bool = False) -> Registry:
+        """Register kernelhub's own specs, every installed plugin, and ``extra_plugins`` (name, module)."""
+        plugins: list[tuple[str, object]] = [("kernelhub.ops", importlib.import_module("kernelhub.ops"))]
+        for ep in _entry_points():
+            try:
+                plugins.append((ep.name, ep.load()))
+            except Exception as exc:  # a broken plugin must never break the host program
+                self._record(ep.name, "import", exc, strict)
+        plugins.extend(extra_plugins)
+        registered = []
+        for name, module in plugins:
+            try:
+                self._pm.register(module, name=name)
+                registered.append(name)
+            except Exception as exc:
+                self._record(name, "import", exc, strict)
+        for stage in ("kernelhub_register_specs", "kernelhub_register_impls"):
+            for name in registered:
+                if any(e.plugin == name for e in self._errors):
+                    continue
+                self._call_plugin(name, stage, strict)
+        return self
+
+    def _call_plugin(self, name: str, hook_name: str, strict: bool) -> None:
+        plugin = self._pm.get_plugin(name)
+        hook = getattr(self._pm.hook, hook_name)
+        impls = [h for h in hook.get_hookimpls() if h.plugin is plugin]
+        if not impls:
+            return
+        snapshot = (dict(self._specs), dict(self._backends), dict(self._backend_plugin),
+                    {k: dict(v) for k, v in self._impls.items()})
+        self._current_plugin = name
+        try:
+            for h in impls:
+                h.function(registry=self)
+        except Exception as exc:
+            # roll back whatever this plugin added before failing
+            self._specs.clear(); self._specs.update(snapshot[0])
+            self._backends.clear(); self._backends.update(snapshot[1])
+            self._backend_plugin.clear(); self._backend_plugin.update(snapshot[2])
+            self._impls.clear(); self._impls.update(snapshot[3])
+            self._record(name, hook_name.removeprefix("kernelhub_"), exc, strict)
+        finally:
+            self._current_plugin = None
+
+    def _record(self, plugin: str, stage: str, exc: BaseException, strict: bool) -> None:
+        if strict:
+            raise PluginValidationError(plugin, f"failed at {stage}: {exc}") from exc
+        self._errors.append(PluginError(plugin, stage, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+
+    # -- called from hooks -------------------------------------------------
+    def _plugin(self) -> str:
+        if self._current_plugin is None:
+            raise RuntimeError("registry.add_* may only be called from a kernelhub_* hook")
+        return self._current_plugin
+
+    def add_spec(self, spec: OpSpec) -> None:
+        plugin = self._plugin()
+        if not isinstance(spec, OpSpec):
+            raise PluginValidationError(plugin, f"add_spec expects an OpSpec, got {type(spec).__name__}")
+        if spec.name in self._specs:
+            raise PluginValidationError(plugin, f"op {spec.name!r} is already registered")
+        self._specs[spec.name] = spec
+
+    def add_backend(self, backend: Backend) -> None:
+        plugin = self._plugin()
+        if not isinstance(backend, Backend):
+            raise PluginValidationError(plugin, f"add_backend expects a Backend, got {type(backend).__name__}")
+        if backend.name in self._backends:
+            raise PluginValidationError(
+                plugin, f"backend {backend.name!r} is already registered by {self._backend_plugin[backend.name]!r}")
+        self._backends[backend.name] = backend
+        self._backend_plugin[backend.name] = plugin
+
+    def add_impl(self, impl: Impl) -> None:
+        plugin = self._plugin()
+        where = f"impl of op {impl.op!r} by backend {impl.backend!r}"
+        if not isinstance(impl, Impl):
+            raise PluginValidationError(plugin, f"add_impl expects an Impl, got {type(impl).__name__}")
+        spec = self._specs.get(impl.op)
+        if spec is None:
+            raise PluginValidationError(plugin, f"{where}: unknown op (known: {sorted(self._specs)})")
+        if self._backend_plugin.get(impl.backend) != plugin:
+            raise PluginValidationError(
+                plugin, f"{where}: backend {impl.backend!r} was not declared by this plugin; "
+                        "call registry.add_backend(Backend(...)) first")
+        bad = [str(d) for d in impl.dtypes if d not in spec.dtypes]
+        if bad or not impl.dtypes:
+            raise PluginValidationError(
+                plugin, f"{where}: dtypes {bad or '[]'} not allowed by the spec (allowed: {[str(d) for d in spec.dtypes]})")
+        for field in ("forward", "backward", "not_supported_reasons"):
+            if not callable(getattr(impl, field)):
+                raise PluginValidationError(plugin, f"{where}: {field} is not callable")
+        if impl.backend in self._impls.get(impl.op, {}):
+            raise PluginValidationError(plugin, f"{where}: registered twice")
+        self._impls.setdefault(impl.op, {})[impl.backend] = impl
+
+    # -- queries -----------------------------------------------------------
+    def spec(self, op: str) -> OpSpec:
+        try:
+            return self._specs[op]
+        except KeyError:
+            raise KeyError(f"kernelhub: unknown op {op!r}; known ops: {sorted(self._specs)}") from None
+
+    def impls(self, op: str) -> Mapping[str, Impl]:
+        return types.MappingProxyType(self._impls.get(op, {}))
+
+    def plugin_of(self, backend: str) -> str | None:
+        return self._backend_plugin.get(backend)
+
+    def unavailable_reason(self, backend: str) -> str | None:
+        """None if the backend can run here, else why not (cached; never raises)."""
+        if backend not in self._availability:
+            b = self._backends.get(backend)
+            if b is None:
+                reason = "not installed" if not any(e.plugin == backend for e in self._errors) else \
+                    "plugin failed to load: " + next(e.error for e in self._errors if e.plugin == backend)
+            else:
+                try:
+                    reason = b.unavailable_reason()
+                except Exception as exc:
+                    reason = f"availability check raised {type(exc).__name__}: {exc}"
+            self._availability[backend] = reason
+        return self._availability[backend]

@@ -1,0 +1,195 @@
+"""The selector: which impl serves a call, and why.
+
+Eligible impls are those whose backend is available and not disabled, whose
+declared devices and dtypes cover the call, whose ``not_supported_reasons`` is
+empty, and which have not raised at call time for this key. Among eligible
+impls the order is: a forced backend (``kernelhub.op(name, backend=...)``), else
+the op's pin from the config, else the priority order of the config.
+
+Decisions are cached by `call_key`: the op, the forced backend, and for each
+argument its device, dtype, shape and contiguity (tensors) or value (others).
+The hot path is one dict lookup; the cache is dropped when the config or the
+registry changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kernelhub.config import REFERENCE_BACKEND, Config
+from kernelhub.errors import NoImplementationError, StrictModeError
+from kernelhub.registry import Registry
+from kernelhub.spec import Impl
+
+__all__ = ["Candidate", "Decision", "Selector", "call_key", "describe_args"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One backend's fate in a decision: "accepted" (it runs), "lost" or "rejected"."""
+
+    backend: str
+    status: str
+    reasons: tuple[str, ...] = ()
+    lost_to: str | None = None
+
+    def as_dict(self) -> dict:
+        return {"backend": self.backend, "status": self.status, "reasons": list(self.reasons), "lost_to": self.lost_to}
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """The outcome of selection: the chosen backend, the eligible order, and every candidate."""
+
+    op: str
+    chosen: str | None
+    eligible: tuple[Impl, ...]
+    candidates: tuple[Candidate, ...]
+    call: str = ""
+
+    def as_dict(self) -> dict:
+        return {"op": self.op, "call": self.call, "chosen": self.chosen,
+                "candidates": [c.as_dict() for c in self.candidates]}
+
+    def __str__(self) -> str:
+        lines = [f"{self.op}({self.call}) -> {self.chosen or 'no implementation'}"]
+        for c in self.candidates:
+            why = "; ".join(c.reasons)
+            lines.append(f"  {c.backend:12s} {c.status:8s} {why}")
+        return "\n".join(lines)
+
+
+def _arg_key(a: Any) -> Any:
+    if isinstance(a, torch.Tensor):
+        return (a.device, a.dtype, a.shape, a.is_contiguous())
+    if isinstance(a, (list, tuple)):
+        return tuple(_arg_key(x) for x in a)
+    return a
+
+
+def call_key(op: str, args: Sequence[Any], forced: str) -> tuple:
+    """The decision-cache key: everything an impl's constraints may depend on, no values."""
+    return (op, forced, *map(_arg_key, args))
+
+
+def _first_tensor(args: Sequence[Any]) -> torch.Tensor:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a
+        if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+            return a[0]
+    raise TypeError("no tensor argument")
+
+
+def describe_args(args: Sequence[Any]) -> str:
+    parts = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            parts.append(f"{str(a.dtype).removeprefix('torch.')}{list(a.shape)}@{a.device}")
+        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+            parts.append("[" + describe_args(a) + "]")
+        else:
+            parts.append(repr(a))
+    return ", ".join(parts)
+
+
+class Selector:
+    def __init__(self, registry: Registry, config: Config) -> None:
+        self.registry = registry
+        self.config = config
+        self._cache: dict[tuple, Decision] = {}
+        self._failed: dict[tuple, dict[str, str]] = {}
+        self._warned: set[tuple] = set()
+
+    def decide(self, op: str, args: Sequence[Any], forced: str = "") -> Decision:
+        key = call_key(op, args, forced)
+        decision = self._cache.get(key)
+        if decision is None:
+            decision = self._cache[key] = self._decide(op, args, forced, key)
+        return decision
+
+    def mark_failed(self, op: str, args: Sequence[Any], forced: str, backend: str, exc: BaseException) -> None:
+        """Record that ``backend`` raised for this call key; later calls skip it. Warns once."""
+        key = call_key(op, args, forced)
+        self._failed.setdefault(key, {})[backend] = f"raised at call time: {type(exc).__name__}: {exc}"
+        self._cache.pop(key, None)
+        if (op, backend) not in self._warned:
+            self._warned.add((op, backend))
+            warnings.warn(f"kernelhub: {op}: backend {backend!r} raised {type(exc).__name__}: {exc}; "
+                          "falling back to the next eligible backend", RuntimeWarning, stacklevel=4)
+
+    def strict_check(self, message: str) -> None:
+        if self.config.strict:
+            raise StrictModeError(f"kernelhub (strict mode): {message}")
+
+    def _decide(self, op: str, args: Sequence[Any], forced: str, key: tuple) -> Decision:
+        reg, cfg = self.registry, self.config
+        first = _first_tensor(args)
+        device_type, dtype = first.device.type, first.dtype
+        impls = reg.impls(op)
+        failed = self._failed.get(key, {})
+        rejected: dict[str, list[str]] = {}
+        for name, impl in impls.items():
+            reasons = []
+            unavailable = reg.unavailable_reason(name)
+            if unavailable:
+                reasons.append(f"backend unavailable: {unavailable}")
+            if cfg.kill_switch and name != REFERENCE_BACKEND:
+                reasons.append("kill switch is on: every op runs torch_ref")
+            if name in cfg.disabled:
+                reasons.append("disabled by config" + (f" ({', '.join(cfg.overrides)})" if cfg.overrides else ""))
+            reasons += impl.static_reasons(device_type, dtype)
+            if not reasons:
+                try:
+                    reasons += impl.not_supported_reasons(args)
+                except Exception as exc:
+                    reasons.append(f"not_supported_reasons raised {type(exc).__name__}: {exc}")
+            if name in failed:
+                reasons.append(failed[name])
+            if reasons:
+                rejected[name] = reasons
+        ordered = cfg.priority_for(op, [n for n in impls if n not in rejected])
+        why = "priority order " + " > ".join(ordered) if ordered else ""
+        pin = cfg.op(op).pin
+        call = describe_args(args)
+        if forced:
+            if forced not in impls or forced in rejected:
+                reasons = rejected.get(forced, [f"backend {forced!r} has no impl of {op} "
+                                                f"(impls: {sorted(impls)})"])
+                raise NoImplementationError(
+                    f"kernelhub: {op}({call}): forced backend {forced!r} cannot serve this call: "
+                    + "; ".join(reasons))
+            ordered.remove(forced)
+            ordered.insert(0, forced)
+            why = f"backend forced by kernelhub.op({op!r}, backend={forced!r})"
+        elif pin:
+            if pin in ordered:
+                ordered.remove(pin)
+                ordered.insert(0, pin)
+                why = f"pinned by config ({cfg.source}: [ops.{op}].pin)"
+            else:
+                msg = (f"{op}({call}): pinned backend {pin!r} cannot serve this call: "
+                       + "; ".join(rejected.get(pin, ["it has no impl of this op"])))
+                self.strict_check(msg)
+                if (op, "pin", pin) not in self._warned:
+                    self._warned.add((op, "pin", pin))
+                    warnings.warn(f"kernelhub: {msg}; using priority order", RuntimeWarning, stacklevel=5)
+        chosen = ordered[0] if ordered else None
+        candidates = []
+        for name in [*ordered, *sorted(rejected)]:
+            if name == chosen:
+                candidates.append(Candidate(name, "accepted", (why,)))
+            elif name in rejected:
+                candidates.append(Candidate(name, "rejected", tuple(rejected[name])))
+            else:
+                candidates.append(Candidate(name, "lost", (why,), lost_to=chosen))
+        for name in sorted(reg.backends):
+            if name not in impls:
+                candidates.append(Candidate(name, "rejected", (f"backend has no impl of {op}",)))
+        eligible = tuple(impls[n] for n in (ordered if not forced else [forced]))
+        return Decision(op, chosen, eligible, tuple(candidates), call)

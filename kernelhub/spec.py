@@ -1,0 +1,173 @@
+"""The declarations: what an op is (`OpSpec`), who implements it (`Impl`) and who ships it (`Backend`).
+
+Specs live in `kernelhub/ops/`; backends construct `Impl`s and hand them to the
+registry from their `kernelhub_register_impls` hook. Everything here is a frozen
+dataclass checked in `__post_init__`, so a malformed declaration fails where it is
+written, not at the first call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["Arg", "Tolerance", "SampleInput", "OpSpec", "Backend", "Impl", "ARG_KINDS"]
+
+# Argument kinds and their torch.library schema types. "tensors" is a list of tensors.
+ARG_KINDS = {
+    "tensor": "Tensor",
+    "tensors": "Tensor[]",
+    "float": "float",
+    "int": "int",
+    "ints": "int[]",
+    "str": "str",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Arg:
+    """One argument of an op, in its canonical (already normalised) form."""
+
+    name: str
+    kind: str
+    differentiable: bool = False
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ARG_KINDS:
+            raise ValueError(f"Arg {self.name!r}: kind must be one of {sorted(ARG_KINDS)}, got {self.kind!r}")
+        if self.differentiable and self.kind not in ("tensor", "tensors"):
+            raise ValueError(f"Arg {self.name!r}: only tensor arguments can be differentiable")
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.kind in ("tensor", "tensors")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """Parity tolerance: max|out - ref| <= tol * max|ref| (non-finite entries must match exactly)."""
+
+    forward: float
+    backward: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleInput:
+    """Canonical arguments for one call, with a name for test ids."""
+
+    name: str
+    args: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    """The contract of one op. Backends implement it; the selector and testing kit read it.
+
+    ``normalize(*args, **kwargs)`` validates user arguments and returns the canonical
+    argument tuple matching ``args`` (raising ValueError/TypeError that name the op and
+    argument). ``output(*canonical)`` returns an empty tensor of the output's shape,
+    dtype and device; it also serves as the fake implementation for torch.compile.
+    ``samples(size, dtype, device, generator)`` returns `SampleInput`s for size in
+    ``SAMPLE_SIZES``. ``bad_inputs()`` yields ``(args, kwargs, exception type, text
+    the message must contain)`` for the conformance kit. ``tolerances`` maps dtype to
+    `Tolerance`, measured as documented in kernelhub/testing/tolerances.py.
+    """
+
+    name: str
+    args: tuple[Arg, ...]
+    doc: str
+    dtypes: tuple[torch.dtype, ...]
+    tolerances: dict[torch.dtype, Tolerance]
+    normalize: Callable[..., tuple]
+    output: Callable[..., torch.Tensor]
+    samples: Callable[[str, torch.dtype, torch.device, torch.Generator], list[SampleInput]]
+    bad_inputs: Callable[[], list[tuple[tuple, dict, type, str]]]
+    reference_backend: str = "torch_ref"
+
+    SAMPLE_SIZES = ("small", "medium", "edge", "benchmark")
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"OpSpec name must be an identifier, got {self.name!r}")
+        names = [a.name for a in self.args]
+        if len(set(names)) != len(names) or "backend" in names:
+            raise ValueError(f"OpSpec {self.name!r}: argument names must be unique and not 'backend'")
+        missing = [d for d in self.dtypes if d not in self.tolerances]
+        if missing:
+            raise ValueError(f"OpSpec {self.name!r}: no tolerance for dtypes {missing}")
+        if not any(a.differentiable for a in self.args):
+            raise ValueError(f"OpSpec {self.name!r}: at least one argument must be differentiable")
+
+    @property
+    def differentiable(self) -> tuple[int, ...]:
+        """Positions of the differentiable arguments."""
+        return tuple(i for i, a in enumerate(self.args) if a.differentiable)
+
+    def schema(self) -> str:
+        """The torch.library schema of the forward operator; ``backend`` '' means 'select'."""
+        params = ", ".join(f"{ARG_KINDS[a.kind]} {a.name}" for a in self.args)
+        return f"({params}, str backend) -> Tensor"
+
+    def backward_schema(self) -> str:
+        params = ", ".join(f"{ARG_KINDS[a.kind]} {a.name}" for a in self.args)
+        return f"(Tensor grad, {params}, bool[] needs, str backend) -> Tensor[]"
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """A backend distribution: a name, a version, and a lazy availability check.
+
+    ``unavailable_reason()`` returns None when the backend can run here, or a short
+    reason ("triton is not installed", "nvcc failed: ..."). It is called at most once
+    per process and must not raise; if it does, the exception text becomes the reason.
+    """
+
+    name: str
+    version: str
+    description: str = ""
+    unavailable_reason: Callable[[], str | None] = lambda: None
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"Backend name must be an identifier, got {self.name!r}")
+
+
+def _any_reasons(args: Sequence[Any]) -> list[str]:
+    return []
+
+
+@dataclasses.dataclass(frozen=True)
+class Impl:
+    """One backend's implementation of one op.
+
+    ``forward(*canonical_args)`` returns the output. ``backward(grad, *canonical_args,
+    needs=...)`` returns one entry per differentiable argument (in order): a tensor,
+    a list of tensors for a "tensors" argument, or None where ``needs`` is False.
+    ``devices`` are device types ("cpu", "cuda"); None means every device.
+    ``not_supported_reasons(args)`` may inspect shapes, strides, dtypes, devices and
+    non-tensor arguments (never tensor values: decisions are cached by those
+    properties) and returns why this impl cannot serve the call, or [].
+    ``deterministic`` is False when results may vary run to run (atomics).
+    """
+
+    op: str
+    backend: str
+    forward: Callable[..., torch.Tensor]
+    backward: Callable[..., Sequence[Any]]
+    dtypes: tuple[torch.dtype, ...]
+    devices: tuple[str, ...] | None = None
+    not_supported_reasons: Callable[[Sequence[Any]], list[str]] = _any_reasons
+    deterministic: bool = True
+
+    def static_reasons(self, device_type: str, dtype: torch.dtype) -> list[str]:
+        """Reasons that follow from the declared devices and dtypes alone."""
+        reasons = []
+        if self.devices is not None and device_type not in self.devices:
+            reasons.append(f"device {device_type!r} not in {list(self.devices)}")
+        if dtype not in self.dtypes:
+            reasons.append(f"dtype {dtype} not in {[str(d) for d in self.dtypes]}")
+        return reasons

@@ -1,0 +1,261 @@
+"""The conformance kit: the checks kernelhub's own tests and third-party backends run.
+
+Every check takes an op name, a backend name and a `SampleInput` (or generates them
+from the spec), runs the impl *through the hub* with that backend forced, and
+compares with the float64 reference (the spec's ``reference_backend``) using the
+spec's tolerances. A backend's test file can be as short as::
+
+    import pytest
+    from kernelhub import testing
+
+    @pytest.mark.parametrize("case", testing.cases(backend="my_backend"), ids=str)
+    def test_parity(case):
+        testing.check_parity(case)
+
+Error metric: non-finite entries (NaN, +-inf) must sit at the same places with the same
+values; on the rest, ``max|out - ref| / max|ref|`` must not exceed the tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+import kernelhub
+from kernelhub.spec import OpSpec, SampleInput
+
+__all__ = [
+    "Case", "cases", "samples", "parity_error", "reference", "run", "check_parity", "check_opcheck",
+    "check_gradcheck", "check_noncontiguous", "check_bad_inputs", "noncontiguous", "to_dtype",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One parity case: an op, a backend, a dtype, a device and a sample size."""
+
+    op: str
+    backend: str
+    dtype: torch.dtype
+    device: str
+    size: str
+
+    def __str__(self) -> str:
+        return f"{self.op}-{self.backend}-{str(self.dtype).removeprefix('torch.')}-{self.device}-{self.size}"
+
+
+def _spec(op: str) -> OpSpec:
+    return kernelhub.get_hub().registry.spec(op)
+
+
+def cases(backend: str | None = None, device: str = "cpu", sizes: Sequence[str] = ("small", "edge", "medium"),
+          ops: Iterable[str] | None = None) -> list[Case]:
+    """Every (op, backend, dtype, size) the registry declares for ``device``: the generated test matrix."""
+    hub = kernelhub.get_hub()
+    out = []
+    for name in sorted(ops or hub.registry.specs):
+        for bname, impl in sorted(hub.registry.impls(name).items()):
+            if backend is not None and bname != backend:
+                continue
+            if impl.devices is not None and device not in impl.devices:
+                continue
+            for dtype in impl.dtypes:
+                for size in sizes:
+                    out.append(Case(name, bname, dtype, device, size))
+    return out
+
+
+def samples(op: str, size: str, dtype: torch.dtype, device: str | torch.device = "cpu",
+            seed: int = 0) -> list[SampleInput]:
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return _spec(op).samples(size, dtype, device, gen)
+
+
+def _map_tensors(args: Sequence[Any], fn) -> tuple:
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append(fn(a))
+        elif isinstance(a, list) and a and all(isinstance(t, torch.Tensor) for t in a):
+            out.append([fn(t) for t in a])
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+def to_dtype(args: Sequence[Any], dtype: torch.dtype) -> tuple:
+    """Tensors cast to ``dtype`` (complex tensors to the matching complex dtype)."""
+    def cast(t):
+        if t.is_complex():
+            return t.to(torch.complex128 if dtype == torch.float64 else t.dtype)
+        return t.to(dtype)
+    return _map_tensors(args, cast)
+
+
+def noncontiguous(args: Sequence[Any]) -> tuple:
+    """The same values in non-contiguous views (every other element of a twice-as-wide buffer)."""
+    def spread(t):
+        if t.ndim == 0 or t.numel() == 0:
+            return t
+        buf = torch.zeros((*t.shape[:-1], 2 * t.shape[-1]), dtype=t.dtype, device=t.device)
+        view = buf[..., ::2]
+        view.copy_(t)
+        assert not view.is_contiguous()
+        return view
+    return _map_tensors(args, spread)
+
+
+def _with_grad(args: Sequence[Any], spec: OpSpec) -> tuple:
+    out = list(args)
+    for i in spec.differentiable:
+        a = args[i]
+        out[i] = [t.detach().requires_grad_() for t in a] if isinstance(a, list) else a.detach().requires_grad_()
+    return tuple(out)
+
+
+def _grads(spec: OpSpec, args: Sequence[Any]) -> list[torch.Tensor]:
+    flat = []
+    for i in spec.differentiable:
+        a = args[i]
+        for t in (a if isinstance(a, list) else [a]):
+            flat.append(t.grad if t.grad is not None else torch.zeros_like(t))
+    return flat
+
+
+def upstream_grad(out: torch.Tensor, seed: int = 1) -> torch.Tensor:
+    gen = torch.Generator(device=out.device).manual_seed(seed)
+    return torch.randn(out.shape, generator=gen, device=out.device, dtype=torch.float64).to(out.dtype) \
+        if not out.is_complex() else torch.randn(out.shape, generator=gen, device=out.device, dtype=out.dtype)
+
+
+def run(op: str, backend: str, args: Sequence[Any], grad: torch.Tensor | None = None,
+        ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Forward (and backward with ``grad``) of ``op`` on ``backend`` through the hub's operator."""
+    spec = _spec(op)
+    args = _with_grad(args, spec) if grad is not None else args
+    out = getattr(torch.ops.kernelhub, op).default(*args, backend)  # args are canonical already
+    if grad is None:
+        return out, []
+    out.backward(grad.to(out.dtype))
+    return out, _grads(spec, args)
+
+
+def reference(op: str, args: Sequence[Any], grad: torch.Tensor | None = None,
+              ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The float64 (complex128) reference: the spec's reference backend on upcast inputs."""
+    spec = _spec(op)
+    return run(op, spec.reference_backend, to_dtype(args, torch.float64),
+               None if grad is None else grad.to(torch.complex128 if grad.is_complex() else torch.float64))
+
+
+def parity_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """max|out - ref| / max|ref| over finite entries; inf if the non-finite entries differ."""
+    if out.shape != ref.shape:
+        return float("inf")
+    out, ref = out.to(ref.dtype), ref
+    nonfinite = ~torch.isfinite(ref)
+    if not torch.equal(nonfinite, ~torch.isfinite(out)):
+        return float("inf")
+    if nonfinite.any():
+        a, b = out[nonfinite], ref[nonfinite]
+        if not torch.equal(torch.isnan(a), torch.isnan(b)) or not torch.equal(a[~torch.isnan(a)], b[~torch.isnan(b)]):
+            return float("inf")
+    finite = ~nonfinite
+    if not finite.any():
+        return 0.0
+    diff = (out[finite] - ref[finite]).abs().max().item()
+    scale = ref[finite].abs().max().item()
+    return diff / scale if scale > 0 else diff
+
+
+def measure(op: str, backend: str, args: Sequence[Any], seed: int = 1) -> tuple[float, float]:
+    """(forward error, backward error) of ``backend`` in the args' dtype against the float64 reference."""
+    ref_out, _ = reference(op, args)
+    grad = upstream_grad(ref_out, seed)
+    ref_out, ref_grads = reference(op, args, grad)
+    out, grads = run(op, backend, args, grad)
+    expected = _spec(op).output(*args)
+    if out.dtype != expected.dtype or out.shape != expected.shape or out.device != expected.device:
+        raise AssertionError(f"{op} on {backend}: output {out.dtype}{list(out.shape)}@{out.device}, the spec says "
+                             f"{expected.dtype}{list(expected.shape)}@{expected.device}")
+    bwd = max([parity_error(g, r) for g, r in zip(grads, ref_grads)], default=0.0)
+    return parity_error(out, ref_out), bwd
+
+
+def check_parity(case: Case, seed: int = 0) -> None:
+    """Forward and backward of every sample of ``case`` within the spec's tolerance."""
+    spec = _spec(case.op)
+    tol = spec.tolerances[case.dtype]
+    for sample in samples(case.op, case.size, case.dtype, case.device, seed):
+        fwd, bwd = measure(case.op, case.backend, sample.args)
+        assert fwd <= tol.forward, f"{case} [{sample.name}]: forward error {fwd:.3g} > {tol.forward:.3g}"
+        assert bwd <= tol.backward, f"{case} [{sample.name}]: backward error {bwd:.3g} > {tol.backward:.3g}"
+
+
+def check_noncontiguous(case: Case, seed: int = 0) -> None:
+    """Non-contiguous inputs give the result of their contiguous copies (bit for bit, grads too)."""
+    spec = _spec(case.op)
+    for sample in samples(case.op, case.size, case.dtype, case.device, seed):
+        ref_out, _ = run(case.op, case.backend, sample.args)
+        grad = upstream_grad(ref_out)
+        want, want_g = run(case.op, case.backend, sample.args, grad)
+        got, got_g = run(case.op, case.backend, noncontiguous(sample.args), grad)
+        tol = spec.tolerances[case.dtype]
+        assert parity_error(got, want) <= tol.forward, f"{case} [{sample.name}]: non-contiguous forward differs"
+        for g, w in zip(got_g, want_g):
+            assert parity_error(g, w) <= tol.backward, f"{case} [{sample.name}]: non-contiguous backward differs"
+
+
+def check_opcheck(op: str, backend: str = "", size: str = "small", device: str = "cpu") -> None:
+    """torch.library.opcheck (schema, autograd registration, fake tensor, AOT dispatch) on float64 samples."""
+    spec = _spec(op)
+    overload = getattr(torch.ops.kernelhub, op).default
+    for sample in samples(op, size, torch.float64, device):
+        args = _with_grad(sample.args, spec)
+        result = torch.library.opcheck(overload, (*args, backend), raise_exception=False)
+        bad = {k: v for k, v in result.items() if v != "SUCCESS"}
+        assert not bad, f"opcheck of {op} [{sample.name}] failed: {bad}"
+
+
+def check_gradcheck(op: str, backend: str, device: str = "cpu") -> None:
+    """torch.autograd.gradcheck in float64 on the small samples."""
+    spec = _spec(op)
+    overload = getattr(torch.ops.kernelhub, op).default
+    fn = lambda *a: overload(*a, backend)  # noqa: E731
+    for sample in samples(op, "small", torch.float64, device):
+        args = list(sample.args)
+        diff = [i for i in spec.differentiable]
+
+        def f(*inputs, args=args):
+            full, pos = list(args), 0
+            for i in diff:
+                a = args[i]
+                if isinstance(a, list):
+                    full[i] = list(inputs[pos:pos + len(a)])
+                    pos += len(a)
+                else:
+                    full[i] = inputs[pos]
+                    pos += 1
+            return fn(*full)
+
+        inputs = [t.detach().requires_grad_() for i in diff
+                  for t in (args[i] if isinstance(args[i], list) else [args[i]])]
+        assert torch.autograd.gradcheck(f, tuple(inputs), eps=1e-6, atol=1e-5, rtol=1e-4), \
+            f"gradcheck of {op} on {backend} [{sample.name}] failed"
+
+
+def check_bad_inputs(op: str, backend: str | None = None) -> None:
+    """Each of the spec's bad inputs raises the declared error, naming the op and the argument."""
+    fn = kernelhub.op(op, backend=backend)
+    for args, kwargs, exc_type, fragment in _spec(op).bad_inputs():
+        try:
+            fn(*args, **kwargs)
+        except exc_type as exc:
+            msg = str(exc)
+            assert op in msg and fragment in msg, f"{op}: error {msg!r} should name the op and {fragment!r}"
+        else:
+            raise AssertionError(f"{op}: bad input {args!r} {kwargs!r} did not raise {exc_type.__name__}")

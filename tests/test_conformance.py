@@ -1,0 +1,48 @@
+"""The conformance matrix, generated from the registry: every impl x dtype x sample size on the CPU."""
+
+import pytest
+import torch
+
+import kernelhub
+from kernelhub import testing
+
+kernelhub.reload()
+CASES = testing.cases(device="cpu")
+OPS = kernelhub.op_names()
+
+
+def test_matrix_is_not_empty():
+    assert len(OPS) == 9 and len(CASES) >= 9 * 3 * 2
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_parity(case):
+    testing.check_parity(case)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.size == "small"], ids=str)
+def test_noncontiguous(case):
+    testing.check_noncontiguous(case)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_bad_inputs(op):
+    testing.check_bad_inputs(op)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_opcheck(op):
+    testing.check_opcheck(op)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_gradcheck(op):
+    testing.check_gradcheck(op, "torch_ref")
+
+
+def test_parity_check_catches_a_wrong_result():
+    """The kit must fail an impl that is off by more than the tolerance."""
+    ref = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    assert testing.parity_error(ref * (1 + 1e-3), ref) > 1e-4
+    assert testing.parity_error(torch.tensor([1.0, float("nan"), 3.0]), ref) == float("inf")
+    assert testing.parity_error(ref, ref) == 0.0

@@ -57,12 +57,16 @@ class Config:
         return self.ops.get(name) or OpConfig()
 
     def priority_for(self, op: str, backends: list[str]) -> list[str]:
-        """Order ``backends``: the op's priority, then the global one, then unlisted names
-        alphabetically, with torch_ref last unless a list names it."""
+        """Order ``backends``: the op's priority, then the global one; backends named in neither go
+        alphabetically just before torch_ref (so installing a backend puts it to use), torch_ref last
+        unless a list places it elsewhere."""
         order = list(self.op(op).priority) + [b for b in self.priority if b not in self.op(op).priority]
-        rank = {b: i for i, b in enumerate(order)}
-        unlisted = len(order)
-        return sorted(backends, key=lambda b: (rank.get(b, unlisted + (b == REFERENCE_BACKEND)), b))
+        unlisted = sorted(b for b in backends if b not in order and b != REFERENCE_BACKEND)
+        at = order.index(REFERENCE_BACKEND) if REFERENCE_BACKEND in order else len(order)
+        order[at:at] = unlisted
+        if REFERENCE_BACKEND not in order:
+            order.append(REFERENCE_BACKEND)
+        return [b for b in order if b in backends]
 
     def check_ops(self, known_ops: Mapping) -> None:
         for name in self.ops:

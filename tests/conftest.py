@@ -16,4 +16,5 @@ def fresh_hub(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     kernelhub.reload()
     yield
+    monkeypatch.undo()
     kernelhub.reload()

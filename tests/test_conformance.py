@@ -7,12 +7,13 @@ import kernelhub
 from kernelhub import testing
 
 kernelhub.reload()
-CASES = testing.cases(device="cpu")
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+CASES = [c for d in DEVICES for c in testing.cases(device=d)]
 OPS = kernelhub.op_names()
 
 
 def test_matrix_is_not_empty():
-    assert len(OPS) == 9 and len(CASES) >= 9 * 3 * 2
+    assert len(OPS) == 9 and len(CASES) >= len(DEVICES) * 9 * 3 * 2
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
@@ -30,9 +31,10 @@ def test_bad_inputs(op):
     testing.check_bad_inputs(op)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("op", OPS)
-def test_opcheck(op):
-    testing.check_opcheck(op)
+def test_opcheck(op, device):
+    testing.check_opcheck(op, device=device)
 
 
 @pytest.mark.parametrize("op", OPS)

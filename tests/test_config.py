@@ -1,0 +1,71 @@
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import kernelhub
+from kernelhub.config import DEFAULT_PRIORITY, load_config
+from kernelhub.errors import ConfigError
+from kernelhub.registry import declared_backend_names
+
+KNOWN = declared_backend_names()
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_defaults_match_the_shipped_file():
+    shipped = load_config(KNOWN, REPO / "kernelhub.toml")
+    default = load_config(KNOWN)
+    assert default.source == "built-in defaults"
+    assert (shipped.kill_switch, shipped.strict, shipped.disabled, shipped.priority) == \
+           (default.kill_switch, default.strict, default.disabled, default.priority)
+    assert shipped.priority == DEFAULT_PRIORITY
+    assert shipped.op("tv_loss_l1_3d").pin == "" and shipped.op("tv_loss_l1_3d").priority == ()
+
+
+def test_lookup_order(tmp_path, monkeypatch):
+    user = write(tmp_path / "xdg" / "kernelhub" / "kernelhub.toml", "strict = true\n")
+    assert load_config(KNOWN).source == str(user)
+    local = write(tmp_path / "kernelhub.toml", "kill_switch = true\n")
+    assert load_config(KNOWN).source == str(local)
+    env = write(tmp_path / "elsewhere.toml", "disabled = ['triton']\n")
+    monkeypatch.setenv("KERNELHUB_CONFIG", str(env))
+    cfg = load_config(KNOWN)
+    assert cfg.source == str(env) and cfg.disabled == {"triton"}
+    monkeypatch.setenv("KERNELHUB_CONFIG", str(tmp_path / "missing.toml"))
+    with pytest.raises(ConfigError, match="KERNELHUB_CONFIG=.*no such file"):
+        load_config(KNOWN)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("priorty = []", "unknown key 'priorty'; allowed keys: \\['disabled', 'kill_switch', 'ops', 'priority', 'strict'\\]"),
+    ("strict = 'yes'", "strict: expected bool, got str"),
+    ("priority = ['trition']", "priority: unknown backend 'trition'; allowed: \\["),
+    ("disabled = 'triton'", "disabled: expected list"),
+    ("[ops.tv_loss_l1_3d]\npin = 'nope'", "\\[ops.tv_loss_l1_3d\\].pin: unknown backend 'nope'"),
+    ("[ops.tv_loss_l1_3d]\npinned = 'triton'", "unknown key 'pinned'; allowed keys: \\['pin', 'priority'\\]"),
+    ("kill_switch = ", "not valid TOML"),
+])
+def test_schema_errors_name_file_key_and_allowed_values(tmp_path, text, message):
+    path = write(tmp_path / "kernelhub.toml", text + "\n")
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(KNOWN)
+    assert str(path) in str(info.value)
+
+
+def test_unknown_op_in_config(tmp_path):
+    write(tmp_path / "kernelhub.toml", "[ops.tv_loss_l2]\npin = 'torch_ref'\n")
+    with pytest.raises(ConfigError, match=r"\[ops.tv_loss_l2\]: unknown op"):
+        kernelhub.reload()
+
+
+def test_uninstalled_first_party_backend_may_be_named(tmp_path):
+    write(tmp_path / "kernelhub.toml", "priority = ['cuda_ext', 'torch_ref']\n[ops.semiconv]\npin = 'triton'\n")
+    hub = kernelhub.reload()
+    assert hub.config.priority == ("cuda_ext", "torch_ref")
+    assert hub.registry.unavailable_reason("cuda_ext") == "not installed"

@@ -1,0 +1,268 @@
+"""Selection rules, proven with test-only backends installed through the real entry-point path."""
+
+import json
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+import kernelhub
+from kernelhub import cli
+from kernelhub.errors import ConfigError, NoImplementationError, PluginValidationError, StrictModeError
+
+# A test backend: tv_loss_l1_3d on CPU in float32 for 3-D volumes only; counts its calls.
+FAST = '''
+import torch
+from kernelhub import hookimpl
+from kernelhub.spec import Backend, Impl
+from kernelhub_torch_ref import tv
+
+CALLS = {"forward": 0, "backward": 0}
+
+def forward(volume):
+    CALLS["forward"] += 1
+    return tv.tv_loss_l1_3d(volume)
+
+def backward(grad, volume, needs):
+    CALLS["backward"] += 1
+    d = volume.float()
+    g = torch.zeros_like(d)
+    for axis, w in zip((0, 1, 2), grad):
+        s = torch.sign(d.diff(dim=axis)) * w
+        g.narrow(axis, 1, d.shape[axis] - 1).add_(s)
+        g.narrow(axis, 0, d.shape[axis] - 1).sub_(s)
+    return [g.to(volume.dtype)]
+
+@hookimpl
+def kernelhub_register_impls(registry):
+    registry.add_backend(Backend("{name}", "9.9", unavailable_reason=lambda: {unavailable!r}))
+    registry.add_impl(Impl(op="tv_loss_l1_3d", backend="{name}", forward=forward, backward=backward,
+                           dtypes=(torch.float32,), devices={devices!r},
+                           not_supported_reasons=lambda a: ["needs a 3-D volume"] if a[0].ndim != 3 else []))
+'''
+
+FLAKY = '''
+import torch
+from kernelhub import hookimpl
+from kernelhub.spec import Backend, Impl
+
+def forward(volume):
+    raise RuntimeError("kernel exploded")
+
+@hookimpl
+def kernelhub_register_impls(registry):
+    registry.add_backend(Backend("flaky", "0.1"))
+    registry.add_impl(Impl(op="tv_loss_l1_3d", backend="flaky", forward=forward, backward=forward,
+                           dtypes=(torch.float32,)))
+'''
+
+INVALID = '''
+import torch
+from kernelhub import hookimpl
+from kernelhub.spec import Backend, Impl
+
+@hookimpl
+def kernelhub_register_impls(registry):
+    registry.add_backend(Backend("invalid", "0.1"))
+    registry.add_impl(Impl(op="tv_loss_l1_3d", backend="invalid", forward=abs, backward=abs,
+                           dtypes=(torch.int32,)))
+'''
+
+
+@pytest.fixture
+def install(tmp_path, monkeypatch):
+    """Install a plugin distribution (module + dist-info with an entry point) on sys.path."""
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+
+    def _install(name, source, **fmt):
+        mod = f"khtest_{name}"
+        text = source.replace("{name}", name)
+        for key, value in fmt.items():
+            text = text.replace("{%s!r}" % key, repr(value))
+        (site / f"{mod}.py").write_text(textwrap.dedent(text))
+        dist = site / f"{mod}-0.1.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {mod}\nVersion: 0.1\n")
+        (dist / "entry_points.txt").write_text(f"[kernelhub.backends]\n{name} = {mod}\n")
+        sys.modules.pop(mod, None)
+        return mod
+    yield _install
+    for m in [m for m in sys.modules if m.startswith("khtest_")]:
+        del sys.modules[m]
+
+
+def fast(install, name="fast", devices=("cpu",), unavailable=None):
+    mod = install(name, FAST, devices=devices, unavailable=unavailable)
+    return mod
+
+
+def config(tmp_path, text, monkeypatch=None):
+    path = tmp_path / "kernelhub.toml"
+    path.write_text(textwrap.dedent(text))
+    return kernelhub.reload()
+
+
+def test_priority_and_constraints(install, tmp_path):
+    mod = fast(install)
+    config(tmp_path, 'priority = ["fast", "torch_ref"]')
+    v = torch.randn(5, 6, 7)
+    d = kernelhub.explain("tv_loss_l1_3d", v)
+    assert d.chosen == "fast"
+    assert {c.backend: c.status for c in d.candidates} == {"fast": "accepted", "torch_ref": "lost"}
+    assert next(c for c in d.candidates if c.backend == "torch_ref").lost_to == "fast"
+    # dtype and per-impl constraint rejections, with reasons
+    d64 = kernelhub.explain("tv_loss_l1_3d", v.double())
+    assert d64.chosen == "torch_ref"
+    assert "dtype torch.float64 not in" in " ".join(next(c for c in d64.candidates if c.backend == "fast").reasons)
+    d4 = kernelhub.explain("tv_loss_l1_3d", torch.randn(2, 5, 6, 7))
+    assert d4.chosen == "torch_ref" and "needs a 3-D volume" in str(d4)
+    # it really runs, forward and backward on the same backend
+    calls = sys.modules[mod].CALLS
+    v.requires_grad_()
+    out = kernelhub.op("tv_loss_l1_3d")(v)
+    out.backward(torch.tensor([1.0, 2.0, 3.0]))
+    assert calls == {"forward": 1, "backward": 1}
+    ref = v.detach().requires_grad_()
+    kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(ref).backward(torch.tensor([1.0, 2.0, 3.0]))
+    torch.testing.assert_close(v.grad, ref.grad)
+
+
+def test_device_and_availability(install, tmp_path):
+    fast(install, "gpuonly", devices=("cuda",))
+    fast(install, "broken_build", unavailable="nvcc failed: missing header")
+    config(tmp_path, 'priority = ["gpuonly", "broken_build", "torch_ref"]')
+    d = kernelhub.explain("tv_loss_l1_3d", torch.randn(3, 4, 5))
+    reasons = {c.backend: " ".join(c.reasons) for c in d.candidates}
+    assert d.chosen == "torch_ref"
+    assert "device 'cpu' not in ['cuda']" in reasons["gpuonly"]
+    assert "backend unavailable: nvcc failed: missing header" in reasons["broken_build"]
+    listed = cli.cmd_list(cli.build_parser().parse_args(["list"]))
+    assert listed["backends"]["broken_build"]["reason"] == "nvcc failed: missing header"
+
+
+def test_disabled_kill_switch_and_env(install, tmp_path, monkeypatch):
+    fast(install)
+    config(tmp_path, 'priority = ["fast"]\ndisabled = ["fast"]')
+    v = torch.randn(3, 4, 5)
+    assert kernelhub.explain("tv_loss_l1_3d", v).chosen == "torch_ref"
+    config(tmp_path, 'priority = ["fast"]\nkill_switch = true')
+    d = kernelhub.explain("tv_loss_l1_3d", v)
+    assert d.chosen == "torch_ref" and "kill switch" in str(d)
+    config(tmp_path, 'priority = ["fast"]')
+    assert kernelhub.explain("tv_loss_l1_3d", v).chosen == "fast"
+    monkeypatch.setenv("KERNELHUB_KILL_SWITCH", "1")
+    assert kernelhub.reload().config.kill_switch and kernelhub.explain("tv_loss_l1_3d", v).chosen == "torch_ref"
+    monkeypatch.delenv("KERNELHUB_KILL_SWITCH")
+    monkeypatch.setenv("KERNELHUB_DISABLE", "fast")
+    kernelhub.reload()
+    assert kernelhub.explain("tv_loss_l1_3d", v).chosen == "torch_ref"
+    monkeypatch.setenv("KERNELHUB_DISABLE", "fsat")
+    with pytest.raises(ConfigError, match="KERNELHUB_DISABLE: unknown backend 'fsat'"):
+        kernelhub.reload()
+    monkeypatch.setenv("KERNELHUB_DISABLE", "")
+    monkeypatch.setenv("KERNELHUB_KILL_SWITCH", "yes")
+    with pytest.raises(ConfigError, match="KERNELHUB_KILL_SWITCH"):
+        kernelhub.reload()
+
+
+def test_per_op_priority_and_pin(install, tmp_path):
+    fast(install)
+    v = torch.randn(3, 4, 5)
+    config(tmp_path, 'priority = ["torch_ref", "fast"]\n[ops.tv_loss_l1_3d]\npriority = ["fast"]')
+    assert kernelhub.explain("tv_loss_l1_3d", v).chosen == "fast"
+    assert kernelhub.explain("tv_loss_sq_3d", v).chosen == "torch_ref"
+    config(tmp_path, 'priority = ["torch_ref", "fast"]\n[ops.tv_loss_l1_3d]\npin = "fast"')
+    d = kernelhub.explain("tv_loss_l1_3d", v)
+    assert d.chosen == "fast" and "pinned" in str(d)
+    # a pin that cannot serve the call: one warning, then priority; strict mode raises
+    with pytest.warns(RuntimeWarning, match="pinned backend 'fast' cannot serve"):
+        assert kernelhub.explain("tv_loss_l1_3d", v.double()).chosen == "torch_ref"
+    config(tmp_path, 'strict = true\n[ops.tv_loss_l1_3d]\npin = "fast"')
+    with pytest.raises(StrictModeError, match="pinned backend"):
+        kernelhub.op("tv_loss_l1_3d")(v.double())
+
+
+def test_forced_backend(install, tmp_path):
+    fast(install)
+    kernelhub.reload()
+    v = torch.randn(3, 4, 5)
+    assert kernelhub.explain("tv_loss_l1_3d", v).chosen == "fast"  # unlisted backends come before torch_ref
+    out = kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(v)
+    torch.testing.assert_close(out, kernelhub.op("tv_loss_l1_3d")(v))
+    with pytest.raises(NoImplementationError, match="forced backend 'fast' cannot serve.*dtype torch.float64"):
+        kernelhub.op("tv_loss_l1_3d", backend="fast")(v.double())
+    with pytest.raises(NoImplementationError, match="backend 'fast' has no impl of tv_loss_sq_3d"):
+        kernelhub.op("tv_loss_sq_3d", backend="fast")(v)
+    with pytest.raises(NoImplementationError, match="'nope'"):
+        kernelhub.op("tv_loss_l1_3d", backend="nope")
+
+
+def test_call_time_failure_falls_back_once(install, tmp_path):
+    install("flaky", FLAKY)
+    config(tmp_path, 'priority = ["flaky", "torch_ref"]')
+    v = torch.randn(3, 4, 5, requires_grad=True)
+    with pytest.warns(RuntimeWarning, match="'flaky' raised RuntimeError: kernel exploded"):
+        out = kernelhub.op("tv_loss_l1_3d")(v)
+    torch.testing.assert_close(out, kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(v))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning, and the backward does not hit flaky
+        kernelhub.op("tv_loss_l1_3d")(v).sum().backward()
+        kernelhub.op("tv_loss_l1_3d")(torch.randn(3, 4, 5))
+    assert "raised at call time" in str(kernelhub.explain("tv_loss_l1_3d", v))
+    config(tmp_path, 'strict = true\npriority = ["flaky", "torch_ref"]')
+    with pytest.raises(StrictModeError, match="kernel exploded"):
+        kernelhub.op("tv_loss_l1_3d")(v)
+
+
+def test_decision_cache_is_keyed_cheaply(install, tmp_path):
+    fast(install)
+    hub = kernelhub.reload()
+    v = torch.randn(3, 4, 5)
+    d1 = hub.selector.decide("tv_loss_l1_3d", (v,))
+    assert hub.selector.decide("tv_loss_l1_3d", (torch.randn(3, 4, 5),)) is d1  # same key: cached object
+    assert hub.selector.decide("tv_loss_l1_3d", (torch.randn(3, 4, 6),)) is not d1
+    assert hub.selector.decide("tv_loss_l1_3d", (v.double(),)).chosen == "torch_ref"
+
+
+def test_plugin_failing_to_import_is_skipped_and_reported(install, tmp_path, capsys):
+    install("broken", "raise ImportError('libfoo.so: cannot open shared object file')\n")
+    hub = kernelhub.reload()
+    assert [(e.plugin, e.stage) for e in hub.registry.plugin_errors] == [("broken", "import")]
+    assert kernelhub.op("tv_loss_l1_3d")(torch.ones(2, 2, 2)).tolist() == [0.0, 0.0, 0.0]
+    for command in ("list", "doctor"):
+        assert cli.main([command, "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert any(e["plugin"] == "broken" and "libfoo.so" in e["error"] for e in data["plugin_errors"])
+        assert cli.main([command]) == 0
+        assert "libfoo.so" in capsys.readouterr().out
+    # strict mode makes it fatal
+    (tmp_path / "kernelhub.toml").write_text("strict = true\n")
+    with pytest.raises(PluginValidationError, match="broken"):
+        kernelhub.reload()
+
+
+def test_plugin_failing_validation_is_skipped(install):
+    install("invalid", INVALID)
+    hub = kernelhub.reload()
+    (err,) = hub.registry.plugin_errors
+    assert err.plugin == "invalid" and "PluginValidationError" in err.error and "torch.int32" in err.error
+    assert "invalid" not in hub.registry.backends  # rolled back whole
+
+
+def test_cli_explain(capsys, install, tmp_path):
+    fast(install)
+    config(tmp_path, 'priority = ["fast", "torch_ref"]')
+    assert cli.main(["explain", "tv_loss_l1_3d", "--shape", "4,5,6", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["chosen"] == "fast"
+    assert cli.main(["explain", "tv_loss_l1_3d", "--shape", "4,5,6"]) == 0
+    assert "lost to fast" in capsys.readouterr().out
+    assert cli.main(["explain", "tv_loss_l1_3d", "--shape", "4,5,6", "--dtype", "float64"]) == 0
+    out = capsys.readouterr().out
+    assert "rejected" in out and "dtype torch.float64 not in" in out
+    assert cli.main(["explain", "semiconv", "--shape", "1,2,8,8", "--shape", "2,1,3,3"]) == 2
+    assert "groups" in capsys.readouterr().out

@@ -1,0 +1,69 @@
+"""A third party adds a new op (spec + reference impl) through kernelhub_register_specs."""
+
+import types
+
+import pytest
+import torch
+
+import kernelhub
+from kernelhub import hookimpl, testing
+from kernelhub.errors import PluginValidationError
+from kernelhub.spec import Arg, Backend, Impl, OpSpec, SampleInput, Tolerance
+
+
+def _normalize(x):
+    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"cube_sum: argument 'x' must be a float32/float64 tensor, got {x!r:.40}")
+    return (x,)
+
+
+SPEC = OpSpec(
+    name="cube_sum", args=(Arg("x", "tensor", differentiable=True),), doc="sum of x**3",
+    dtypes=(torch.float32, torch.float64),
+    tolerances={torch.float32: Tolerance(2e-6, 2e-6), torch.float64: Tolerance(3.6e-15, 3.6e-15)},
+    normalize=_normalize, output=lambda x: x.new_empty(()),
+    samples=lambda size, dtype, device, gen: [SampleInput("x", (torch.randn(7, 5, generator=gen, device=device,
+                                                                             dtype=dtype),))],
+    bad_inputs=lambda: [((torch.zeros(2, dtype=torch.int64),), {}, TypeError, "x")],
+    reference_backend="cube_ref",
+)
+
+
+def _plugin(spec):
+    plugin = types.ModuleType("cube_plugin")
+
+    @hookimpl
+    def kernelhub_register_specs(registry):
+        registry.add_spec(spec)
+
+    @hookimpl
+    def kernelhub_register_impls(registry):
+        registry.add_backend(Backend("cube_ref", "1.0"))
+        registry.add_impl(Impl(op="cube_sum", backend="cube_ref", forward=lambda x: x.pow(3).sum(),
+                               backward=lambda g, x, needs: [3 * x.square() * g], dtypes=spec.dtypes))
+
+    plugin.kernelhub_register_specs = kernelhub_register_specs
+    plugin.kernelhub_register_impls = kernelhub_register_impls
+    return plugin
+
+
+def test_new_op_runs_and_passes_the_kit():
+    kernelhub.reload(extra_plugins=[("cube_plugin", _plugin(SPEC))])
+    x = torch.randn(4, 3, requires_grad=True)
+    out = kernelhub.op("cube_sum")(x)
+    out.backward()
+    torch.testing.assert_close(x.grad, 3 * x.detach().square())
+    for case in testing.cases(ops=["cube_sum"], sizes=["small"]):
+        testing.check_parity(case)
+    testing.check_opcheck("cube_sum")
+    testing.check_bad_inputs("cube_sum")
+
+
+def test_duplicate_op_name_is_rejected():
+    import dataclasses
+    hub = kernelhub.reload(extra_plugins=[("dup", _plugin(dataclasses.replace(SPEC, name="tv_loss_l1_3d")))])
+    (err,) = hub.registry.plugin_errors
+    assert err.plugin == "dup" and "already registered" in err.error
+    with pytest.raises(PluginValidationError, match="dup"):
+        from kernelhub.registry import Registry
+        Registry().load([("dup", _plugin(dataclasses.replace(SPEC, name="tv_loss_l1_3d")))], strict=True)

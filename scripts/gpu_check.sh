@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run on the GPU machine (no package index): install offline, run the test suite with CUDA in the
-# matrix, the demo, and print a short summary. Usage: bash scripts/gpu_check.sh  (logs under $OUT if set)
+# matrix (the whole suite: CPU and CUDA cases), the demo, and print a short summary. Usage: bash scripts/gpu_check.sh  (logs under $OUT if set)
 set -uo pipefail
 OUT="${OUT:-/tmp/kernelhub-gpu}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -13,7 +13,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torc
 git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/device.txt"
 kernelhub list 2>&1 | tee "$OUT/list.txt" | tail -5
 python3 examples/demo.py 2>&1 | tee "$OUT/demo.txt"
-python3 -m pytest -q -x -p no:cacheprovider tests/test_conformance.py -k "cuda" 2>&1 | tee "$OUT/pytest_cuda.txt" | tail -5
+python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_cuda.txt" | tail -5
 echo "== summary =="
 cat "$OUT/device.txt"
 grep -E "passed|failed|error" "$OUT/pytest_cuda.txt" | tail -1

@@ -11,11 +11,7 @@ for name in kernelhub.op_names():
     spec = kernelhub.get_hub().registry.spec(name)
     dtype = torch.float32 if torch.float32 in spec.dtypes else spec.dtypes[0]
     sample = testing.samples(name, "small", dtype, device)[0]
-    args = list(sample.args)
-    for i in spec.differentiable:
-        a = args[i]
-        args[i] = [t.requires_grad_() for t in a] if isinstance(a, list) else a.requires_grad_()
-    out = kernelhub.op(name)(*args)
+    out = kernelhub.op(name)(*testing.with_grad(name, sample.args))
     out.abs().sum().backward()
     chosen = kernelhub.explain(name, *sample.args).chosen
     print(f"{name:28s} -> {chosen:10s} out {str(out.dtype).removeprefix('torch.')}{list(out.shape)}")

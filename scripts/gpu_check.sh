@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run on the GPU machine (no package index): install offline, run the test suite with CUDA in the
-# matrix (the whole suite: CPU and CUDA cases), the demo, and print a short summary. Usage: bash scripts/gpu_check.sh  (logs under $OUT if set)
+# Run on the GPU machine (no package index): install offline, run the demo and the whole test suite
+# (CPU and CUDA cases), print a short summary, exit with pytest's status. Logs go under $OUT if set.
 set -uo pipefail
 OUT="${OUT:-/tmp/kernelhub-gpu}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -14,6 +14,8 @@ git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/device.txt"
 kernelhub list 2>&1 | tee "$OUT/list.txt" | tail -5
 python3 examples/demo.py 2>&1 | tee "$OUT/demo.txt"
 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_cuda.txt" | tail -5
+rc=${PIPESTATUS[0]}
 echo "== summary =="
 cat "$OUT/device.txt"
 grep -E "passed|failed|error" "$OUT/pytest_cuda.txt" | tail -1
+exit "$rc"

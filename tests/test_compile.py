@@ -11,7 +11,6 @@ OPS = kernelhub.op_names()
 
 @pytest.mark.parametrize("name", OPS)
 def test_compile_fullgraph_matches_eager(name):
-    spec = kernelhub.get_hub().registry.spec(name)
     dtype = torch.float32
     sample = testing.samples(name, "small", dtype, "cpu")[0]
     op = kernelhub.op(name)
@@ -20,16 +19,10 @@ def test_compile_fullgraph_matches_eager(name):
         return (op(*args) * 1.5).abs().sum()  # hub op between ordinary torch ops
 
     def grads(fn):
-        args = list(sample.args)
-        leaves = []
-        for i in spec.differentiable:
-            a = args[i]
-            args[i] = [t.detach().clone().requires_grad_() for t in a] if isinstance(a, list) \
-                else a.detach().clone().requires_grad_()
-            leaves += args[i] if isinstance(args[i], list) else [args[i]]
+        args = testing.with_grad(name, sample.args)
         value = fn(*args)
         value.backward()
-        return value.detach(), [t.grad for t in leaves]
+        return value.detach(), [t.grad for t in testing.leaves(name, args)]
 
     torch._dynamo.reset()
     compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")

@@ -29,17 +29,14 @@ def _samples(with_eps: bool):
             "edge": [(1, 5, 6), (4, 1, 6), (4, 5, 1), (1, 1, 1), (2, 2, 2), (0, 4, 4), (3, 0, 2, 3, 4)],
             "benchmark": [(256, 256, 256), (512, 512, 512), (16, 1024, 1024)],
         }[size]
-        out = []
-        for shape in shapes:
-            v = c.randn(shape, dtype, device, gen)
-            extra = (1e-8,) if with_eps else ()
-            out.append(SampleInput("x".join(map(str, shape)), (v, *extra)))
+        extra = (1e-8,) if with_eps else ()
+        out = [SampleInput("x".join(map(str, shape)), (c.randn(shape, dtype, device, gen), *extra))
+               for shape in shapes]
         if size == "edge":
             v = c.randn((3, 4, 5), dtype, device, gen)
             v[1, 2, 3] = float("nan")
-            out.append(SampleInput("nan", (v, *((1e-8,) if with_eps else ()))))
-            out.append(SampleInput("constant", (torch.full((3, 4, 5), 2.5, dtype=dtype, device=device),
-                                                *((1e-8,) if with_eps else ()))))
+            out.append(SampleInput("nan", (v, *extra)))
+            out.append(SampleInput("constant", (torch.full((3, 4, 5), 2.5, dtype=dtype, device=device), *extra)))
         return out
     return samples
 

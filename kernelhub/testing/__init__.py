@@ -29,7 +29,8 @@ from kernelhub.spec import OpSpec, SampleInput
 
 __all__ = [
     "Case", "cases", "samples", "parity_error", "reference", "run", "check_parity", "check_opcheck",
-    "check_gradcheck", "check_noncontiguous", "check_bad_inputs", "noncontiguous", "to_dtype",
+    "check_gradcheck", "check_noncontiguous", "check_bad_inputs", "noncontiguous", "to_dtype", "leaves",
+    "with_grad",
 ]
 
 
@@ -109,21 +110,18 @@ def noncontiguous(args: Sequence[Any]) -> tuple:
     return _map_tensors(args, spread)
 
 
-def _with_grad(args: Sequence[Any], spec: OpSpec) -> tuple:
+def leaves(op: str, args: Sequence[Any]) -> list[torch.Tensor]:
+    """The tensors of ``op``'s differentiable arguments in order (a list argument gives each element)."""
+    return [t for i in _spec(op).differentiable for t in (args[i] if isinstance(args[i], list) else [args[i]])]
+
+
+def with_grad(op: str, args: Sequence[Any]) -> tuple:
+    """``args`` with detached copies of the differentiable tensors that require grad (fresh autograd leaves)."""
     out = list(args)
-    for i in spec.differentiable:
+    for i in _spec(op).differentiable:
         a = args[i]
         out[i] = [t.detach().requires_grad_() for t in a] if isinstance(a, list) else a.detach().requires_grad_()
     return tuple(out)
-
-
-def _grads(spec: OpSpec, args: Sequence[Any]) -> list[torch.Tensor]:
-    flat = []
-    for i in spec.differentiable:
-        a = args[i]
-        for t in (a if isinstance(a, list) else [a]):
-            flat.append(t.grad if t.grad is not None else torch.zeros_like(t))
-    return flat
 
 
 def upstream_grad(out: torch.Tensor, seed: int = 1) -> torch.Tensor:
@@ -135,13 +133,12 @@ def upstream_grad(out: torch.Tensor, seed: int = 1) -> torch.Tensor:
 def run(op: str, backend: str, args: Sequence[Any], grad: torch.Tensor | None = None,
         ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Forward (and backward with ``grad``) of ``op`` on ``backend`` through the hub's operator."""
-    spec = _spec(op)
-    args = _with_grad(args, spec) if grad is not None else args
+    args = with_grad(op, args) if grad is not None else args
     out = getattr(torch.ops.kernelhub, op).default(*args, backend)  # args are canonical already
     if grad is None:
         return out, []
     out.backward(grad.to(out.dtype))
-    return out, _grads(spec, args)
+    return out, [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves(op, args)]
 
 
 def reference(op: str, args: Sequence[Any], grad: torch.Tensor | None = None,
@@ -197,7 +194,8 @@ def check_parity(case: Case, seed: int = 0) -> None:
 
 
 def check_noncontiguous(case: Case, seed: int = 0) -> None:
-    """Non-contiguous inputs give the result of their contiguous copies (bit for bit, grads too)."""
+    """Non-contiguous inputs give the result of their contiguous copies, within the dtype's tolerance
+    (forward and gradients)."""
     spec = _spec(case.op)
     for sample in samples(case.op, case.size, case.dtype, case.device, seed):
         ref_out, _ = run(case.op, case.backend, sample.args)
@@ -212,10 +210,9 @@ def check_noncontiguous(case: Case, seed: int = 0) -> None:
 
 def check_opcheck(op: str, backend: str = "", size: str = "small", device: str = "cpu") -> None:
     """torch.library.opcheck (schema, autograd registration, fake tensor, AOT dispatch) on float64 samples."""
-    spec = _spec(op)
     overload = getattr(torch.ops.kernelhub, op).default
     for sample in samples(op, size, torch.float64, device):
-        args = _with_grad(sample.args, spec)
+        args = with_grad(op, sample.args)
         result = torch.library.opcheck(overload, (*args, backend), raise_exception=False)
         bad = {k: v for k, v in result.items() if v != "SUCCESS"}
         assert not bad, f"opcheck of {op} [{sample.name}] failed: {bad}"
@@ -228,7 +225,7 @@ def check_gradcheck(op: str, backend: str, device: str = "cpu") -> None:
     fn = lambda *a: overload(*a, backend)  # noqa: E731
     for sample in samples(op, "small", torch.float64, device):
         args = list(sample.args)
-        diff = [i for i in spec.differentiable]
+        diff = spec.differentiable
 
         def f(*inputs, args=args):
             full, pos = list(args), 0
@@ -242,8 +239,7 @@ def check_gradcheck(op: str, backend: str, device: str = "cpu") -> None:
                     pos += 1
             return fn(*full)
 
-        inputs = [t.detach().requires_grad_() for i in diff
-                  for t in (args[i] if isinstance(args[i], list) else [args[i]])]
+        inputs = leaves(op, with_grad(op, args))
         assert torch.autograd.gradcheck(f, tuple(inputs), eps=1e-6, atol=1e-5, rtol=1e-4), \
             f"gradcheck of {op} on {backend} [{sample.name}] failed"
 

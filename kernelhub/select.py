@@ -2,7 +2,8 @@
 
 Eligible impls are those whose backend is available and not disabled, whose
 declared devices and dtypes cover the call, whose ``not_supported_reasons`` is
-empty, and which have not raised at call time for this key. Among eligible
+empty, which are not ``forced_only`` (unless forced), and which have not raised
+at call time for this key. Among eligible
 impls the order is: a forced backend (``kernelhub.op(name, backend=...)``), else
 the op's pin from the config, else the priority order of the config.
 
@@ -144,6 +145,8 @@ class Selector:
             if name in cfg.disabled:
                 reasons.append("disabled by config" + (f" ({', '.join(cfg.overrides)})" if cfg.overrides else ""))
             reasons += impl.static_reasons(device_type, dtype)
+            if impl.forced_only and name != forced:
+                reasons.append(f"serves only calls that force it: {impl.forced_only}")
             if not reasons:
                 try:
                     reasons += impl.not_supported_reasons(args)

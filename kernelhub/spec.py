@@ -152,6 +152,9 @@ class Impl:
     non-tensor arguments (never tensor values: decisions are cached by those
     properties) and returns why this impl cannot serve the call, or [].
     ``deterministic`` is False when results may vary run to run (atomics).
+    ``forced_only``, when not empty, says why this impl serves only calls that force its
+    backend (``kernelhub.op(name, backend=...)``) and is never picked by selection: the
+    Triton interpreter (``TRITON_INTERPRET=1``), for example, runs kernels for tests only.
     """
 
     op: str
@@ -162,6 +165,7 @@ class Impl:
     devices: tuple[str, ...] | None = None
     not_supported_reasons: Callable[[Sequence[Any]], list[str]] = _any_reasons
     deterministic: bool = True
+    forced_only: str = ""
 
     def static_reasons(self, device_type: str, dtype: torch.dtype) -> list[str]:
         """Reasons that follow from the declared devices and dtypes alone."""

@@ -1,21 +1,33 @@
 #!/usr/bin/env bash
-# Run on the GPU machine (no package index): install offline, run the demo and the whole test suite
-# (CPU and CUDA cases), print a short summary, exit with pytest's status. Logs go under $OUT if set.
+# Run on the GPU machine (no package index): install offline, then
+#   tests  - the demo and the whole test suite (CPU and CUDA cases, the large-tensor ones too)
+#   bench  - benchmarks/kernels.py: every kernel backend against eager and compiled torch_ref
+#   all    - both (the default)
+# Prints a short summary last and exits non-zero if a step failed. Logs go under $OUT if set.
 set -uo pipefail
+what="${1:-all}"
 OUT="${OUT:-/tmp/kernelhub-gpu}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if ! python3 -c "import pytest" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . -e ./backends/torch_ref 2>&1 | tail -2
+python3 -m pip install -q --no-deps --no-build-isolation -e . -e ./backends/torch_ref -e ./backends/triton 2>&1 | tail -2
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
-git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/device.txt"
-kernelhub list 2>&1 | tee "$OUT/list.txt" | tail -5
-python3 examples/demo.py 2>&1 | tee "$OUT/demo.txt"
-python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_cuda.txt" | tail -5
-rc=${PIPESTATUS[0]}
+(git rev-parse --short HEAD 2>/dev/null; git status --short | head -5) | tee -a "$OUT/device.txt"
+rc=0
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  kernelhub list 2>&1 | tee "$OUT/list.txt" | head -8
+  python3 examples/demo.py 2>&1 | tee "$OUT/demo.txt" | tail -3
+  python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_cuda.txt" | grep -E "FAILED|ERROR|passed|failed" | tail -30
+  rc=${PIPESTATUS[0]}
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  python3 benchmarks/kernels.py ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | grep -v "^sweep" \
+    || rc=1
+  grep "^sweep" "$OUT/bench.txt"
+fi
 echo "== summary =="
 cat "$OUT/device.txt"
-grep -E "passed|failed|error" "$OUT/pytest_cuda.txt" | tail -1
+[ -f "$OUT/pytest_cuda.txt" ] && grep -E "passed|failed|error" "$OUT/pytest_cuda.txt" | tail -1
 exit "$rc"

@@ -112,7 +112,9 @@ def test_priority_and_constraints(install, tmp_path):
     v = torch.randn(5, 6, 7)
     d = kernelhub.explain("tv_loss_l1_3d", v)
     assert d.chosen == "fast"
-    assert {c.backend: c.status for c in d.candidates} == {"fast": "accepted", "torch_ref": "lost"}
+    statuses = {c.backend: c.status for c in d.candidates}
+    assert statuses["fast"] == "accepted" and statuses["torch_ref"] == "lost"
+    assert all(s == "rejected" for b, s in statuses.items() if b not in ("fast", "torch_ref"))  # GPU-only ones
     assert next(c for c in d.candidates if c.backend == "torch_ref").lost_to == "fast"
     # dtype and per-impl constraint rejections, with reasons
     d64 = kernelhub.explain("tv_loss_l1_3d", v.double())

@@ -218,8 +218,9 @@ def check_opcheck(op: str, backend: str = "", size: str = "small", device: str =
         assert not bad, f"opcheck of {op} [{sample.name}] failed: {bad}"
 
 
-def check_gradcheck(op: str, backend: str, device: str = "cpu") -> None:
-    """torch.autograd.gradcheck in float64 on the small samples."""
+def check_gradcheck(op: str, backend: str, device: str = "cpu", fast_mode: bool = False) -> None:
+    """torch.autograd.gradcheck in float64 on the small samples (``fast_mode``: against one random
+    projection of the Jacobian instead of all of it, for slow kernels such as interpreted ones)."""
     spec = _spec(op)
     overload = getattr(torch.ops.kernelhub, op).default
     fn = lambda *a: overload(*a, backend)  # noqa: E731
@@ -240,7 +241,7 @@ def check_gradcheck(op: str, backend: str, device: str = "cpu") -> None:
             return fn(*full)
 
         inputs = leaves(op, with_grad(op, args))
-        assert torch.autograd.gradcheck(f, tuple(inputs), eps=1e-6, atol=1e-5, rtol=1e-4), \
+        assert torch.autograd.gradcheck(f, tuple(inputs), eps=1e-6, atol=1e-5, rtol=1e-4, fast_mode=fast_mode), \
             f"gradcheck of {op} on {backend} [{sample.name}] failed"
 
 

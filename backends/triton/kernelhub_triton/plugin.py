@@ -1,0 +1,86 @@
+"""Registers the triton backend: fused kernels for the TV family, trilinear and Tikhonov.
+
+The kernel modules import triton, so they are imported on first use: without triton (or
+without a GPU) the backend still registers, and ``kernelhub list`` shows it unavailable
+with the reason. With ``TRITON_INTERPRET=1`` the kernels also run on CPU tensors under
+Triton's interpreter, which checks their logic in CI; such impls serve only calls that
+force ``backend="triton"`` and are never selected.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+
+import torch
+
+from kernelhub import hookimpl
+from kernelhub.spec import Backend, Impl
+from kernelhub_triton import __version__
+
+NAME = "triton"
+HALF_AND_UP = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+# op -> (module, forward, backward, dtypes, not_supported_reasons or None)
+IMPLS = {
+    "tv_loss_l1_3d": ("tv", "l1_forward", "l1_backward", HALF_AND_UP, "not_supported_reasons"),
+    "tv_loss_sq_3d": ("tv", "sq_forward", "sq_backward", HALF_AND_UP, "not_supported_reasons"),
+    "tv_loss_iso_3d": ("tv", "iso_forward", "iso_backward", HALF_AND_UP, "not_supported_reasons"),
+    "trilinear_interp": ("trilinear", "forward", "backward", HALF_AND_UP, None),
+    "tikhonov_inverse_2xn": ("tikhonov", "forward", "backward",
+                             (torch.complex64, torch.complex128, torch.float32, torch.float64), None),
+}
+
+
+def interpret_mode() -> bool:
+    """Triton's own switch: TRITON_INTERPRET=1 runs every @triton.jit kernel in the interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def unavailable_reason() -> str | None:
+    try:
+        import triton  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install
+        return f"triton cannot be imported ({type(exc).__name__}: {exc}); pip install triton"
+    if interpret_mode():
+        return None
+    if not torch.cuda.is_available():
+        return ("no CUDA device (torch.cuda.is_available() is False); TRITON_INTERPRET=1 runs the kernels "
+                "on CPU tensors under Triton's interpreter, for tests")
+    return None
+
+
+def _lazy(module: str, name: str) -> Callable:
+    """``kernelhub_triton.<module>.<name>``, imported at the first call."""
+    target: list[Callable] = []
+
+    def call(*args, **kwargs):
+        if not target:
+            target.append(getattr(importlib.import_module(f"kernelhub_triton.{module}"), name))
+        return target[0](*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = f"{module}.{name}"
+    return call
+
+
+def _no_reasons(args) -> list[str]:
+    return []
+
+
+@hookimpl
+def kernelhub_register_impls(registry) -> None:
+    registry.add_backend(Backend(NAME, __version__, "fused Triton kernels with analytic backwards",
+                                 unavailable_reason))
+    interpreted = interpret_mode()
+    for op, (module, fwd, bwd, dtypes, reasons) in IMPLS.items():
+        registry.add_impl(Impl(
+            op=op,
+            backend=NAME,
+            forward=_lazy(module, fwd),
+            backward=_lazy(module, bwd),
+            dtypes=dtypes,
+            devices=("cuda", "cpu") if interpreted else ("cuda",),
+            not_supported_reasons=_lazy(module, reasons) if reasons else _no_reasons,
+            forced_only="TRITON_INTERPRET=1 runs Triton's interpreter, for tests only" if interpreted else "",
+        ))

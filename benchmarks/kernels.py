@@ -1,0 +1,208 @@
+"""Time each kernel backend against torch eager and torch.compile of the reference, on a GPU.
+
+For every op a backend implements and each benchmark shape of its spec (float32; complex64 for
+Tikhonov), in one process:
+
+- the memory floor: the fewest bytes the pass must move (each input read once, each output
+  and gradient written once) over the copy bandwidth measured here first;
+- the median time (triton.testing.do_bench, L2 flushed before every run, after warm-up) of
+  the reference in eager mode, the reference under torch.compile (compile time excluded,
+  reported), and each kernel backend, for the forward and for forward+backward;
+- peak memory allocated by one such call beyond its inputs.
+
+Usage: python benchmarks/kernels.py [--backends triton] [--ops ...] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import torch
+
+import kernelhub
+from kernelhub import testing
+
+# per op: (inputs that get gradients, inputs the backward must read again); None = forward only.
+# trilinear's feats gradient is w_k(points) * grad: it re-reads points, not feats.
+MODES = {
+    "tv_loss_l1_3d": [None, ((0,), (0,))],
+    "tv_loss_sq_3d": [None, ((0,), (0,))],
+    "tv_loss_iso_3d": [None, ((0,), (0,))],
+    "trilinear_interp": [None, ((0,), (1,)), ((0, 1), (0, 1))],
+    "tikhonov_inverse_2xn": [None, ((0,), (0,))],
+}
+
+
+def _closed_form(M, lam):
+    from kernelhub_torch_ref.tikhonov import closed_form
+    return closed_form(M, lam)
+
+
+# further baselines worth a row: Tikhonov's closed form in plain torch (the reference is an SVD)
+EXTRA = {"tikhonov_inverse_2xn": [("closed_form", _closed_form)]}
+
+
+def nbytes(t) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def floor_bytes(args, out, mode) -> int:
+    """Forward: read every tensor input, write the output. Backward: read the upstream gradient
+    and the inputs the formula needs, write each gradient."""
+    fwd = sum(nbytes(a) for a in args) + nbytes(out)
+    if mode is None:
+        return fwd
+    grads_of, rereads = mode
+    return fwd + nbytes(out) + sum(nbytes(args[i]) for i in rereads) + sum(nbytes(args[i]) for i in grads_of)
+
+
+def copy_bandwidth() -> float:
+    import triton.testing
+    x = torch.randn(2**28, device="cuda")  # 1 GiB
+    y = torch.empty_like(x)
+    ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=50, rep=200, return_mode="median")
+    return 2 * nbytes(x) / (ms * 1e-3)
+
+
+def make_step(fn, args, grads_of, grad):
+    """A closure running fn forward (and backward into the chosen inputs)."""
+    if grads_of is None:
+        return (lambda: fn(*args)), []
+    leaves = []
+    call = list(args)
+    for i in grads_of:
+        call[i] = args[i].detach().requires_grad_()
+        leaves.append(call[i])
+
+    def step():
+        out = fn(*call)
+        out.backward(grad)
+    return step, leaves
+
+
+def bench(step, leaves) -> tuple[float, float]:
+    import triton.testing
+    step()
+    torch.cuda.synchronize()
+    for t in leaves:
+        t.grad = None
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    ms = triton.testing.do_bench(step, warmup=25, rep=200, grad_to_none=leaves or None, return_mode="median")
+    return ms, peak
+
+
+def run(ops, backends) -> list[dict]:
+    hub = kernelhub.get_hub()
+    bw = copy_bandwidth()
+    print(f"copy bandwidth: {bw / 1e12:.2f} TB/s (read + write, 1 GiB device-to-device)", flush=True)
+    rows = [{"op": "copy", "bandwidth_TBps": bw / 1e12}]
+    for op in ops:
+        spec = hub.registry.spec(op)
+        impls = hub.registry.impls(op)
+        ref_fn = impls[spec.reference_backend].forward
+        dtype = torch.complex64 if torch.complex64 in spec.dtypes else torch.float32
+        for sample in testing.samples(op, "benchmark", dtype, "cuda", seed=0):
+            args = sample.args
+            out = ref_fn(*args)
+            grad = testing.upstream_grad(out)
+            torch._dynamo.reset()
+            compiled = torch.compile(ref_fn)
+            t0 = time.perf_counter()
+            for m in MODES[op]:
+                step, leaves = make_step(compiled, args, m and m[0], grad)
+                step()
+            torch.cuda.synchronize()
+            compile_s = time.perf_counter() - t0
+            for m in MODES[op]:
+                grads_of = m and m[0]
+                mode = "fwd" if m is None else "fwd+bwd " + ",".join(spec.args[i].name for i in grads_of)
+                floor_ms = floor_bytes(args, out, m) / bw * 1e3
+                timings = {}
+                for label, fn in [("eager", ref_fn), ("compiled", compiled), *EXTRA.get(op, [])] + [
+                        (b, kernelhub.op(op, backend=b)) for b in backends if b in impls]:
+                    step, leaves = make_step(fn, args, grads_of, grad)
+                    try:
+                        timings[label] = bench(step, leaves)
+                    except Exception as exc:  # e.g. out of memory in eager
+                        print(f"  {op} {sample.name} {mode} {label}: {type(exc).__name__}: {exc}"[:300])
+                        torch.cuda.empty_cache()
+                for label, (ms, peak) in timings.items():
+                    row = {"op": op, "shape": sample.name, "mode": mode, "impl": label, "ms": ms,
+                           "floor_ms": floor_ms, "x_floor": ms / floor_ms, "peak_MiB": peak,
+                           "speedup_vs_eager": timings["eager"][0] / ms if "eager" in timings else math.nan,
+                           "speedup_vs_compiled": timings["compiled"][0] / ms if "compiled" in timings else math.nan,
+                           "compile_s": compile_s if label == "compiled" else None}
+                    rows.append(row)
+                    print(f"{op:22s} {sample.name:16s} {mode:22s} {label:9s} {ms:9.4f} ms  "
+                          f"{row['x_floor']:6.2f}x floor ({floor_ms:.4f} ms)  "
+                          f"{row['speedup_vs_eager']:7.1f}x eager  {row['speedup_vs_compiled']:6.2f}x compiled  "
+                          f"peak {peak:8.1f} MiB", flush=True)
+            del args, out, grad
+            torch.cuda.empty_cache()
+    return rows
+
+
+def sweep_tv() -> None:
+    """Time the TV kernels' launch configurations at 512^3 (to choose the defaults)."""
+    from kernelhub_triton import tv
+    v = testing.samples("tv_loss_l1_3d", "benchmark", torch.float32, "cuda")[1].args[0]
+    keep = (tv.TILE, tv.PROGRAMS_PER_SM, tv.NUM_WARPS)
+    for tile, pps, warps in [(1024, 16, 4), (1024, 32, 4), (512, 32, 4), (512, 64, 2), (2048, 16, 8), (4096, 4, 16),
+                             (2048, 4, 8)]:
+        tv.TILE, tv.PROGRAMS_PER_SM, tv.NUM_WARPS = tile, pps, warps
+        for op in ("tv_loss_l1_3d", "tv_loss_iso_3d"):
+            fn = kernelhub.op(op, backend="triton")
+            ms_f, _ = bench(lambda: fn(v), [])
+            g = torch.ones_like(fn(v))
+            step, leaves = make_step(fn, (v,), (0,), g)
+            ms_b, _ = bench(step, leaves)
+            print(f"sweep {op:16s} tile {tile:5d} programs/SM {pps:3d} warps {warps:3d}: "
+                  f"fwd {ms_f:.4f} ms  fwd+bwd {ms_b:.4f} ms", flush=True)
+    tv.TILE, tv.PROGRAMS_PER_SM, tv.NUM_WARPS = keep
+
+
+def sweep_tikhonov() -> None:
+    """Time the Tikhonov kernels' pixels per program and warps at 115000 x 2 x 21, complex64."""
+    from kernelhub_triton import tikhonov
+    M = testing.samples("tikhonov_inverse_2xn", "benchmark", torch.complex64, "cuda")[0].args[0]
+    keep = (tikhonov.BLOCK_P, tikhonov.NUM_WARPS)
+    fn = kernelhub.op("tikhonov_inverse_2xn", backend="triton")
+    g = testing.upstream_grad(fn(M, 0.3))
+    for bp in (8, 16, 32, 64):
+        for warps in (1, 2, 4):
+            tikhonov.BLOCK_P, tikhonov.NUM_WARPS = bp, warps
+            ms_f, _ = bench(lambda: fn(M, 0.3), [])
+            step, leaves = make_step(fn, (M, 0.3), (0,), g)
+            ms_b, _ = bench(step, leaves)
+            print(f"sweep tikhonov pixels/program {bp:3d} warps {warps}: fwd {ms_f:.4f} ms  fwd+bwd {ms_b:.4f} ms",
+                  flush=True)
+    tikhonov.BLOCK_P, tikhonov.NUM_WARPS = keep
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backends", nargs="*", default=["triton"])
+    parser.add_argument("--ops", nargs="*", default=list(MODES))
+    parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--sweep", action="store_true", help="first time the TV and Tikhonov launch configurations")
+    args = parser.parse_args(argv)
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    if args.sweep:
+        sweep_tv()
+        sweep_tikhonov()
+    rows = run(args.ops, args.backends)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

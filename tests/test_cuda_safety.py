@@ -1,0 +1,109 @@
+"""Every CUDA impl of a kernel backend is safe in real programs (OPS.md shared rules, DESIGN.md):
+no host synchronisation, CUDA-graph capture and replay, a non-default stream, another GPU than
+the current one, and torch.compile(fullgraph=True) with that backend forced. GPU only."""
+
+import pytest
+import torch
+
+import kernelhub
+from kernelhub import testing
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+kernelhub.reload()
+# one float32-or-complex64 case per (op, backend), the reference excluded (its SVD, for one, syncs)
+CASES = sorted({(c.op, c.backend) for c in testing.cases(device="cuda", sizes=("small",))
+                if c.backend != "torch_ref"}) if torch.cuda.is_available() else []
+
+
+def _args(op, device="cuda"):
+    spec = kernelhub.get_hub().registry.spec(op)
+    dtype = torch.float32 if torch.float32 in spec.dtypes else spec.dtypes[0]
+    return testing.samples(op, "medium", dtype, device)[0].args
+
+
+def _step(op, backend, args, grad):
+    """Forward and backward; returns the output and the gradients."""
+    out, grads = testing.run(op, backend, args, grad)
+    return [out.detach(), *grads]
+
+
+@pytest.mark.parametrize("op,backend", CASES)
+def test_no_host_sync(op, backend):
+    args = _args(op)
+    out, _ = testing.run(op, backend, args)
+    grad = testing.upstream_grad(out)
+    _step(op, backend, args, grad)  # warm-up: compilation and first-use allocations
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _step(op, backend, args, grad)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("op,backend", CASES)
+def test_cuda_graph_replay(op, backend):
+    args = _args(op)
+    fn = getattr(torch.ops.kernelhub, op).default
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn(*args, backend)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = fn(*args, backend)
+    fresh = _args(op)  # new values into the captured inputs, then replay
+    for a, b in zip(args, fresh):
+        if isinstance(a, torch.Tensor):
+            a.copy_(b)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(static_out, fn(*args, backend), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("op,backend", CASES)
+def test_non_default_stream(op, backend):
+    args = _args(op)
+    want = _step(op, backend, args, None)[0]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        got = _step(op, backend, args, None)[0]
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("op,backend", CASES)
+def test_second_gpu_while_first_is_current(op, backend):
+    args = _args(op, "cuda:1")
+    with torch.cuda.device(0):
+        out, grads = testing.run(op, backend, args, None)
+        ref, _ = testing.reference(op, args)
+    assert out.device == torch.device("cuda:1")
+    tol = kernelhub.get_hub().registry.spec(op).tolerances[out.dtype if not out.is_complex() else out.dtype]
+    assert testing.parity_error(out, ref) <= tol.forward
+
+
+@pytest.mark.parametrize("op,backend", CASES)
+def test_compile_fullgraph_with_backend_forced(op, backend):
+    handle = kernelhub.op(op, backend=backend)
+    args = testing.with_grad(op, _args(op))
+
+    def loss(*a):
+        out = handle(*a)
+        return (out.abs() if out.is_complex() else out).sum() * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, fullgraph=True)
+    got = compiled(*args)
+    got.backward()
+    got_g = [t.grad.clone() for t in testing.leaves(op, args)]
+    args2 = testing.with_grad(op, args)
+    want = loss(*args2)
+    want.backward()
+    torch.testing.assert_close(got, want)
+    for g, w in zip(got_g, [t.grad for t in testing.leaves(op, args2)]):
+        torch.testing.assert_close(g, w)

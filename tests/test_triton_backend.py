@@ -1,0 +1,131 @@
+"""The triton backend beyond the generated parity matrix: availability, interpreter-only selection,
+determinism, float64 gradcheck, and (on a big GPU) tensors past 2^31 elements."""
+
+import sys
+
+import pytest
+import torch
+
+import kernelhub
+from kernelhub import testing
+
+triton = pytest.importorskip("triton")
+from kernelhub_triton import plugin  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+if not CUDA and not plugin.interpret_mode():
+    pytest.skip("no GPU and TRITON_INTERPRET is not set", allow_module_level=True)
+OPS = sorted(plugin.IMPLS)
+
+
+def test_unavailable_without_a_gpu_names_the_reason(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    reason = plugin.unavailable_reason()
+    assert "no CUDA device" in reason and "TRITON_INTERPRET=1" in reason
+
+
+def test_unavailable_without_triton(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton raises ImportError
+    assert "triton cannot be imported" in plugin.unavailable_reason()
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter serves CPU tensors only where there is no GPU")
+def test_interpreter_serves_forced_calls_only():
+    v = torch.randn(4, 5, 6)
+    decision = kernelhub.explain("tv_loss_l1_3d", v)
+    assert decision.chosen == "torch_ref"
+    triton_c = next(c for c in decision.candidates if c.backend == "triton")
+    assert triton_c.status == "rejected" and "TRITON_INTERPRET" in " ".join(triton_c.reasons)
+    # a forced call runs the interpreted kernel
+    torch.testing.assert_close(kernelhub.op("tv_loss_l1_3d", backend="triton")(v), kernelhub.op("tv_loss_l1_3d")(v))
+
+
+@pytest.mark.parametrize("op", ["tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d"])
+def test_tv_is_bitwise_deterministic(op):
+    shape = (64, 256, 256) if CUDA else (2, 9, 10, 11)
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    v = torch.randn(shape, device=DEVICE, generator=gen)
+    fn = kernelhub.op(op, backend="triton")
+
+    def run():
+        x = v.clone().requires_grad_()
+        out = fn(x)
+        out.backward(torch.ones_like(out))
+        return out.detach(), x.grad
+
+    (a, ga), (b, gb) = run(), run()
+    assert torch.equal(a, b) and torch.equal(ga, gb)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_gradcheck_float64(op):
+    testing.check_gradcheck(op, "triton", device=DEVICE, fast_mode=not CUDA)  # the interpreter is slow
+
+
+# -- past 2^31 elements: 64-bit offsets (GPU with >= 60 GB) --------------------------------
+
+BIG = CUDA and torch.cuda.get_device_properties(0).total_memory >= 60 * 2**30
+big = pytest.mark.skipif(not BIG, reason="needs a GPU with >= 60 GB")
+
+
+def _randn(shape, dtype, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(shape, device="cuda", generator=gen, dtype=torch.float32).to(dtype)
+
+
+@big
+def test_tv_past_2_31_elements():
+    v = _randn((2049, 1024, 1024), torch.float16)  # 2.149e9 elements
+    assert v.numel() > 2**31
+    x = v.requires_grad_()
+    g = torch.tensor([0.5, -1.0, 2.0], device="cuda")
+    out = kernelhub.op("tv_loss_l1_3d", backend="triton")(x)
+    out.backward(g)
+    want = torch.zeros(3, dtype=torch.float64, device="cuda")
+    with torch.no_grad():
+        for d0 in range(0, v.shape[0], 128):
+            chunk = v[d0:d0 + 129].double()  # one plane of overlap for the D differences
+            want[0] += (chunk[1:] - chunk[:-1]).abs().sum()
+            own = chunk[:128]
+            want[1] += (own[:, 1:] - own[:, :-1]).abs().sum()
+            want[2] += (own[..., 1:] - own[..., :-1]).abs().sum()
+    tol = kernelhub.get_hub().registry.spec("tv_loss_l1_3d").tolerances[torch.float16]
+    assert testing.parity_error(out.detach(), want) <= tol.forward
+    # the gradient of the last planes (offsets past 2^31) is local: compare with the tail's reference
+    tail = v.detach()[-3:].double().requires_grad_()
+    kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(tail).backward(g.double())
+    assert testing.parity_error(x.grad[-2:], tail.grad[1:]) <= tol.backward
+
+
+@big
+def test_trilinear_past_2_31_elements():
+    n, f = 2**21 + 8, 128  # feats: 2.147e9 + 8192 elements
+    feats, points = _randn((n, 8, f), torch.float16), _randn((n, 3), torch.float16, 1)
+    rows = slice(n - 512, n)
+    args = testing.with_grad("trilinear_interp", (feats, points))
+    out = kernelhub.op("trilinear_interp", backend="triton")(*args)
+    grad = _randn((n, f), torch.float16, 2)
+    out.backward(grad)
+    sub = (feats[rows], points[rows])
+    ref, ref_g = testing.reference("trilinear_interp", sub, grad[rows])
+    tol = kernelhub.get_hub().registry.spec("trilinear_interp").tolerances[torch.float16]
+    assert testing.parity_error(out[rows].detach(), ref) <= tol.forward
+    for leaf, want in zip(args, ref_g):
+        assert testing.parity_error(leaf.grad[rows], want) <= tol.backward
+
+
+@big
+def test_tikhonov_past_2_31_elements():
+    p = 2**31 // (2 * 21 * 2) + 4096  # the real view holds > 2^31 floats
+    M = torch.complex(_randn((p, 2, 21), torch.float32), _randn((p, 2, 21), torch.float32, 1))
+    Mg = M.requires_grad_()
+    out = kernelhub.op("tikhonov_inverse_2xn", backend="triton")(Mg, 0.3)
+    grad = torch.complex(_randn((p, 2, 21), torch.float32, 2), _randn((p, 2, 21), torch.float32, 3))
+    out.backward(grad)
+    rows = slice(p - 512, p)
+    ref, (ref_g,) = testing.reference("tikhonov_inverse_2xn", (M.detach()[rows], 0.3), grad[rows])
+    tol = kernelhub.get_hub().registry.spec("tikhonov_inverse_2xn").tolerances[torch.complex64]
+    assert testing.parity_error(out[rows].detach(), ref) <= tol.forward
+    assert testing.parity_error(Mg.grad[rows], ref_g) <= tol.backward

@@ -5,9 +5,12 @@ Tikhonov), in one process:
 
 - the memory floor: the fewest bytes the pass must move (each input read once, each output
   and gradient written once) over the copy bandwidth measured here first;
-- the median time (triton.testing.do_bench, L2 flushed before every run, after warm-up) of
-  the reference in eager mode, the reference under torch.compile (compile time excluded,
-  reported), and each kernel backend, for the forward and for forward+backward;
+- the median time of the reference in eager mode, the reference under torch.compile (compile
+  time excluded, reported), and each kernel backend, for the forward and for forward+backward,
+  two ways: "call" (triton.testing.do_bench: L2 flushed before every call, after warm-up; the
+  Python and autograd cost of launching counts wherever it exceeds the GPU time) and "graph"
+  (triton.testing.do_bench_cudagraph: the same step captured in a CUDA graph and replayed, so
+  GPU time only, as in a captured training step; no L2 flush, the inputs are larger than L2);
 - peak memory allocated by one such call beyond its inputs.
 
 Usage: python benchmarks/kernels.py [--backends triton] [--ops ...] [--json FILE]
@@ -83,7 +86,8 @@ def make_step(fn, args, grads_of, grad):
     return step, leaves
 
 
-def bench(step, leaves) -> tuple[float, float]:
+def bench(step, leaves) -> tuple[float, float, float]:
+    """(call ms, graph ms or nan where the step cannot be captured, peak MiB)."""
     import triton.testing
     step()
     torch.cuda.synchronize()
@@ -95,7 +99,13 @@ def bench(step, leaves) -> tuple[float, float]:
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20
     ms = triton.testing.do_bench(step, warmup=25, rep=200, grad_to_none=leaves or None, return_mode="median")
-    return ms, peak
+    try:
+        graph_ms = triton.testing.do_bench_cudagraph(step, rep=100, grad_to_none=leaves or None, return_mode="median")
+    except Exception as exc:  # e.g. the SVD reference synchronises, which capture forbids
+        print(f"  (no CUDA graph: {type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+        torch.cuda.synchronize()
+        graph_ms = math.nan
+    return ms, graph_ms, peak
 
 
 def run(ops, backends) -> list[dict]:
@@ -133,54 +143,63 @@ def run(ops, backends) -> list[dict]:
                     except Exception as exc:  # e.g. out of memory in eager
                         print(f"  {op} {sample.name} {mode} {label}: {type(exc).__name__}: {exc}"[:300])
                         torch.cuda.empty_cache()
-                for label, (ms, peak) in timings.items():
+                def vs(label, k):
+                    return timings[label][k] if label in timings else math.nan
+
+                for label, (ms, graph_ms, peak) in timings.items():
                     row = {"op": op, "shape": sample.name, "mode": mode, "impl": label, "ms": ms,
-                           "floor_ms": floor_ms, "x_floor": ms / floor_ms, "peak_MiB": peak,
-                           "speedup_vs_eager": timings["eager"][0] / ms if "eager" in timings else math.nan,
-                           "speedup_vs_compiled": timings["compiled"][0] / ms if "compiled" in timings else math.nan,
+                           "graph_ms": graph_ms, "floor_ms": floor_ms, "x_floor": ms / floor_ms,
+                           "graph_x_floor": graph_ms / floor_ms, "peak_MiB": peak,
+                           "speedup_vs_eager": vs("eager", 0) / ms, "speedup_vs_compiled": vs("compiled", 0) / ms,
+                           "graph_speedup_vs_eager": vs("eager", 1) / graph_ms,
+                           "graph_speedup_vs_compiled": vs("compiled", 1) / graph_ms,
                            "compile_s": compile_s if label == "compiled" else None}
                     rows.append(row)
-                    print(f"{op:22s} {sample.name:16s} {mode:22s} {label:9s} {ms:9.4f} ms  "
-                          f"{row['x_floor']:6.2f}x floor ({floor_ms:.4f} ms)  "
-                          f"{row['speedup_vs_eager']:7.1f}x eager  {row['speedup_vs_compiled']:6.2f}x compiled  "
-                          f"peak {peak:8.1f} MiB", flush=True)
+                    print(f"{op:20s} {sample.name:14s} {mode:21s} {label:9s} call {ms:8.4f} ms {row['x_floor']:6.2f}x "
+                          f"floor ({floor_ms:.4f}) {row['speedup_vs_eager']:6.1f}x eager "
+                          f"{row['speedup_vs_compiled']:5.2f}x compiled | graph {graph_ms:8.4f} ms "
+                          f"{row['graph_x_floor']:5.2f}x floor {row['graph_speedup_vs_eager']:6.1f}x eager "
+                          f"{row['graph_speedup_vs_compiled']:5.2f}x compiled | peak {peak:7.1f} MiB", flush=True)
             del args, out, grad
             torch.cuda.empty_cache()
     return rows
 
 
 def sweep_tv() -> None:
-    """Time the TV kernels' launch configurations at 512^3 (to choose the defaults)."""
+    """GPU time (CUDA graph) of the TV kernels' launch configurations, forward + backward, at every
+    benchmark shape (to choose tv.TILE, PROGRAMS_PER_SM and NUM_WARPS)."""
     from kernelhub_triton import tv
-    v = testing.samples("tv_loss_l1_3d", "benchmark", torch.float32, "cuda")[1].args[0]
     keep = (tv.TILE, tv.PROGRAMS_PER_SM, tv.NUM_WARPS)
-    for tile, pps, warps in [(1024, 16, 4), (1024, 32, 4), (512, 32, 4), (512, 64, 2), (2048, 16, 8), (4096, 4, 16),
-                             (2048, 4, 8)]:
-        tv.TILE, tv.PROGRAMS_PER_SM, tv.NUM_WARPS = tile, pps, warps
-        for op in ("tv_loss_l1_3d", "tv_loss_iso_3d"):
-            fn = kernelhub.op(op, backend="triton")
-            ms_f, _ = bench(lambda: fn(v), [])
-            g = torch.ones_like(fn(v))
-            step, leaves = make_step(fn, (v,), (0,), g)
-            ms_b, _ = bench(step, leaves)
-            print(f"sweep {op:16s} tile {tile:5d} programs/SM {pps:3d} warps {warps:3d}: "
-                  f"fwd {ms_f:.4f} ms  fwd+bwd {ms_b:.4f} ms", flush=True)
+    for sample in testing.samples("tv_loss_l1_3d", "benchmark", torch.float32, "cuda"):
+        v = sample.args[0]
+        for tile, pps, warps in [(512, 32, 4), (512, 16, 4), (1024, 16, 4), (1024, 32, 4), (1024, 16, 8),
+                                 (2048, 8, 8), (2048, 16, 8), (4096, 8, 16)]:
+            tv.TILE, tv.PROGRAMS_PER_SM, tv.NUM_WARPS = tile, pps, warps
+            tv._layout.cache_clear()
+            line = []
+            for op in ("tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d"):
+                fn = kernelhub.op(op, backend="triton")
+                step, leaves = make_step(fn, (v,), (0,), torch.ones_like(fn(v)))
+                line.append(f"{op.split('_')[2]} {bench(step, leaves)[1]:.4f}")
+            print(f"sweep tv {sample.name:12s} tile {tile:5d} programs/SM {pps:3d} warps {warps:3d}: fwd+bwd ms "
+                  + "  ".join(line), flush=True)
     tv.TILE, tv.PROGRAMS_PER_SM, tv.NUM_WARPS = keep
+    tv._layout.cache_clear()
 
 
 def sweep_tikhonov() -> None:
-    """Time the Tikhonov kernels' pixels per program and warps at 115000 x 2 x 21, complex64."""
+    """GPU time (CUDA graph) of the Tikhonov kernels' pixels per program and warps at 115000 x 2 x 21."""
     from kernelhub_triton import tikhonov
     M = testing.samples("tikhonov_inverse_2xn", "benchmark", torch.complex64, "cuda")[0].args[0]
     keep = (tikhonov.BLOCK_P, tikhonov.NUM_WARPS)
     fn = kernelhub.op("tikhonov_inverse_2xn", backend="triton")
     g = testing.upstream_grad(fn(M, 0.3))
-    for bp in (8, 16, 32, 64):
+    for bp in (2, 4, 8, 16):
         for warps in (1, 2, 4):
             tikhonov.BLOCK_P, tikhonov.NUM_WARPS = bp, warps
-            ms_f, _ = bench(lambda: fn(M, 0.3), [])
+            ms_f = bench(lambda: fn(M, 0.3), [])[1]
             step, leaves = make_step(fn, (M, 0.3), (0,), g)
-            ms_b, _ = bench(step, leaves)
+            ms_b = bench(step, leaves)[1]
             print(f"sweep tikhonov pixels/program {bp:3d} warps {warps}: fwd {ms_f:.4f} ms  fwd+bwd {ms_b:.4f} ms",
                   flush=True)
     tikhonov.BLOCK_P, tikhonov.NUM_WARPS = keep

@@ -16,10 +16,10 @@ CASES = sorted({(c.op, c.backend) for c in testing.cases(device="cuda", sizes=("
                 if c.backend != "torch_ref"}) if torch.cuda.is_available() else []
 
 
-def _args(op, device="cuda"):
+def _args(op, device="cuda", seed=0):
     spec = kernelhub.get_hub().registry.spec(op)
     dtype = torch.float32 if torch.float32 in spec.dtypes else spec.dtypes[0]
-    return testing.samples(op, "medium", dtype, device)[0].args
+    return testing.samples(op, "medium", dtype, device, seed)[0].args
 
 
 def _step(op, backend, args, grad):
@@ -54,13 +54,48 @@ def test_cuda_graph_replay(op, backend):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_out = fn(*args, backend)
-    fresh = _args(op)  # new values into the captured inputs, then replay
+    fresh = _args(op, seed=1)  # new values into the captured inputs, then replay
     for a, b in zip(args, fresh):
         if isinstance(a, torch.Tensor):
             a.copy_(b)
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(static_out, fn(*args, backend), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("op,backend", CASES)
+def test_cuda_graph_replay_forward_backward(op, backend):
+    # a captured training step: forward and backward in one graph (PyTorch's whole-network recipe)
+    fn = kernelhub.op(op, backend=backend)
+    args = testing.with_grad(op, _args(op))
+    leaves = testing.leaves(op, args)
+    grad = testing.upstream_grad(fn(*args))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm-up outside capture
+            fn(*args).backward(grad)
+    torch.cuda.current_stream().wait_stream(side)
+    for t in leaves:
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = fn(*args)
+        static_out.backward(grad)
+    static_grads = [t.grad for t in leaves]
+    fresh = _args(op, seed=1)
+    with torch.no_grad():
+        for a, b in zip(args, fresh):
+            if isinstance(a, torch.Tensor):
+                a.copy_(b)
+    graph.replay()
+    torch.cuda.synchronize()
+    want_out, want_grads = testing.run(op, backend, fresh, grad)
+    exact = kernelhub.get_hub().registry.impls(op)[backend].deterministic
+    tol = {} if not exact else {"rtol": 0, "atol": 0}
+    torch.testing.assert_close(static_out.detach(), want_out, **tol)
+    for g, w in zip(static_grads, want_grads):
+        torch.testing.assert_close(g, w, **tol)
 
 
 @pytest.mark.parametrize("op,backend", CASES)

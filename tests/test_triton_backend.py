@@ -64,6 +64,18 @@ def test_gradcheck_float64(op):
     testing.check_gradcheck(op, "triton", device=DEVICE, fast_mode=not CUDA)  # the interpreter is slow
 
 
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.float32])
+def test_tikhonov_long_rows_take_several_z_chunks(dtype):
+    # the spec's samples have Z <= 21, which one register chunk holds; Z = 70 takes three chunks of 32
+    from kernelhub_triton import tikhonov
+    assert 70 > tikhonov.MAX_BLOCK_Z
+    gen = torch.Generator(device=DEVICE).manual_seed(5)
+    M = torch.randn((6, 2, 70), device=DEVICE, generator=gen, dtype=dtype)
+    tol = kernelhub.get_hub().registry.spec("tikhonov_inverse_2xn").tolerances[dtype]
+    fwd, bwd = testing.measure("tikhonov_inverse_2xn", "triton", (M, 0.3))
+    assert fwd <= tol.forward and bwd <= tol.backward, (fwd, bwd)
+
 # -- past 2^31 elements: 64-bit offsets (GPU with >= 60 GB) --------------------------------
 
 BIG = CUDA and torch.cuda.get_device_properties(0).total_memory >= 60 * 2**30

@@ -32,12 +32,13 @@ from kernelhub_triton._launch import on_device
 
 __all__ = ["forward", "backward"]
 
-# 16 pixels per program at 4 warps; Z in chunks of up to 32 (Z = 21 in phase microscopy: one
-# chunk). Swept on an H200 at 115000 x 2 x 21 complex64 (benchmarks/kernels.py --sweep): forward
-# 0.075 ms, against 0.167 ms at 64 pixels (fp64 tiles of 64 x 32 exhaust the registers).
-BLOCK_P = 16
+# 4 pixels per program on one warp; Z in chunks of up to 32 (Z = 21 in phase microscopy: one
+# chunk, read once and kept in registers). Kernel-only times on an H200 at 115000 x 2 x 21
+# complex64 (docs/benchmarks.md): forward 0.027 ms at 4 x 1, against 0.035 at 8 x 2 and 0.064 at
+# 16 x 4; backward 0.053 ms at 4 x 1. Small programs keep many independent pixels in flight.
+BLOCK_P = 4
 MAX_BLOCK_Z = 32
-NUM_WARPS = 4
+NUM_WARPS = 1
 
 
 @triton.jit
@@ -68,6 +69,13 @@ def _load_rows(ptr, p, z, mask, s_p, s_r, s_z, COMPLEX: tl.constexpr):
 
 
 @triton.jit
+def _gram_part(m0r, m0i, m1r, m1i):
+    """Over one Z chunk: sum|M0|^2, sum|M1|^2, Re and Im of sum M0 conj(M1)."""
+    return (tl.sum(m0r * m0r + m0i * m0i, axis=1), tl.sum(m1r * m1r + m1i * m1i, axis=1),
+            tl.sum(m0r * m1r + m0i * m1i, axis=1), tl.sum(m0i * m1r - m0r * m1i, axis=1))
+
+
+@triton.jit
 def _gram(m_ptr, p, p_ok, Z, s_p, s_r, s_z, BP: tl.constexpr, BZ: tl.constexpr, COMPLEX: tl.constexpr):
     """a = sum|M0|^2, c = sum|M1|^2, b = sum M0 conj(M1) for the pixels ``p``."""
     a = tl.zeros([BP], tl.float64)
@@ -78,10 +86,11 @@ def _gram(m_ptr, p, p_ok, Z, s_p, s_r, s_z, BP: tl.constexpr, BZ: tl.constexpr, 
         z = z0 + tl.arange(0, BZ)
         mask = p_ok[:, None] & (z < Z)[None, :]
         m0r, m0i, m1r, m1i = _load_rows(m_ptr, p, z, mask, s_p, s_r, s_z, COMPLEX)
-        a += tl.sum(m0r * m0r + m0i * m0i, axis=1)
-        c += tl.sum(m1r * m1r + m1i * m1i, axis=1)
-        br += tl.sum(m0r * m1r + m0i * m1i, axis=1)
-        bi += tl.sum(m0i * m1r - m0r * m1i, axis=1)
+        da, dc, dbr, dbi = _gram_part(m0r, m0i, m1r, m1i)
+        a += da
+        c += dc
+        br += dbr
+        bi += dbi
     return a, c, br, bi
 
 
@@ -92,45 +101,67 @@ def _residual(m0r, m0i, m1r, m1i, kr, ki):
 
 
 @triton.jit
+def _residual_norm2(m0r, m0i, m1r, m1i, kr, ki):
+    r_r, r_i = _residual(m0r, m0i, m1r, m1i, kr[:, None], ki[:, None])
+    return tl.sum(r_r * r_r + r_i * r_i, axis=1)
+
+
+@triton.jit
+def _store_w(w_ptr, p, z, mask, Z, m0r, m0i, m1r, m1i, a, br, bi, kr, ki, rr, inv, lam64, COMPLEX: tl.constexpr):
+    """W0 = ((lam + |r|^2) M0 - b r) / det (= (C M0 - b M1) / det) and W1 = (lam M1 + a r) / det
+    (= (A M1 - conj(b) M0) / det) at one Z chunk."""
+    r_r, r_i = _residual(m0r, m0i, m1r, m1i, kr[:, None], ki[:, None])
+    f0 = (lam64 + rr)[:, None]
+    b_r, b_i, i_, a_ = br[:, None], bi[:, None], inv[:, None], a[:, None]
+    cw: tl.constexpr = 2 if COMPLEX else 1
+    out = (p[:, None] * 2 * Z + z[None, :]) * cw
+    _store_c(w_ptr, out, (f0 * m0r - (b_r * r_r - b_i * r_i)) * i_,
+             (f0 * m0i - (b_r * r_i + b_i * r_r)) * i_, mask, COMPLEX)
+    _store_c(w_ptr, out + Z * cw, (lam64 * m1r + a_ * r_r) * i_, (lam64 * m1i + a_ * r_i) * i_, mask, COMPLEX)
+
+
+@triton.jit
 def _tikhonov_forward_kernel(
     m_ptr,                  # M's real storage; part (p, row, z) at p*s_p + row*s_r + z*s_z (+1: imaginary)
     w_ptr,                  # W [P, 2, Z] contiguous, real storage
     P, Z, s_p, s_r, s_z,
     lam: tl.float64,        # > 0
     COMPLEX: tl.constexpr, BP: tl.constexpr, BZ: tl.constexpr,
+    ONE_CHUNK: tl.constexpr,  # Z <= BZ: M is read once and kept in registers for all three steps
 ):
     p = tl.program_id(0).to(tl.int64) * BP + tl.arange(0, BP)
     p_ok = p < P
-    a, c, br, bi = _gram(m_ptr, p, p_ok, Z, s_p, s_r, s_z, BP, BZ, COMPLEX)
     lam64 = tl.full([], lam, tl.float64)
+    if ONE_CHUNK:
+        z = tl.arange(0, BZ)
+        mask = p_ok[:, None] & (z < Z)[None, :]
+        m0r, m0i, m1r, m1i = _load_rows(m_ptr, p, z, mask, s_p, s_r, s_z, COMPLEX)
+        a, c, br, bi = _gram_part(m0r, m0i, m1r, m1i)
+    else:
+        a, c, br, bi = _gram(m_ptr, p, p_ok, Z, s_p, s_r, s_z, BP, BZ, COMPLEX)
     # kappa = conj(b) / a projects row 1 on row 0 (0 where row 0 is 0)
     inv_a = tl.where(a > 0, 1.0 / a, 0.0)
     kr = br * inv_a
     ki = -bi * inv_a
-    rr = tl.zeros([BP], tl.float64)
-    for z0 in range(0, Z, BZ):
-        z = z0 + tl.arange(0, BZ)
-        mask = p_ok[:, None] & (z < Z)[None, :]
-        m0r, m0i, m1r, m1i = _load_rows(m_ptr, p, z, mask, s_p, s_r, s_z, COMPLEX)
-        r_r, r_i = _residual(m0r, m0i, m1r, m1i, kr[:, None], ki[:, None])
-        rr += tl.sum(r_r * r_r + r_i * r_i, axis=1)
+    if ONE_CHUNK:
+        rr = _residual_norm2(m0r, m0i, m1r, m1i, kr, ki)
+    else:
+        rr = tl.zeros([BP], tl.float64)
+        for z0 in range(0, Z, BZ):
+            z = z0 + tl.arange(0, BZ)
+            mask = p_ok[:, None] & (z < Z)[None, :]
+            m0r, m0i, m1r, m1i = _load_rows(m_ptr, p, z, mask, s_p, s_r, s_z, COMPLEX)
+            rr += _residual_norm2(m0r, m0i, m1r, m1i, kr, ki)
     # det = lam (a + c + lam) + (a c - |b|^2), with a c - |b|^2 = a |r|^2 free of cancellation
     inv = 1.0 / (lam64 * (a + c + lam64) + a * rr)
-    cw: tl.constexpr = 2 if COMPLEX else 1
-    for z0 in range(0, Z, BZ):
-        z = z0 + tl.arange(0, BZ)
-        mask = p_ok[:, None] & (z < Z)[None, :]
-        m0r, m0i, m1r, m1i = _load_rows(m_ptr, p, z, mask, s_p, s_r, s_z, COMPLEX)
-        r_r, r_i = _residual(m0r, m0i, m1r, m1i, kr[:, None], ki[:, None])
-        f0 = (lam64 + rr)[:, None]
-        b_r, b_i, i_ = br[:, None], bi[:, None], inv[:, None]
-        out = (p[:, None] * 2 * Z + z[None, :]) * cw
-        # W0 = ((lam + |r|^2) M0 - b r) / det  (= (C M0 - b M1) / det)
-        _store_c(w_ptr, out, (f0 * m0r - (b_r * r_r - b_i * r_i)) * i_,
-                 (f0 * m0i - (b_r * r_i + b_i * r_r)) * i_, mask, COMPLEX)
-        # W1 = (lam M1 + a r) / det  (= (A M1 - conj(b) M0) / det)
-        a_ = a[:, None]
-        _store_c(w_ptr, out + Z * cw, (lam64 * m1r + a_ * r_r) * i_, (lam64 * m1i + a_ * r_i) * i_, mask, COMPLEX)
+    if ONE_CHUNK:
+        _store_w(w_ptr, p, z, mask, Z, m0r, m0i, m1r, m1i, a, br, bi, kr, ki, rr, inv, lam64, COMPLEX)
+    else:
+        for z0 in range(0, Z, BZ):
+            z = z0 + tl.arange(0, BZ)
+            mask = p_ok[:, None] & (z < Z)[None, :]
+            m0r, m0i, m1r, m1i = _load_rows(m_ptr, p, z, mask, s_p, s_r, s_z, COMPLEX)
+            _store_w(w_ptr, p, z, mask, Z, m0r, m0i, m1r, m1i, a, br, bi, kr, ki, rr, inv, lam64, COMPLEX)
 
 
 @triton.jit
@@ -225,7 +256,7 @@ def forward(M: torch.Tensor, lam: float) -> torch.Tensor:
     with on_device(M):
         _tikhonov_forward_kernel[(triton.cdiv(P, BLOCK_P),)](
             src, dst, P, Z, *strides, lam, COMPLEX=M.is_complex(), BP=BLOCK_P, BZ=_block_z(Z),
-            num_warps=NUM_WARPS)
+            ONE_CHUNK=Z <= _block_z(Z), num_warps=NUM_WARPS)
     return out.view(M.shape)
 
 

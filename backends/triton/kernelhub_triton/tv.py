@@ -1,10 +1,12 @@
 """Total variation of ``[..., D, H, W]`` volumes (OPS.md ops 1-3): forward and analytic backward.
 
 Each program streams one ``[BH, BW]`` tile of the (H, W) plane down a chunk of D planes,
-carrying the previous and next planes in registers, so every voxel is read from DRAM
-once (plus one halo plane per chunk); the row and column neighbours are shifted loads
-of the plane just read, which hit L1. The three losses are one kernel with the loss as
-a compile-time ``MODE``.
+carrying the current and next planes in registers and requesting the plane after them one
+step ahead (two DRAM loads in flight per program), so every voxel is read from DRAM once
+(plus one halo plane per chunk); the row and column neighbours are shifted loads of the
+plane just read, which hit L1 or L2. The backward carries each voxel's D-difference term
+(its sign for L1) to the next plane instead of recomputing it. The three losses are one
+kernel with the loss as a compile-time ``MODE``.
 
 The reductions are two-stage and deterministic: each program writes its partial sums
 to its own row of a fixed-size array, and one torch sum over that array finishes
@@ -13,22 +15,25 @@ to its own row of a fixed-size array, and one torch sum over that array finishes
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import triton
 import triton.language as tl
 
+from kernelhub.ops import tv as tv_specs
 from kernelhub_triton._launch import acc_type, on_device, sm_count
 
 __all__ = ["l1_forward", "l1_backward", "sq_forward", "sq_backward", "iso_forward", "iso_backward",
            "not_supported_reasons"]
 
 L1, SQ, ISO = 0, 1, 2
-# Tile of 512 voxels (4 per thread at 4 warps), 32 programs per multiprocessor: the best of
-# 8 configurations swept on an H200 at 512^3 (benchmarks/kernels.py --sweep, docs/benchmarks.md):
-# forward+backward L1 0.65 ms and iso 0.92 ms, against 0.80-0.93 and 1.33-1.65 ms for tiles of
-# 1024-4096 at 4-16 programs. Many small programs keep more plane loads in flight.
+SPECS = {L1: tv_specs.TV_L1, SQ: tv_specs.TV_SQ, ISO: tv_specs.TV_ISO}
+# Tile of 512 voxels (4 per thread at 4 warps), 32 programs per multiprocessor: the best or within
+# 3% of the best of 8 configurations at each benchmark shape, GPU time on an H200 (docs/benchmarks.md):
+# at 512^3 forward + backward L1 0.56 ms, SQ 0.52, iso 0.88, against 0.56-0.70, 0.52-0.59 and
+# 0.92-1.15 ms for tiles of 1024-4096 voxels at 8-32 programs and 4-16 warps.
 TILE = 512
 PROGRAMS_PER_SM = 32
 NUM_WARPS = 4
@@ -36,8 +41,17 @@ NUM_WARPS = 4
 
 @triton.jit
 def _sign(x):
-    # torch.sign, which abs's gradient uses: (x > 0) - (x < 0), so 0 at 0 and at NaN
-    return tl.where(x > 0, 1.0, tl.where(x < 0, -1.0, 0.0))
+    # torch.sign, which abs's gradient uses, for finite x: (x > 0) - (x < 0)
+    return (x > 0).to(x.dtype) - (x < 0).to(x.dtype)
+
+
+@triton.jit
+def _rnorm(s, ACC: tl.constexpr):
+    """1 / sqrt(s): the hardware reciprocal square root in float32; in float64, Triton's sqrt (IEEE)."""
+    if ACC == tl.float64:
+        return 1.0 / tl.sqrt(s)
+    else:
+        return tl.rsqrt(s)
 
 
 @triton.jit
@@ -60,6 +74,12 @@ def _tile(pid, tiles, chunks, H, W, d_chunk, D, BH: tl.constexpr, BW: tl.constex
 
 
 @triton.jit
+def _plane(x_ptr, b, d, D, plane, hw, inside, last, zero, ACC: tl.constexpr):
+    """Plane ``d`` of item ``b`` at the tile, where ``d <= last`` (0 elsewhere)."""
+    return tl.load(x_ptr + (b * D + d) * plane + hw, mask=inside & (zero + d <= last), other=0.0).to(ACC)
+
+
+@triton.jit
 def _tv_forward_kernel(
     x_ptr,      # [B, D, H, W] contiguous volume
     part_ptr,   # [programs, NOUT] partial sums, one row per program
@@ -76,14 +96,18 @@ def _tv_forward_kernel(
     # scalar conditions join masks as "zero + x": Triton's interpreter turns bool & scalar-bool into ints
     zero = tl.zeros([BH, BW], tl.int32)
     eps = tl.full([], eps64, ACC)
-    cur = tl.load(x_ptr + (b * D + d0) * plane + hw, mask=inside, other=0.0).to(ACC)
+    # planes d0 .. d1 are read, d1 only as the last one's neighbour; the next plane but one is
+    # requested a step ahead, so each program keeps two DRAM plane loads in flight
+    last = tl.minimum(d1, D - 1)
+    cur = _plane(x_ptr, b, d0, D, plane, hw, inside, last, zero, ACC)
+    nxt = _plane(x_ptr, b, d0 + 1, D, plane, hw, inside, last, zero, ACC)
     acc_d = tl.zeros([BH, BW], ACC)
     acc_h = tl.zeros([BH, BW], ACC)
     acc_w = tl.zeros([BH, BW], ACC)
     for d in range(d0, d1):
+        ahead = _plane(x_ptr, b, d + 2, D, plane, hw, inside, last, zero, ACC)
         p = x_ptr + (b * D + d) * plane + hw
         has_d = inside & (zero + d + 1 < D)
-        nxt = tl.load(p + plane, mask=has_d, other=0.0).to(ACC)
         dd = tl.where(has_d, nxt - cur, 0.0)
         dh = tl.where(has_h, tl.load(p + W, mask=has_h, other=0.0).to(ACC) - cur, 0.0)
         dw = tl.where(has_w, tl.load(p + 1, mask=has_w, other=0.0).to(ACC) - cur, 0.0)
@@ -97,6 +121,7 @@ def _tv_forward_kernel(
             corner = has_d & has_h & has_w
             acc_d += tl.where(corner, tl.sqrt(dd * dd + dh * dh + dw * dw + eps), 0.0)
         cur = nxt
+        nxt = ahead
     out = part_ptr + pid.to(tl.int64) * NOUT
     tl.store(out, tl.sum(tl.sum(acc_d, axis=1), axis=0))
     if MODE == 0:
@@ -105,13 +130,13 @@ def _tv_forward_kernel(
 
 
 @triton.jit
-def _iso_term(x, xd, xh, xw, mask, eps):
+def _iso_term(x, xd, xh, xw, mask, eps, ACC: tl.constexpr):
     """For the corners in ``mask``: (dd, dh, dw) / sqrt(dd^2 + dh^2 + dw^2 + eps); 0 elsewhere."""
     dd = xd - x
     dh = xh - x
     dw = xw - x
-    r = 1.0 / tl.sqrt(dd * dd + dh * dh + dw * dw + eps)
-    return tl.where(mask, dd * r, 0.0), tl.where(mask, dh * r, 0.0), tl.where(mask, dw * r, 0.0)
+    r = tl.where(mask, _rnorm(dd * dd + dh * dh + dw * dw + eps, ACC), 0.0)
+    return dd * r, dh * r, dw * r
 
 
 @triton.jit
@@ -134,88 +159,97 @@ def _tv_backward_kernel(
         g2 = tl.load(g_ptr + 2).to(ACC)
     else:
         g0 = g0 * tl.full([], scale64, ACC)
+    last = tl.minimum(d1, D - 1)  # as in the forward: plane d + 2 is requested a step ahead
     p0 = x_ptr + (b * D + d0) * plane + hw
-    prv = tl.load(p0 - plane, mask=inside & (zero + d0 >= 1), other=0.0).to(ACC)
-    cur = tl.load(p0, mask=inside, other=0.0).to(ACC)
-    if MODE == 2:
-        # the D term of corner (d0 - 1, h, w); the loop carries it from plane to plane
-        c_prev = has_h & has_w & (zero + d0 >= 1)
+    has_dm = inside & (zero + d0 >= 1)
+    prv = tl.load(p0 - plane, mask=has_dm, other=0.0).to(ACC)
+    cur = _plane(x_ptr, b, d0, D, plane, hw, inside, last, zero, ACC)
+    nxt = _plane(x_ptr, b, d0 + 1, D, plane, hw, inside, last, zero, ACC)
+    # the D term of the voxel before: L1 carries sign(cur - prv), SQ cur - prv, ISO the
+    # D component of corner (d - 1, h, w)
+    if MODE == 0:
+        carry = _sign(tl.where(has_dm, cur - prv, 0.0))
+    elif MODE == 1:
+        carry = tl.where(has_dm, cur - prv, 0.0)
+    else:
+        c_prev = has_h & has_w & has_dm
         carry, _, _ = _iso_term(prv, cur, tl.load(p0 - plane + W, mask=c_prev, other=0.0).to(ACC),
-                                tl.load(p0 - plane + 1, mask=c_prev, other=0.0).to(ACC), c_prev, eps)
+                                tl.load(p0 - plane + 1, mask=c_prev, other=0.0).to(ACC), c_prev, eps, ACC)
     for d in range(d0, d1):
+        ahead = _plane(x_ptr, b, d + 2, D, plane, hw, inside, last, zero, ACC)
         p = x_ptr + (b * D + d) * plane + hw
         has_d = inside & (zero + d + 1 < D)
-        has_dm = inside & (zero + d >= 1)
-        nxt = tl.load(p + plane, mask=has_d, other=0.0).to(ACC)
         xh = tl.load(p + W, mask=has_h, other=0.0).to(ACC)
         xw = tl.load(p + 1, mask=has_w, other=0.0).to(ACC)
         if MODE == 2:
             # corners (d, h, w), (d, h-1, w) and (d, h, w-1) touch this voxel; (d-1, h, w) is carried
             c0 = has_d & has_h & has_w
-            td, th, tw = _iso_term(cur, nxt, xh, xw, c0, eps)
+            td, th, tw = _iso_term(cur, nxt, xh, xw, c0, eps, ACC)
             grad = carry - td - th - tw
             carry = td
             c_h = has_d & has_hm & has_w
             a = tl.load(p - W, mask=c_h, other=0.0).to(ACC)
             _, th, _ = _iso_term(a, tl.load(p + plane - W, mask=c_h, other=0.0).to(ACC), cur,
-                                 tl.load(p - W + 1, mask=c_h, other=0.0).to(ACC), c_h, eps)
+                                 tl.load(p - W + 1, mask=c_h, other=0.0).to(ACC), c_h, eps, ACC)
             c_w = has_d & has_h & has_wm
             e = tl.load(p - 1, mask=c_w, other=0.0).to(ACC)
             _, _, tw = _iso_term(e, tl.load(p + plane - 1, mask=c_w, other=0.0).to(ACC),
-                                 tl.load(p + W - 1, mask=c_w, other=0.0).to(ACC), cur, c_w, eps)
+                                 tl.load(p + W - 1, mask=c_w, other=0.0).to(ACC), cur, c_w, eps, ACC)
             grad = (grad + th + tw) * g0
         else:
             xhm = tl.load(p - W, mask=has_hm, other=0.0).to(ACC)
             xwm = tl.load(p - 1, mask=has_wm, other=0.0).to(ACC)
-            back_d = tl.where(has_dm, cur - prv, 0.0)
             fwd_d = tl.where(has_d, nxt - cur, 0.0)
             back_h = tl.where(has_hm, cur - xhm, 0.0)
             fwd_h = tl.where(has_h, xh - cur, 0.0)
             back_w = tl.where(has_wm, cur - xwm, 0.0)
             fwd_w = tl.where(has_w, xw - cur, 0.0)
             if MODE == 0:
-                grad = (g0 * (_sign(back_d) - _sign(fwd_d)) + g1 * (_sign(back_h) - _sign(fwd_h))
-                        + g2 * (_sign(back_w) - _sign(fwd_w)))
+                s_d = _sign(fwd_d)
+                grad = g0 * (carry - s_d) + g1 * (_sign(back_h) - _sign(fwd_h)) + g2 * (_sign(back_w) - _sign(fwd_w))
+                carry = s_d
             else:
-                grad = g0 * ((back_d - fwd_d) + (back_h - fwd_h) + (back_w - fwd_w))
+                grad = g0 * ((carry - fwd_d) + (back_h - fwd_h) + (back_w - fwd_w))
+                carry = fwd_d
         tl.store(out_ptr + (b * D + d) * plane + hw, grad.to(out_ptr.dtype.element_ty), mask=inside)
-        prv = cur
         cur = nxt
+        nxt = ahead
 
 
 # -- launchers ---------------------------------------------------------------------------
 
-def _layout(x: torch.Tensor) -> dict:
-    """Tile shape and D chunking for a [B, D, H, W] volume, as kernel arguments."""
-    B, D, H, W = x.shape
+def _launch(x: torch.Tensor) -> tuple[int, dict]:
+    """Programs and kernel arguments (tile shape, D chunking) for a [B, D, H, W] volume."""
+    return _layout(tuple(x.shape), sm_count(x))
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(shape: tuple, sms: int) -> tuple[int, dict]:
+    B, D, H, W = shape
     bw = min(triton.next_power_of_2(W), 256)
     bh = min(triton.next_power_of_2(H), max(1, TILE // bw))
     tiles = triton.cdiv(H, bh) * triton.cdiv(W, bw)
-    chunks = min(D, max(1, triton.cdiv(PROGRAMS_PER_SM * sm_count(x), tiles * B)))
+    chunks = min(D, max(1, triton.cdiv(PROGRAMS_PER_SM * sms, tiles * B)))
     d_chunk = triton.cdiv(D, chunks)
     chunks = triton.cdiv(D, d_chunk)
-    return dict(D=D, H=H, W=W, plane=H * W, tiles=tiles, chunks=chunks, d_chunk=d_chunk, BH=bh, BW=bw)
+    return B * tiles * chunks, dict(D=D, H=H, W=W, plane=H * W, tiles=tiles, chunks=chunks, d_chunk=d_chunk,
+                                    BH=bh, BW=bw, num_warps=NUM_WARPS)
 
 
 def _batched(volume: torch.Tensor) -> torch.Tensor:
     return volume.contiguous().view(math.prod(volume.shape[:-3]), *volume.shape[-3:])
 
 
-def _out_dtype(volume: torch.Tensor) -> torch.dtype:
-    return torch.float64 if volume.dtype == torch.float64 else torch.float32
-
-
 def _forward(volume: torch.Tensor, mode: int, eps: float = 0.0) -> torch.Tensor:
     x = _batched(volume)
     nout = 3 if mode == L1 else 1
+    dtype = SPECS[mode].output(volume, *((eps,) if mode == ISO else ())).dtype  # the spec's output dtype
     if x.numel() == 0 or (mode == ISO and min(x.shape[1:]) < 2):
-        return torch.zeros((3,) if mode == L1 else (), dtype=_out_dtype(volume), device=volume.device)
-    lay = _layout(x)
-    programs = lay["tiles"] * lay["chunks"] * x.shape[0]
-    partial = torch.empty((programs, nout), dtype=_out_dtype(volume), device=x.device)
+        return torch.zeros((3,) if mode == L1 else (), dtype=dtype, device=volume.device)
+    programs, lay = _launch(x)
+    partial = torch.empty((programs, nout), dtype=dtype, device=x.device)
     with on_device(x):
-        _tv_forward_kernel[(programs,)](x, partial, eps64=eps, MODE=mode, NOUT=nout, ACC=acc_type(x.dtype),
-                                        num_warps=NUM_WARPS, **lay)
+        _tv_forward_kernel[(programs,)](x, partial, eps64=eps, MODE=mode, NOUT=nout, ACC=acc_type(x.dtype), **lay)
     total = partial.sum(0)  # fixed order over a fixed-size array: deterministic
     if mode == L1:
         return total
@@ -235,11 +269,10 @@ def _backward(grad: torch.Tensor, volume: torch.Tensor, mode: int, eps: float = 
     if x.numel() == 0 or (mode == ISO and min(x.shape[1:]) < 2):
         return out.zero_().view(volume.shape)
     scale = 1.0 / _corners(x) if mode == ISO else 2.0 if mode == SQ else 1.0
-    lay = _layout(x)
-    programs = lay["tiles"] * lay["chunks"] * x.shape[0]
+    programs, lay = _launch(x)
     with on_device(x):
         _tv_backward_kernel[(programs,)](x, grad.contiguous(), out, eps64=eps, scale64=scale, MODE=mode,
-                                         ACC=acc_type(x.dtype), num_warps=NUM_WARPS, **lay)
+                                         ACC=acc_type(x.dtype), **lay)
     return out.view(volume.shape)
 
 

@@ -205,6 +205,12 @@ def sweep_tikhonov() -> None:
     tikhonov.BLOCK_P, tikhonov.NUM_WARPS = keep
 
 
+def write_rows(rows: list[dict], path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backends", nargs="*", default=["triton"])
@@ -216,10 +222,7 @@ def main(argv=None) -> int:
     if args.sweep:
         sweep_tv()
         sweep_tikhonov()
-    rows = run(args.ops, args.backends)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_rows(run(args.ops, args.backends), args.json)
     return 0
 
 

@@ -11,7 +11,7 @@ export PYTHONUNBUFFERED=1
 if ! python3 -c "import pytest" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . -e ./backends/torch_ref -e ./backends/triton 2>&1 | tail -2
+python3 -m pip install -q --no-deps --no-build-isolation -e . -e ./backends/torch_ref -e ./backends/triton -e ./backends/cuda_ext 2>&1 | tail -2
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
 (git rev-parse --short HEAD 2>/dev/null; git status --short | head -5) | tee -a "$OUT/device.txt"

@@ -65,7 +65,7 @@ def test_unknown_op_in_config(tmp_path):
 
 
 def test_uninstalled_first_party_backend_may_be_named(tmp_path):
-    write(tmp_path / "kernelhub.toml", "priority = ['cuda_ext', 'torch_ref']\n[ops.semiconv]\npin = 'triton'\n")
+    write(tmp_path / "kernelhub.toml", "priority = ['inductor', 'torch_ref']\n[ops.semiconv]\npin = 'triton'\n")
     hub = kernelhub.reload()
-    assert hub.config.priority == ("cuda_ext", "torch_ref")
-    assert hub.registry.unavailable_reason("cuda_ext") == "not installed"
+    assert hub.config.priority == ("inductor", "torch_ref")
+    assert hub.registry.unavailable_reason("inductor") == "not installed"

@@ -100,6 +100,13 @@ def fast(install, name="fast", devices=("cpu",), unavailable=None):
     return mod
 
 
+@pytest.fixture(autouse=True)
+def _only_test_backends_compete(monkeypatch):
+    """The rules are shown among the test backends and torch_ref: installed kernel backends that serve
+    CPU calls (cuda_ext's C++ kernels) are disabled here."""
+    monkeypatch.setenv("KERNELHUB_DISABLE", "cuda_ext")
+
+
 def config(tmp_path, text, monkeypatch=None):
     path = tmp_path / "kernelhub.toml"
     path.write_text(textwrap.dedent(text))
@@ -159,7 +166,7 @@ def test_disabled_kill_switch_and_env(install, tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELHUB_KILL_SWITCH", "1")
     assert kernelhub.reload().config.kill_switch and kernelhub.explain("tv_loss_l1_3d", v).chosen == "torch_ref"
     monkeypatch.delenv("KERNELHUB_KILL_SWITCH")
-    monkeypatch.setenv("KERNELHUB_DISABLE", "fast")
+    monkeypatch.setenv("KERNELHUB_DISABLE", "fast,cuda_ext")
     kernelhub.reload()
     assert kernelhub.explain("tv_loss_l1_3d", v).chosen == "torch_ref"
     monkeypatch.setenv("KERNELHUB_DISABLE", "fsat")

@@ -35,7 +35,7 @@ def test_unavailable_without_triton(monkeypatch):
 def test_interpreter_serves_forced_calls_only():
     v = torch.randn(4, 5, 6)
     decision = kernelhub.explain("tv_loss_l1_3d", v)
-    assert decision.chosen == "torch_ref"
+    assert decision.chosen not in (None, "triton")
     triton_c = next(c for c in decision.candidates if c.backend == "triton")
     assert triton_c.status == "rejected" and "TRITON_INTERPRET" in " ".join(triton_c.reasons)
     # a forced call runs the interpreted kernel

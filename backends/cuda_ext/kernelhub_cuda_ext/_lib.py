@@ -1,0 +1,57 @@
+"""Load the compiled library once per process (building it on first use) and give its operators
+fake implementations, so they trace under torch.compile like any ATen operator."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from kernelhub_cuda_ext._build import CSRC, BuildError, build, check_private
+
+__all__ = ["load", "NAME"]
+
+NAME = "kernelhub_cuda_ext"
+_LOCK = threading.Lock()
+_OUTCOME: list[str | None] = []  # [] = not tried yet; [None] = loaded; [reason] = failed
+
+
+def _with_cuda() -> bool:
+    from torch.utils.cpp_extension import CUDA_HOME
+    return bool(torch.version.cuda) and torch.cuda.is_available() and CUDA_HOME is not None \
+        and any(CSRC.glob("*.cu"))
+
+
+def _register_fakes() -> None:
+    def tv_out(x, mode):
+        return x.new_empty((3,) if mode == 0 else (), dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
+
+    torch.library.register_fake(f"{NAME}::tv_forward")(lambda x, mode, eps: tv_out(x, mode))
+    torch.library.register_fake(f"{NAME}::tv_backward")(lambda grad, x, mode, eps: torch.empty_like(x))
+    torch.library.register_fake(f"{NAME}::trilinear_forward")(
+        lambda feats, points: feats.new_empty((feats.shape[0], feats.shape[2])))
+    torch.library.register_fake(f"{NAME}::trilinear_backward")(
+        lambda grad, feats, points, need_feats, need_points: (
+            torch.empty_like(feats) if need_feats else feats.new_empty((0,)),
+            torch.empty_like(points) if need_points else points.new_empty((0,))))
+    torch.library.register_fake(f"{NAME}::tikhonov_forward")(lambda M, lam: torch.empty_like(M))
+    torch.library.register_fake(f"{NAME}::tikhonov_backward")(lambda grad, M, lam: torch.empty_like(M))
+
+
+def load() -> str | None:
+    """None once the library is loaded, else why it cannot be (the outcome is kept for the process)."""
+    with _LOCK:
+        if not _OUTCOME:
+            try:
+                sources = sorted(CSRC.glob("*.cpp")) + (sorted(CSRC.glob("*.cu")) if _with_cuda() else [])
+                library = build(NAME, sources, with_cuda=_with_cuda())
+                check_private(library.parent)
+                check_private(library)
+                torch.ops.load_library(str(library))
+                _register_fakes()
+                _OUTCOME.append(None)
+            except BuildError as exc:
+                _OUTCOME.append(str(exc))
+            except Exception as exc:  # a loader error must not crash the host program
+                _OUTCOME.append(f"{type(exc).__name__}: {exc}")
+        return _OUTCOME[0]

@@ -1,0 +1,446 @@
+// kernelhub_cuda_ext: operator schemas and the C++ CPU kernels (parallel over the machine's cores
+// with at::parallel_for, OpenMP underneath; inner loops over contiguous rows are SIMD loops).
+#include "ops.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <c10/util/complex.h>
+
+#include <cmath>
+#include <vector>
+
+namespace kernelhub_cuda_ext {
+namespace {
+
+template <typename T>
+using acc_t = at::opmath_type<T>;  // float for half, bfloat16 and float; double for double
+
+template <typename A>
+inline A sgn(A a) {  // torch.sign for finite a (0 at 0)
+  return A(int(a > 0) - int(a < 0));  // int first: vectorises far better than float selects (AVX-512)
+}
+
+// ---- TV forward --------------------------------------------------------------------------
+// Rows of W voxels; row r is (b, d, h) with h = r % H, d = (r / H) % D. Each chunk of rows gets
+// its own three partial sums (in double), and the chunks are added in order: deterministic for
+// any thread count.
+
+template <typename A>
+inline A tv_term(A d, bool l1) { return l1 ? std::abs(d) : d * d; }
+
+template <int MODE, typename T>
+void tv_forward_rows(const T* x, int64_t D, int64_t H, int64_t W, int64_t r0, int64_t r1, double eps, double* sums) {
+  // per-column accumulators across the chunk's rows: the row loops are vertical SIMD with no
+  // horizontal sum per row (which cost more than the row itself at W ~ 100)
+  constexpr bool l1 = MODE == TV_L1;
+  using A = acc_t<T>;
+  const int64_t plane = H * W;
+  std::vector<A> acc(static_cast<size_t>(3 * W), A(0));
+  A* __restrict ad = acc.data();
+  A* __restrict ah = ad + W;
+  A* __restrict aw = ah + W;
+  const A e = static_cast<A>(eps);
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t h = r % H, d = (r / H) % D;
+    const T* __restrict row = x + r * W;
+    const bool has_d = d + 1 < D, has_h = h + 1 < H;
+    const T* __restrict nd = row + (has_d ? plane : 0);  // the row itself where there is no neighbour: difference 0
+    const T* __restrict nh = row + (has_h ? W : 0);
+    if constexpr (MODE == TV_ISO) {
+      if (!has_d || !has_h) continue;
+#pragma omp simd
+      for (int64_t w = 0; w < W - 1; ++w) {
+        const A c = static_cast<A>(row[w]);
+        const A dd = static_cast<A>(nd[w]) - c, dh = static_cast<A>(nh[w]) - c, dw = static_cast<A>(row[w + 1]) - c;
+        ad[w] += std::sqrt(dd * dd + dh * dh + dw * dw + e);
+      }
+    } else {
+#pragma omp simd
+      for (int64_t w = 0; w < W; ++w) {
+        const A c = static_cast<A>(row[w]);
+        ad[w] += tv_term(static_cast<A>(nd[w]) - c, l1);
+        ah[w] += tv_term(static_cast<A>(nh[w]) - c, l1);
+      }
+#pragma omp simd
+      for (int64_t w = 0; w < W - 1; ++w) aw[w] += tv_term(static_cast<A>(row[w + 1]) - static_cast<A>(row[w]), l1);
+    }
+  }
+  for (int64_t w = 0; w < W; ++w) {  // in order: deterministic
+    sums[0] += ad[w];
+    sums[1] += ah[w];
+    sums[2] += aw[w];
+  }
+}
+
+int64_t tv_chunk_rows(int64_t W) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(W, 1)); }
+
+at::Tensor tv_forward_cpu(const at::Tensor& x_, int64_t mode, double eps) {
+  TORCH_CHECK(x_.dim() == 4, "kernelhub_cuda_ext::tv_forward: argument 'x' must be [B, D, H, W], got ", x_.sizes());
+  TORCH_CHECK(mode >= 0 && mode <= 2, "kernelhub_cuda_ext::tv_forward: argument 'mode' must be 0, 1 or 2");
+  const at::Tensor x = x_.contiguous();
+  const int64_t B = x.size(0), D = x.size(1), H = x.size(2), W = x.size(3);
+  const int64_t rows = B * D * H;
+  const int64_t ch = tv_chunk_rows(W), chunks = (rows + ch - 1) / ch;
+  std::vector<double> partial(static_cast<size_t>(chunks) * 3, 0.0);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "tv_forward_cpu", [&] {
+    const scalar_t* p = x.data_ptr<scalar_t>();
+    at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t r0 = c * ch, r1 = std::min(rows, (c + 1) * ch);
+        if (mode == TV_L1)
+          tv_forward_rows<TV_L1>(p, D, H, W, r0, r1, eps, &partial[c * 3]);
+        else if (mode == TV_SQ)
+          tv_forward_rows<TV_SQ>(p, D, H, W, r0, r1, eps, &partial[c * 3]);
+        else
+          tv_forward_rows<TV_ISO>(p, D, H, W, r0, r1, eps, &partial[c * 3]);
+      }
+    });
+  });
+  double s[3] = {0, 0, 0};
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int k = 0; k < 3; ++k) s[k] += partial[c * 3 + k];
+  const auto opts = x.options().dtype(tv_out_dtype(x));
+  if (mode == TV_L1) return at::tensor({s[0], s[1], s[2]}, opts.dtype(at::kDouble)).to(opts.dtype());
+  double total = s[0] + s[1] + s[2];
+  if (mode == TV_ISO) {
+    const double corners = static_cast<double>(B) * (D - 1) * (H - 1) * (W - 1);
+    total = corners > 0 ? s[0] / corners : 0.0;
+  }
+  return at::scalar_tensor(total, opts.dtype(at::kDouble)).to(opts.dtype());
+}
+
+// ---- TV backward -------------------------------------------------------------------------
+
+// One row of the L1 or SQ gradient. pd/nd/ph/nh are the neighbouring rows in D and H (the row
+// itself where there is none, so that difference is 0); the first and last column likewise.
+template <int MODE, typename A>
+inline A tv_elem(A c, A xdm, A xdp, A xhm, A xhp, A xwm, A xwp, A g0, A g1, A g2) {
+  if constexpr (MODE == TV_L1)
+    return g0 * (sgn(c - xdm) - sgn(xdp - c)) + g1 * (sgn(c - xhm) - sgn(xhp - c)) + g2 * (sgn(c - xwm) - sgn(xwp - c));
+  else
+    return g0 * ((c - xdm) - (xdp - c) + (c - xhm) - (xhp - c) + (c - xwm) - (xwp - c));
+}
+
+template <int MODE, typename T, typename A>
+void tv_backward_row(const T* __restrict row, T* __restrict o, const T* __restrict pd, const T* __restrict nd,
+                     const T* __restrict ph, const T* __restrict nh, int64_t W, A g0, A g1, A g2) {
+  auto edge = [&](int64_t w) {
+    const A c = static_cast<A>(row[w]);
+    const A xwm = w >= 1 ? static_cast<A>(row[w - 1]) : c, xwp = w + 1 < W ? static_cast<A>(row[w + 1]) : c;
+    o[w] = static_cast<T>(tv_elem<MODE>(c, static_cast<A>(pd[w]), static_cast<A>(nd[w]), static_cast<A>(ph[w]),
+                                        static_cast<A>(nh[w]), xwm, xwp, g0, g1, g2));
+  };
+  edge(0);
+#pragma omp simd
+  for (int64_t w = 1; w < W - 1; ++w)
+    o[w] = static_cast<T>(tv_elem<MODE>(static_cast<A>(row[w]), static_cast<A>(pd[w]), static_cast<A>(nd[w]),
+                                        static_cast<A>(ph[w]), static_cast<A>(nh[w]), static_cast<A>(row[w - 1]),
+                                        static_cast<A>(row[w + 1]), g0, g1, g2));
+  if (W > 1) edge(W - 1);
+}
+
+template <typename T>
+void tv_backward_rows(const T* x, T* out, int64_t D, int64_t H, int64_t W, int64_t r0, int64_t r1, int64_t mode,
+                      double eps, const double* g) {
+  using A = acc_t<T>;
+  const int64_t plane = H * W;
+  const A g0 = static_cast<A>(g[0]), g1 = static_cast<A>(g[1]), g2 = static_cast<A>(g[2]);
+  const A e = static_cast<A>(eps);
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t h = r % H, d = (r / H) % D;
+    const T* row = x + r * W;
+    T* o = out + r * W;
+    const bool dm = d >= 1, dp = d + 1 < D, hm = h >= 1, hp = h + 1 < H;
+    // a missing neighbour points at the row itself: its difference is 0
+    const T* pd = row - (dm ? plane : 0);
+    const T* nd = row + (dp ? plane : 0);
+    const T* ph = row - (hm ? W : 0);
+    const T* nh = row + (hp ? W : 0);
+    if (mode == TV_ISO) {
+      // corners (d,h,w), (d-1,h,w), (d,h-1,w), (d,h,w-1) touch voxel (d,h,w)
+      const bool own = dp && hp, below = dm && hp, above = hm && dp;
+      const T* pd_nh = pd + (hp ? W : 0);  // (d-1, h+1)
+      const T* nd_ph = nd - (hm ? W : 0);  // (d+1, h-1)
+      for (int64_t w = 0; w < W; ++w) {
+        const bool wp = w + 1 < W, wm = w >= 1;
+        const A c = static_cast<A>(row[w]);
+        A acc = 0;
+        if (own && wp) {
+          const A dd = static_cast<A>(nd[w]) - c, dh = static_cast<A>(nh[w]) - c, dw = static_cast<A>(row[w + 1]) - c;
+          acc -= (dd + dh + dw) / std::sqrt(dd * dd + dh * dh + dw * dw + e);
+        }
+        if (below && wp) {
+          const A b = static_cast<A>(pd[w]);
+          const A dd = c - b, dh = static_cast<A>(pd_nh[w]) - b, dw = static_cast<A>(pd[w + 1]) - b;
+          acc += dd / std::sqrt(dd * dd + dh * dh + dw * dw + e);
+        }
+        if (above && wp) {
+          const A b = static_cast<A>(ph[w]);
+          const A dd = static_cast<A>(nd_ph[w]) - b, dh = c - b, dw = static_cast<A>(ph[w + 1]) - b;
+          acc += dh / std::sqrt(dd * dd + dh * dh + dw * dw + e);
+        }
+        if (own && wm) {
+          const A b = static_cast<A>(row[w - 1]);
+          const A dd = static_cast<A>(nd[w - 1]) - b, dh = static_cast<A>(nh[w - 1]) - b, dw = c - b;
+          acc += dw / std::sqrt(dd * dd + dh * dh + dw * dw + e);
+        }
+        o[w] = static_cast<T>(g0 * acc);
+      }
+      continue;
+    }
+    if (mode == TV_L1)
+      tv_backward_row<TV_L1>(row, o, pd, nd, ph, nh, W, g0, g1, g2);
+    else
+      tv_backward_row<TV_SQ>(row, o, pd, nd, ph, nh, W, g0, g1, g2);
+  }
+}
+
+at::Tensor tv_backward_cpu(const at::Tensor& grad, const at::Tensor& x_, int64_t mode, double eps) {
+  TORCH_CHECK(x_.dim() == 4, "kernelhub_cuda_ext::tv_backward: argument 'x' must be [B, D, H, W], got ", x_.sizes());
+  TORCH_CHECK(grad.numel() == (mode == TV_L1 ? 3 : 1),
+              "kernelhub_cuda_ext::tv_backward: argument 'grad' must have 3 elements for L1 and 1 otherwise");
+  const at::Tensor x = x_.contiguous();
+  at::Tensor out = at::empty_like(x);
+  const int64_t B = x.size(0), D = x.size(1), H = x.size(2), W = x.size(3);
+  if (x.numel() == 0) return out;
+  const at::Tensor gd = grad.to(at::kDouble).contiguous().view({-1});
+  double g[3] = {gd[0].item<double>(), 0, 0};
+  if (mode == TV_L1) {
+    g[1] = gd[1].item<double>();
+    g[2] = gd[2].item<double>();
+  } else if (mode == TV_SQ) {
+    g[0] *= 2;
+  } else {
+    const double corners = static_cast<double>(B) * (D - 1) * (H - 1) * (W - 1);
+    if (corners <= 0) return out.zero_();
+    g[0] /= corners;
+  }
+  const int64_t rows = B * D * H;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "tv_backward_cpu", [&] {
+    const scalar_t* p = x.data_ptr<scalar_t>();
+    scalar_t* q = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(W, 1)), [&](int64_t r0, int64_t r1) {
+      tv_backward_rows(p, q, D, H, W, r0, r1, mode, eps, g);
+    });
+  });
+  return out;
+}
+
+// ---- trilinear ---------------------------------------------------------------------------
+// Corner k = 4i + 2j + l has weight (i ? u : 1-u)(j ? v : 1-v)(l ? w : 1-w), with (u, v, w) = (p + 1) / 2.
+
+template <typename A>
+inline void corner_weights(A u, A v, A w, A* wk, A* du, A* dv, A* dw) {
+  for (int k = 0; k < 8; ++k) {
+    const int i = k >> 2, j = (k >> 1) & 1, l = k & 1;
+    const A fu = i ? u : 1 - u, fv = j ? v : 1 - v, fw = l ? w : 1 - w;
+    const A su = i ? 1 : -1, sv = j ? 1 : -1, sw = l ? 1 : -1;
+    wk[k] = fu * fv * fw;
+    if (du) {
+      du[k] = su * fv * fw;
+      dv[k] = fu * sv * fw;
+      dw[k] = fu * fv * sw;
+    }
+  }
+}
+
+at::Tensor trilinear_forward_cpu(const at::Tensor& feats_, const at::Tensor& points_) {
+  TORCH_CHECK(feats_.dim() == 3 && feats_.size(1) == 8, "kernelhub_cuda_ext::trilinear_forward: argument 'feats' must be [N, 8, F]");
+  TORCH_CHECK(points_.dim() == 2 && points_.size(1) == 3 && points_.size(0) == feats_.size(0),
+              "kernelhub_cuda_ext::trilinear_forward: argument 'points' must be [N, 3]");
+  const at::Tensor feats = feats_.contiguous(), points = points_.contiguous();
+  const int64_t N = feats.size(0), F = feats.size(2);
+  at::Tensor out = at::empty({N, F}, feats.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, feats.scalar_type(), "trilinear_forward_cpu", [&] {
+    using A = acc_t<scalar_t>;
+    const scalar_t* f = feats.data_ptr<scalar_t>();
+    const scalar_t* pt = points.data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    at::parallel_for(0, N, std::max<int64_t>(1, 2048 / std::max<int64_t>(F, 1)), [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        A wk[8];
+        corner_weights<A>((static_cast<A>(pt[n * 3]) + 1) / 2, (static_cast<A>(pt[n * 3 + 1]) + 1) / 2,
+                          (static_cast<A>(pt[n * 3 + 2]) + 1) / 2, wk, nullptr, nullptr, nullptr);
+        const scalar_t* fn = f + n * 8 * F;
+_Pragma("omp simd")
+        for (int64_t c = 0; c < F; ++c) {
+          A s = 0;
+          for (int k = 0; k < 8; ++k) s += wk[k] * static_cast<A>(fn[k * F + c]);
+          o[n * F + c] = static_cast<scalar_t>(s);
+        }
+      }
+    });
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> trilinear_backward_cpu(const at::Tensor& grad_, const at::Tensor& feats_,
+                                                          const at::Tensor& points_, bool need_feats, bool need_points) {
+  const at::Tensor grad = grad_.contiguous(), feats = feats_.contiguous(), points = points_.contiguous();
+  const int64_t N = feats.size(0), F = feats.size(2);
+  at::Tensor gf = need_feats ? at::empty_like(feats) : at::empty({0}, feats.options());
+  at::Tensor gp = need_points ? at::empty_like(points) : at::empty({0}, points.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, feats.scalar_type(), "trilinear_backward_cpu", [&] {
+    using A = acc_t<scalar_t>;
+    const scalar_t* f = feats.data_ptr<scalar_t>();
+    const scalar_t* pt = points.data_ptr<scalar_t>();
+    const scalar_t* g = grad.data_ptr<scalar_t>();
+    scalar_t* gfp = need_feats ? gf.data_ptr<scalar_t>() : nullptr;
+    scalar_t* gpp = need_points ? gp.data_ptr<scalar_t>() : nullptr;
+    at::parallel_for(0, N, std::max<int64_t>(1, 2048 / std::max<int64_t>(F, 1)), [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        A wk[8], du[8], dv[8], dw[8];
+        corner_weights<A>((static_cast<A>(pt[n * 3]) + 1) / 2, (static_cast<A>(pt[n * 3 + 1]) + 1) / 2,
+                          (static_cast<A>(pt[n * 3 + 2]) + 1) / 2, wk, du, dv, dw);
+        const scalar_t* gn = g + n * F;
+        if (need_feats) {
+          for (int k = 0; k < 8; ++k) {
+            scalar_t* o = gfp + (n * 8 + k) * F;
+_Pragma("omp simd")
+            for (int64_t c = 0; c < F; ++c) o[c] = static_cast<scalar_t>(wk[k] * static_cast<A>(gn[c]));
+          }
+        }
+        if (need_points) {
+          const scalar_t* fn = f + n * 8 * F;
+          A su = 0, sv = 0, sw = 0;
+_Pragma("omp simd reduction(+ : su, sv, sw)")
+          for (int64_t c = 0; c < F; ++c) {
+            A eu = 0, ev = 0, ew = 0;
+            for (int k = 0; k < 8; ++k) {
+              const A fv = static_cast<A>(fn[k * F + c]);
+              eu += du[k] * fv;
+              ev += dv[k] * fv;
+              ew += dw[k] * fv;
+            }
+            const A gc = static_cast<A>(gn[c]);
+            su += gc * eu;
+            sv += gc * ev;
+            sw += gc * ew;
+          }
+          gpp[n * 3] = static_cast<scalar_t>(su / 2);  // du/dp = 1/2
+          gpp[n * 3 + 1] = static_cast<scalar_t>(sv / 2);
+          gpp[n * 3 + 2] = static_cast<scalar_t>(sw / 2);
+        }
+      }
+    });
+  });
+  return {gf, gp};
+}
+
+// ---- Tikhonov ----------------------------------------------------------------------------
+// Per pixel, with rows M0, M1: a = sum|M0|^2, c = sum|M1|^2, b = sum M0 conj(M1); the 2 x 2 algebra in
+// double (complex<double>). det = lam (a + c + lam) + a |r|^2 with r = M1 - (conj(b)/a) M0, which does not
+// cancel when the rows are nearly parallel. Backward formulas: kernelhub_triton/tikhonov.py's docstring.
+
+using cd = c10::complex<double>;
+
+template <typename T>
+inline cd to_cd(T z) { return cd(static_cast<double>(z), 0.0); }
+template <typename T>
+inline cd to_cd(c10::complex<T> z) { return cd(static_cast<double>(z.real()), static_cast<double>(z.imag())); }
+template <typename T>
+inline T from_cd(cd z, T*) { return static_cast<T>(z.real()); }
+template <typename T>
+inline c10::complex<T> from_cd(cd z, c10::complex<T>*) { return c10::complex<T>(static_cast<T>(z.real()), static_cast<T>(z.imag())); }
+inline double abs2(cd z) { return z.real() * z.real() + z.imag() * z.imag(); }
+
+at::Tensor tikhonov_forward_cpu(const at::Tensor& M_, double lam) {
+  TORCH_CHECK(M_.dim() == 3 && M_.size(1) == 2, "kernelhub_cuda_ext::tikhonov_forward: argument 'M' must be [P, 2, Z]");
+  const at::Tensor M = M_.contiguous();
+  const int64_t P = M.size(0), Z = M.size(2);
+  at::Tensor out = at::empty_like(M);
+  AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_forward_cpu", [&] {
+    const scalar_t* m = M.data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    at::parallel_for(0, P, 64, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        const scalar_t* m0 = m + p * 2 * Z;
+        const scalar_t* m1 = m0 + Z;
+        double a = 0, c = 0;
+        cd b = 0;
+        for (int64_t z = 0; z < Z; ++z) {
+          const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]);
+          a += abs2(x0);
+          c += abs2(x1);
+          b += x0 * std::conj(x1);
+        }
+        const cd kappa = a > 0 ? std::conj(b) / a : cd(0);
+        double rr = 0;
+        for (int64_t z = 0; z < Z; ++z) rr += abs2(to_cd(m1[z]) - kappa * to_cd(m0[z]));
+        const double inv = 1.0 / (lam * (a + c + lam) + a * rr);
+        scalar_t* w0 = o + p * 2 * Z;
+        scalar_t* w1 = w0 + Z;
+        for (int64_t z = 0; z < Z; ++z) {
+          const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]);
+          const cd r = x1 - kappa * x0;
+          w0[z] = from_cd(((lam + rr) * x0 - b * r) * inv, static_cast<scalar_t*>(nullptr));
+          w1[z] = from_cd((lam * x1 + a * r) * inv, static_cast<scalar_t*>(nullptr));
+        }
+      }
+    });
+  });
+  return out;
+}
+
+at::Tensor tikhonov_backward_cpu(const at::Tensor& grad_, const at::Tensor& M_, double lam) {
+  const at::Tensor M = M_.contiguous(), G = grad_.contiguous();
+  const int64_t P = M.size(0), Z = M.size(2);
+  at::Tensor out = at::empty_like(M);
+  AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_backward_cpu", [&] {
+    const scalar_t* m = M.data_ptr<scalar_t>();
+    const scalar_t* g = G.data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    at::parallel_for(0, P, 64, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        const scalar_t *m0 = m + p * 2 * Z, *m1 = m0 + Z, *g0 = g + p * 2 * Z, *g1 = g0 + Z;
+        double a = 0, c = 0;
+        cd b = 0, p00 = 0, p01 = 0, p10 = 0, p11 = 0;  // pXY = sum conj(GX) MY
+        for (int64_t z = 0; z < Z; ++z) {
+          const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]), y0 = std::conj(to_cd(g0[z])), y1 = std::conj(to_cd(g1[z]));
+          a += abs2(x0);
+          c += abs2(x1);
+          b += x0 * std::conj(x1);
+          p00 += y0 * x0;
+          p01 += y0 * x1;
+          p10 += y1 * x0;
+          p11 += y1 * x1;
+        }
+        const double A = a + lam, C = c + lam;
+        const double inv = 1.0 / (A * C - abs2(b));
+        const double s = (C * p00.real() - (b * p01).real() + A * p11.real() - (std::conj(b) * p10).real()) * inv;
+        const double two_alpha_a = 2.0 * (p11.real() - s * C) * inv, two_alpha_c = 2.0 * (p00.real() - s * A) * inv;
+        const cd beta = (2.0 * s * std::conj(b) - p01 - std::conj(p10)) * inv;
+        scalar_t *d0 = o + p * 2 * Z, *d1 = d0 + Z;
+        for (int64_t z = 0; z < Z; ++z) {
+          const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]), h0 = to_cd(g0[z]), h1 = to_cd(g1[z]);
+          d0[z] = from_cd((C * h0 - b * h1) * inv + two_alpha_a * x0 + std::conj(beta) * x1, static_cast<scalar_t*>(nullptr));
+          d1[z] = from_cd((A * h1 - std::conj(b) * h0) * inv + two_alpha_c * x1 + beta * x0, static_cast<scalar_t*>(nullptr));
+        }
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(kernelhub_cuda_ext, m) {
+  m.def("tv_forward(Tensor x, int mode, float eps) -> Tensor");
+  m.def("tv_backward(Tensor grad, Tensor x, int mode, float eps) -> Tensor");
+  m.def("trilinear_forward(Tensor feats, Tensor points) -> Tensor");
+  m.def("trilinear_backward(Tensor grad, Tensor feats, Tensor points, bool need_feats, bool need_points) -> (Tensor, Tensor)");
+  m.def("tikhonov_forward(Tensor M, float lam) -> Tensor");
+  m.def("tikhonov_backward(Tensor grad, Tensor M, float lam) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(kernelhub_cuda_ext, CPU, m) {
+  m.impl("tv_forward", &tv_forward_cpu);
+  m.impl("tv_backward", &tv_backward_cpu);
+  m.impl("trilinear_forward", &trilinear_forward_cpu);
+  m.impl("trilinear_backward", &trilinear_backward_cpu);
+  m.impl("tikhonov_forward", &tikhonov_forward_cpu);
+  m.impl("tikhonov_backward", &tikhonov_backward_cpu);
+}
+
+}  // namespace kernelhub_cuda_ext

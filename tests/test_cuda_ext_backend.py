@@ -1,0 +1,190 @@
+"""The cuda_ext backend beyond the generated parity matrix: its build (cache, locking, timeouts,
+failures, permissions), gradients, determinism."""
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+import kernelhub
+from kernelhub import testing
+
+pytest.importorskip("kernelhub_cuda_ext")
+from kernelhub_cuda_ext import _build, _lib, plugin  # noqa: E402
+
+OPS = sorted(plugin.IMPLS)
+BUILT = _lib.load() is None
+built = pytest.mark.skipif(not BUILT, reason=f"cuda_ext did not build here: {_lib.load()}")
+
+# A stand-in for torch's builder: waits while its baton file exists (as torch.utils.cpp_extension does), counts
+# its runs, optionally sleeps or fails, then writes the library.
+FAKE = textwrap.dedent("""
+    import json, os, sys, time
+    a = json.loads(sys.argv[1])
+    while os.path.exists(os.path.join(a["dir"], "lock")):
+        time.sleep(0.1)
+    with open(os.path.join(os.path.dirname(a["dir"]), "runs"), "a") as f:
+        f.write("run\\n")
+    time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
+    if os.environ.get("FAKE_FAIL"):
+        print("cpu.cpp:1:1: error: the compiler said no", file=sys.stderr)
+        sys.exit(1)
+    open(os.path.join(a["dir"], a["name"] + ".so"), "wb").write(b"not really")
+""")
+SRC = [_build.CSRC / "cpu.cpp"]
+
+
+def _build_in_subprocess(root, env=None, timeout=60):
+    code = (f"import sys; from pathlib import Path; from kernelhub_cuda_ext import _build\n"
+            f"print(_build.build('fake', [Path({str(SRC[0])!r})], False, root=Path({str(root)!r}), timeout={timeout}, "
+            f"compile_script={FAKE!r}))")
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+
+
+def test_build_dirs_are_private_and_reused(tmp_path):
+    root = tmp_path / "cache"
+    lib = _build.build("fake", SRC, False, root=root, compile_script=FAKE)
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700 and stat.S_IMODE(lib.parent.stat().st_mode) == 0o700
+    assert _build.build("fake", SRC, False, root=root, compile_script=FAKE) == lib  # cached: no second run
+    assert (root / "runs").read_text().count("run") == 1
+
+
+def test_concurrent_first_uses_build_once(tmp_path):
+    root = tmp_path / "cache"
+    procs = [_build_in_subprocess(root, {"FAKE_SLEEP": "2"}) for _ in range(3)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert len({o[0].strip() for o in outs}) == 1  # the same library for all three
+    assert (root / "runs").read_text().count("run") == 1
+
+
+def test_a_build_killed_half_way_does_not_block_the_next(tmp_path):
+    root = tmp_path / "cache"
+    victim = _build_in_subprocess(root, {"FAKE_SLEEP": "60"})
+    deadline = time.time() + 30
+    while not (root / "runs").exists() and time.time() < deadline:  # it holds the lock and is compiling
+        time.sleep(0.1)
+    assert (root / "runs").exists()
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    directory = next(p for p in root.iterdir() if p.is_dir())
+    (directory / "lock").write_text("")  # what torch's own builder leaves behind when killed
+    t0 = time.time()
+    lib = _build.build("fake", SRC, False, root=root, compile_script=FAKE, timeout=30)
+    assert lib.exists() and time.time() - t0 < 20
+
+
+def test_a_hung_compiler_times_out_with_the_reason(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_SLEEP", "60")
+    t0 = time.time()
+    with pytest.raises(_build.BuildError, match="timed out after 2 s"):
+        _build.build("fake", SRC, False, root=tmp_path / "cache", compile_script=FAKE, timeout=2)
+    assert time.time() - t0 < 20
+
+
+def test_a_failing_compiler_gives_its_message(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_FAIL", "1")
+    with pytest.raises(_build.BuildError, match="the compiler said no"):
+        _build.build("fake", SRC, False, root=tmp_path / "cache", compile_script=FAKE)
+
+
+def test_a_failing_build_makes_the_backend_unavailable_with_the_reason(monkeypatch, tmp_path):
+    def fail(*args, **kwargs):
+        raise _build.BuildError("building kernelhub_cuda_ext failed: cpu.cpp:1:1: error: the compiler said no")
+
+    monkeypatch.setattr(_lib, "build", fail)
+    monkeypatch.setattr(_lib, "_OUTCOME", [])
+    try:
+        hub = kernelhub.reload()
+        assert "the compiler said no" in hub.registry.unavailable_reason("cuda_ext")
+        decision = kernelhub.explain("tv_loss_l1_3d", torch.randn(3, 4, 5))
+        assert decision.chosen != "cuda_ext"
+        cand = next(c for c in decision.candidates if c.backend == "cuda_ext")
+        assert cand.status == "rejected" and "the compiler said no" in " ".join(cand.reasons)
+        (tmp_path / "a_file").write_text("")
+        out = subprocess.run([sys.executable, "-m", "kernelhub.cli", "list", "--json"], capture_output=True,
+                             text=True, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "a_file" / "x")})
+        # in a fresh process whose cache directory cannot be created: unavailable, with the reason, no crash
+        assert out.returncode == 0, out.stderr
+        backend = json.loads(out.stdout)["backends"]["cuda_ext"]
+        assert not backend["available"] and "cannot create the build directory" in backend["reason"]
+    finally:
+        monkeypatch.undo()
+        kernelhub.reload()
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770])
+def test_refuses_a_directory_others_can_write(tmp_path, mode):
+    d = tmp_path / "shared"
+    d.mkdir()
+    d.chmod(mode)
+    with pytest.raises(_build.BuildError, match="writable by no one else"):
+        _build.check_private(d)
+
+
+def test_refuses_a_directory_under_a_shared_parent(tmp_path):
+    parent = tmp_path / "open"
+    parent.mkdir()
+    parent.chmod(0o777)  # world-writable and not sticky: anyone may swap the directory below
+    child = parent / "mine"
+    child.mkdir(mode=0o700)
+    with pytest.raises(_build.BuildError, match="could be changed by another user"):
+        _build.check_private(child)
+
+
+def test_refuses_a_symlink(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.raises(_build.BuildError, match="not a symlink"):
+        _build.check_private(link)
+
+
+@built
+@pytest.mark.parametrize("op", OPS)
+def test_gradcheck_float64(op):
+    testing.check_gradcheck(op, "cuda_ext")
+
+
+@built
+@pytest.mark.parametrize("op", ["tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d"])
+def test_tv_is_bitwise_deterministic_for_any_thread_count(op):
+    v = torch.randn((3, 17, 30, 41), generator=torch.Generator().manual_seed(2))
+    fn = kernelhub.op(op, backend="cuda_ext")
+
+    def run():
+        x = v.clone().requires_grad_()
+        out = fn(x)
+        out.backward(torch.ones_like(out))
+        return out.detach(), x.grad
+
+    threads = torch.get_num_threads()
+    try:
+        a, ga = run()
+        torch.set_num_threads(1)
+        b, gb = run()
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(a, b) and torch.equal(ga, gb)
+
+
+@built
+def test_library_ops_pass_opcheck():
+    lib = torch.ops.kernelhub_cuda_ext
+    x = torch.randn(2, 3, 4, 5)
+    feats, points = torch.randn(6, 8, 4), torch.rand(6, 3) * 2 - 1
+    M = torch.randn(5, 2, 7, dtype=torch.complex64)
+    for op, args in [(lib.tv_forward, (x, 0, 0.0)), (lib.tv_backward, (torch.ones(3), x, 0, 0.0)),
+                     (lib.tv_forward, (x, 2, 1e-8)), (lib.trilinear_forward, (feats, points)),
+                     (lib.trilinear_backward, (torch.randn(6, 4), feats, points, True, True)),
+                     (lib.tikhonov_forward, (M, 0.3)), (lib.tikhonov_backward, (torch.randn_like(M), M, 0.3))]:
+        torch.library.opcheck(op.default, args, test_utils=("test_schema", "test_faketensor"))

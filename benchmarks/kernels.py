@@ -13,7 +13,7 @@ Tikhonov), in one process:
   GPU time only, as in a captured training step; no L2 flush, the inputs are larger than L2);
 - peak memory allocated by one such call beyond its inputs.
 
-Usage: python benchmarks/kernels.py [--backends triton] [--ops ...] [--json FILE]
+Usage: python benchmarks/kernels.py [--backends triton cuda_ext] [--ops ...] [--json FILE]
 """
 
 from __future__ import annotations
@@ -136,7 +136,8 @@ def run(ops, backends) -> list[dict]:
                 floor_ms = floor_bytes(args, out, m) / bw * 1e3
                 timings = {}
                 for label, fn in [("eager", ref_fn), ("compiled", compiled), *EXTRA.get(op, [])] + [
-                        (b, kernelhub.op(op, backend=b)) for b in backends if b in impls]:
+                        (b, kernelhub.op(op, backend=b)) for b in backends
+                        if b in impls and "cuda" in (impls[b].devices or ("cuda",))]:
                     step, leaves = make_step(fn, args, grads_of, grad)
                     try:
                         timings[label] = bench(step, leaves)
@@ -213,7 +214,7 @@ def write_rows(rows: list[dict], path: str | None) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backends", nargs="*", default=["triton"])
+    parser.add_argument("--backends", nargs="*", default=["triton", "cuda_ext"])
     parser.add_argument("--ops", nargs="*", default=list(MODES))
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--sweep", action="store_true", help="first time the TV and Tikhonov launch configurations")

@@ -156,9 +156,10 @@ def test_gradcheck_float64(op):
 
 
 @built
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 @pytest.mark.parametrize("op", ["tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d"])
-def test_tv_is_bitwise_deterministic_for_any_thread_count(op):
-    v = torch.randn((3, 17, 30, 41), generator=torch.Generator().manual_seed(2))
+def test_tv_is_bitwise_deterministic_for_any_thread_count(op, device):
+    v = torch.randn((3, 17, 30, 41), generator=torch.Generator().manual_seed(2)).to(device)
     fn = kernelhub.op(op, backend="cuda_ext")
 
     def run():

@@ -88,12 +88,16 @@ def _randn(shape, dtype, seed=0):
 
 
 @big
-def test_tv_past_2_31_elements():
+@pytest.mark.parametrize("backend", ["triton", "cuda_ext"])  # the two GPU TV backends share this check
+def test_tv_past_2_31_elements(backend):
+    hub = kernelhub.get_hub()
+    if backend not in hub.registry.backends or hub.registry.unavailable_reason(backend):
+        pytest.skip(f"{backend} is not available here")
     v = _randn((2049, 1024, 1024), torch.float16)  # 2.149e9 elements
     assert v.numel() > 2**31
     x = v.requires_grad_()
     g = torch.tensor([0.5, -1.0, 2.0], device="cuda")
-    out = kernelhub.op("tv_loss_l1_3d", backend="triton")(x)
+    out = kernelhub.op("tv_loss_l1_3d", backend=backend)(x)
     out.backward(g)
     want = torch.zeros(3, dtype=torch.float64, device="cuda")
     with torch.no_grad():

@@ -63,8 +63,9 @@ def library_key(sources: list[Path], flags: dict, with_cuda: bool) -> str:
         h.update(h_src.read_bytes())
     h.update(repr(sorted(flags.items())).encode())
     h.update(f"{torch.__version__}|{torch.version.cuda}|{with_cuda}|{sys.version_info[:2]}|{_cpu_id()}".encode())
-    if with_cuda:
-        h.update(os.environ.get("TORCH_CUDA_ARCH_LIST", "").encode())
+    if with_cuda:  # the architectures torch's builder targets: the list given, else the GPUs present
+        caps = [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
+        h.update(f"{os.environ.get('TORCH_CUDA_ARCH_LIST', '')}|{caps}".encode())
     return h.hexdigest()[:16]
 
 
@@ -107,7 +108,7 @@ def build(name: str, sources: list[Path], with_cuda: bool, root: Path | None = N
     timeout = BUILD_TIMEOUT_S if timeout is None else timeout
     root = cache_root() if root is None else root
     flags = {"cflags": ["-O3", "-march=native", "-fopenmp", "-fno-math-errno"], "ldflags": ["-fopenmp"],
-             "cuda_cflags": ["-O3", "--use_fast_math"] if with_cuda else []}
+             "cuda_cflags": ["-O3"] if with_cuda else []}
     directory = root / f"{name}-{library_key(sources, flags, with_cuda)}"
     try:
         _make_private(root)

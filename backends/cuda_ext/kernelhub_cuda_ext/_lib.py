@@ -14,12 +14,25 @@ __all__ = ["load", "NAME"]
 NAME = "kernelhub_cuda_ext"
 _LOCK = threading.Lock()
 _OUTCOME: list[str | None] = []  # [] = not tried yet; [None] = loaded; [reason] = failed
+_CUDA: list[str | None] = []  # once loaded: [None] with the CUDA kernels, [why not] without
 
 
-def _with_cuda() -> bool:
+def _no_cuda_reason() -> str | None:
+    """None when the CUDA sources can be built here, else why not."""
     from torch.utils.cpp_extension import CUDA_HOME
-    return bool(torch.version.cuda) and torch.cuda.is_available() and CUDA_HOME is not None \
-        and any(CSRC.glob("*.cu"))
+    if not torch.version.cuda:
+        return "torch is a CPU build"
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if CUDA_HOME is None:
+        return "no CUDA toolkit (nvcc) found"
+    return None
+
+
+def cuda_reason() -> str | None:
+    """None when the loaded library has the CUDA kernels, else why it has not."""
+    reason = load()
+    return reason if reason is not None else _CUDA[0]
 
 
 def _register_fakes() -> None:
@@ -43,12 +56,14 @@ def load() -> str | None:
     with _LOCK:
         if not _OUTCOME:
             try:
-                sources = sorted(CSRC.glob("*.cpp")) + (sorted(CSRC.glob("*.cu")) if _with_cuda() else [])
-                library = build(NAME, sources, with_cuda=_with_cuda())
+                no_cuda = _no_cuda_reason()
+                sources = sorted(CSRC.glob("*.cpp")) + (sorted(CSRC.glob("*.cu")) if no_cuda is None else [])
+                library = build(NAME, sources, with_cuda=no_cuda is None)
                 check_private(library.parent)
                 check_private(library)
                 torch.ops.load_library(str(library))
                 _register_fakes()
+                _CUDA.append(no_cuda and f"built without its CUDA kernels: {no_cuda}")
                 _OUTCOME.append(None)
             except BuildError as exc:
                 _OUTCOME.append(str(exc))

@@ -19,21 +19,32 @@ from kernelhub_cuda_ext import __version__
 NAME = "cuda_ext"
 REAL = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-# op -> (forward, backward, dtypes), functions of kernelhub_cuda_ext.ops
+CPU_AND_CUDA = ("cpu", "cuda")
+CPU = ("cpu",)  # CUDA kernels for trilinear and Tikhonov: not written yet
+
+# op -> (forward, backward, dtypes, devices), functions of kernelhub_cuda_ext.ops
 IMPLS = {
-    "tv_loss_l1_3d": ("l1_forward", "l1_backward", REAL),
-    "tv_loss_sq_3d": ("sq_forward", "sq_backward", REAL),
-    "tv_loss_iso_3d": ("iso_forward", "iso_backward", REAL),
-    "trilinear_interp": ("trilinear_forward", "trilinear_backward", REAL),
+    "tv_loss_l1_3d": ("l1_forward", "l1_backward", REAL, CPU_AND_CUDA),
+    "tv_loss_sq_3d": ("sq_forward", "sq_backward", REAL, CPU_AND_CUDA),
+    "tv_loss_iso_3d": ("iso_forward", "iso_backward", REAL, CPU_AND_CUDA),
+    "trilinear_interp": ("trilinear_forward", "trilinear_backward", REAL, CPU),
     "tikhonov_inverse_2xn": ("tikhonov_forward", "tikhonov_backward",
-                             (torch.complex64, torch.complex128, torch.float32, torch.float64)),
+                             (torch.complex64, torch.complex128, torch.float32, torch.float64), CPU),
 }
-DEVICES = ("cpu",)  # CUDA kernels: not written yet (the issue's GPU half)
 
 
 def unavailable_reason() -> str | None:
     from kernelhub_cuda_ext import _lib
     return _lib.load()
+
+
+def _cuda_built(args) -> list[str]:
+    """A CUDA call needs the library's CUDA kernels, which a machine without nvcc does not build."""
+    if args[0].is_cuda:
+        from kernelhub_cuda_ext import _lib
+        reason = _lib.cuda_reason()
+        return [reason] if reason else []
+    return []
 
 
 def _ops_fn(name: str) -> Callable:
@@ -50,8 +61,8 @@ def _ops_fn(name: str) -> Callable:
 
 @hookimpl
 def kernelhub_register_impls(registry) -> None:
-    registry.add_backend(Backend(NAME, __version__, "C++ kernels compiled on first use (CPU; CUDA to come)",
+    registry.add_backend(Backend(NAME, __version__, "C++ kernels compiled on first use (CPU; CUDA for the TV family)",
                                  unavailable_reason))
-    for op, (fwd, bwd, dtypes) in IMPLS.items():
+    for op, (fwd, bwd, dtypes, devices) in IMPLS.items():
         registry.add_impl(Impl(op=op, backend=NAME, forward=_ops_fn(fwd), backward=_ops_fn(bwd), dtypes=dtypes,
-                               devices=DEVICES))
+                               devices=devices, not_supported_reasons=_cuda_built))

@@ -184,7 +184,10 @@ def test_library_ops_pass_opcheck():
     x = torch.randn(2, 3, 4, 5)
     feats, points = torch.randn(6, 8, 4), torch.rand(6, 3) * 2 - 1
     M = torch.randn(5, 2, 7, dtype=torch.complex64)
-    for op, args in [(lib.tv_forward, (x, 0, 0.0)), (lib.tv_backward, (torch.ones(3), x, 0, 0.0)),
+    feats_t = torch.randn(6, 4, 8).transpose(1, 2)  # non-contiguous: the outputs are contiguous all the same
+    M_t = torch.randn(7, 2, 5, dtype=torch.complex64).permute(2, 1, 0)
+    for op, args in [(lib.trilinear_backward, (torch.randn(6, 4), feats_t, points, True, True)),
+                     (lib.tikhonov_forward, (M_t, 0.3)), (lib.tv_backward, (torch.ones(3), x.transpose(2, 3), 0, 0.0)),(lib.tv_forward, (x, 0, 0.0)), (lib.tv_backward, (torch.ones(3), x, 0, 0.0)),
                      (lib.tv_forward, (x, 2, 1e-8)), (lib.trilinear_forward, (feats, points)),
                      (lib.trilinear_backward, (torch.randn(6, 4), feats, points, True, True)),
                      (lib.tikhonov_forward, (M, 0.3)), (lib.tikhonov_backward, (torch.randn_like(M), M, 0.3))]:

@@ -36,19 +36,22 @@ def cuda_reason() -> str | None:
 
 
 def _register_fakes() -> None:
+    """Shapes and dtypes of each operator's outputs, which are always contiguous (as the kernels make them)."""
+    def like(t, shape=None, dtype=None):
+        return t.new_empty(t.shape if shape is None else shape, dtype=dtype)  # new_empty: contiguous
+
     def tv_out(x, mode):
-        return x.new_empty((3,) if mode == 0 else (), dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
+        return like(x, (3,) if mode == 0 else (), torch.float64 if x.dtype == torch.float64 else torch.float32)
 
     torch.library.register_fake(f"{NAME}::tv_forward")(lambda x, mode, eps: tv_out(x, mode))
-    torch.library.register_fake(f"{NAME}::tv_backward")(lambda grad, x, mode, eps: torch.empty_like(x))
+    torch.library.register_fake(f"{NAME}::tv_backward")(lambda grad, x, mode, eps: like(x))
     torch.library.register_fake(f"{NAME}::trilinear_forward")(
-        lambda feats, points: feats.new_empty((feats.shape[0], feats.shape[2])))
+        lambda feats, points: like(feats, (feats.shape[0], feats.shape[2])))
     torch.library.register_fake(f"{NAME}::trilinear_backward")(
         lambda grad, feats, points, need_feats, need_points: (
-            torch.empty_like(feats) if need_feats else feats.new_empty((0,)),
-            torch.empty_like(points) if need_points else points.new_empty((0,))))
-    torch.library.register_fake(f"{NAME}::tikhonov_forward")(lambda M, lam: torch.empty_like(M))
-    torch.library.register_fake(f"{NAME}::tikhonov_backward")(lambda grad, M, lam: torch.empty_like(M))
+            like(feats) if need_feats else like(feats, (0,)), like(points) if need_points else like(points, (0,))))
+    torch.library.register_fake(f"{NAME}::tikhonov_forward")(lambda M, lam: like(M))
+    torch.library.register_fake(f"{NAME}::tikhonov_backward")(lambda grad, M, lam: like(M))
 
 
 def load() -> str | None:

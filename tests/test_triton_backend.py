@@ -87,12 +87,19 @@ def _randn(shape, dtype, seed=0):
     return torch.randn(shape, device="cuda", generator=gen, dtype=torch.float32).to(dtype)
 
 
-@big
-@pytest.mark.parametrize("backend", ["triton", "cuda_ext"])  # the two GPU TV backends share this check
-def test_tv_past_2_31_elements(backend):
+GPU_BACKENDS = ["triton", "cuda_ext"]  # the GPU backends share these checks
+
+
+def _skip_unless_available(backend):
     hub = kernelhub.get_hub()
     if backend not in hub.registry.backends or hub.registry.unavailable_reason(backend):
         pytest.skip(f"{backend} is not available here")
+
+
+@big
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_tv_past_2_31_elements(backend):
+    _skip_unless_available(backend)
     v = _randn((2049, 1024, 1024), torch.float16)  # 2.149e9 elements
     assert v.numel() > 2**31
     x = v.requires_grad_()
@@ -116,12 +123,14 @@ def test_tv_past_2_31_elements(backend):
 
 
 @big
-def test_trilinear_past_2_31_elements():
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_trilinear_past_2_31_elements(backend):
+    _skip_unless_available(backend)
     n, f = 2**21 + 8, 128  # feats: 2.147e9 + 8192 elements
     feats, points = _randn((n, 8, f), torch.float16), _randn((n, 3), torch.float16, 1)
     rows = slice(n - 512, n)
     args = testing.with_grad("trilinear_interp", (feats, points))
-    out = kernelhub.op("trilinear_interp", backend="triton")(*args)
+    out = kernelhub.op("trilinear_interp", backend=backend)(*args)
     grad = _randn((n, f), torch.float16, 2)
     out.backward(grad)
     sub = (feats[rows], points[rows])
@@ -133,11 +142,13 @@ def test_trilinear_past_2_31_elements():
 
 
 @big
-def test_tikhonov_past_2_31_elements():
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_tikhonov_past_2_31_elements(backend):
+    _skip_unless_available(backend)
     p = 2**31 // (2 * 21 * 2) + 4096  # the real view holds > 2^31 floats
     M = torch.complex(_randn((p, 2, 21), torch.float32), _randn((p, 2, 21), torch.float32, 1))
     Mg = M.requires_grad_()
-    out = kernelhub.op("tikhonov_inverse_2xn", backend="triton")(Mg, 0.3)
+    out = kernelhub.op("tikhonov_inverse_2xn", backend=backend)(Mg, 0.3)
     grad = torch.complex(_randn((p, 2, 21), torch.float32, 2), _randn((p, 2, 21), torch.float32, 3))
     out.backward(grad)
     rows = slice(p - 512, p)

@@ -20,16 +20,15 @@ NAME = "cuda_ext"
 REAL = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 CPU_AND_CUDA = ("cpu", "cuda")
-CPU = ("cpu",)  # CUDA kernels for trilinear and Tikhonov: not written yet
 
 # op -> (forward, backward, dtypes, devices), functions of kernelhub_cuda_ext.ops
 IMPLS = {
     "tv_loss_l1_3d": ("l1_forward", "l1_backward", REAL, CPU_AND_CUDA),
     "tv_loss_sq_3d": ("sq_forward", "sq_backward", REAL, CPU_AND_CUDA),
     "tv_loss_iso_3d": ("iso_forward", "iso_backward", REAL, CPU_AND_CUDA),
-    "trilinear_interp": ("trilinear_forward", "trilinear_backward", REAL, CPU),
+    "trilinear_interp": ("trilinear_forward", "trilinear_backward", REAL, CPU_AND_CUDA),
     "tikhonov_inverse_2xn": ("tikhonov_forward", "tikhonov_backward",
-                             (torch.complex64, torch.complex128, torch.float32, torch.float64), CPU),
+                             (torch.complex64, torch.complex128, torch.float32, torch.float64), CPU_AND_CUDA),
 }
 
 
@@ -61,7 +60,7 @@ def _ops_fn(name: str) -> Callable:
 
 @hookimpl
 def kernelhub_register_impls(registry) -> None:
-    registry.add_backend(Backend(NAME, __version__, "C++ kernels compiled on first use (CPU; CUDA for the TV family)",
+    registry.add_backend(Backend(NAME, __version__, "C++ and CUDA kernels compiled on first use",
                                  unavailable_reason))
     for op, (fwd, bwd, dtypes, devices) in IMPLS.items():
         registry.add_impl(Impl(op=op, backend=NAME, forward=_ops_fn(fwd), backward=_ops_fn(bwd), dtypes=dtypes,

@@ -1,4 +1,4 @@
-// kernelhub_cuda_ext: CUDA kernels for the TV family (forward and analytic backward).
+// kernelhub_cuda_ext: CUDA kernels (forward and analytic backward) for the TV family, trilinear and Tikhonov.
 //
 // A block is a 32 (w) x 8 (h) tile of one item's plane and a chunk of D planes; each thread walks its
 // (h, w) column down the chunk with the planes in registers (see tv_forward_kernel). Forward: each block
@@ -216,11 +216,219 @@ at::Tensor tv_backward_cuda(const at::Tensor& grad, const at::Tensor& x_, int64_
   return out;
 }
 
+// ---- trilinear: a block per point, threads over the F features ----------------------------
+// Corner k = 4i + 2j + l has weight (i ? u : 1-u)(j ? v : 1-v)(l ? w : 1-w), (u, v, w) = (p + 1) / 2.
+
+constexpr int TRI_THREADS = 256;
+
+template <typename T>
+__global__ void trilinear_forward_kernel(const T* __restrict__ feats, const T* __restrict__ points, T* __restrict__ out,
+                                         int64_t N, int64_t F) {
+  using A = at::opmath_type<T>;
+  const int64_t n = blockIdx.x;
+  const A u = (A(points[n * 3]) + 1) / 2, v = (A(points[n * 3 + 1]) + 1) / 2, w = (A(points[n * 3 + 2]) + 1) / 2;
+  const T* fn = feats + n * 8 * F;
+  for (int64_t f = threadIdx.x; f < F; f += blockDim.x) {
+    A s = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const A wk = ((k >> 2) ? u : 1 - u) * (((k >> 1) & 1) ? v : 1 - v) * ((k & 1) ? w : 1 - w);
+      s += wk * A(fn[k * F + f]);
+    }
+    out[n * F + f] = static_cast<T>(s);
+  }
+}
+
+template <typename T>
+__global__ void trilinear_backward_kernel(const T* __restrict__ grad, const T* __restrict__ feats,
+                                          const T* __restrict__ points, T* __restrict__ gf, T* __restrict__ gp,
+                                          int64_t N, int64_t F, bool need_feats, bool need_points) {
+  using A = at::opmath_type<T>;
+  const int64_t n = blockIdx.x;
+  const A u = (A(points[n * 3]) + 1) / 2, v = (A(points[n * 3 + 1]) + 1) / 2, w = (A(points[n * 3 + 2]) + 1) / 2;
+  const T* fn = feats + n * 8 * F;
+  A su = 0, sv = 0, sw = 0;
+  for (int64_t f = threadIdx.x; f < F; f += blockDim.x) {
+    const A g = A(grad[n * F + f]);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int i = k >> 2, j = (k >> 1) & 1, l = k & 1;
+      const A fu = i ? u : 1 - u, fv = j ? v : 1 - v, fw = l ? w : 1 - w;
+      if (need_feats) gf[(n * 8 + k) * F + f] = static_cast<T>(fu * fv * fw * g);
+      if (need_points) {
+        const A x = A(fn[k * F + f]) * g;
+        su += (i ? A(1) : A(-1)) * fv * fw * x;
+        sv += fu * (j ? A(1) : A(-1)) * fw * x;
+        sw += fu * fv * (l ? A(1) : A(-1)) * x;
+      }
+    }
+  }
+  if (!need_points) return;
+  __shared__ A red[3][TRI_THREADS];
+  red[0][threadIdx.x] = su;
+  red[1][threadIdx.x] = sv;
+  red[2][threadIdx.x] = sw;
+  __syncthreads();
+  for (int half = TRI_THREADS / 2; half > 0; half >>= 1) {  // a fixed tree: deterministic
+    if (threadIdx.x < half)
+      for (int c = 0; c < 3; ++c) red[c][threadIdx.x] += red[c][threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x < 3) gp[n * 3 + threadIdx.x] = static_cast<T>(red[threadIdx.x][0] / 2);  // du/dp = 1/2
+}
+
+at::Tensor trilinear_forward_cuda(const at::Tensor& feats_, const at::Tensor& points_) {
+  TORCH_CHECK(feats_.dim() == 3 && feats_.size(1) == 8, "kernelhub_cuda_ext::trilinear_forward: argument 'feats' must be [N, 8, F]");
+  TORCH_CHECK(points_.dim() == 2 && points_.size(1) == 3 && points_.size(0) == feats_.size(0),
+              "kernelhub_cuda_ext::trilinear_forward: argument 'points' must be [N, 3]");
+  c10::cuda::CUDAGuard guard(feats_.device());
+  const at::Tensor feats = feats_.contiguous(), points = points_.contiguous();
+  const int64_t N = feats.size(0), F = feats.size(2);
+  at::Tensor out = at::empty({N, F}, feats.options());
+  if (out.numel() == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, feats.scalar_type(), "trilinear_forward_cuda", [&] {
+    trilinear_forward_kernel<scalar_t><<<static_cast<unsigned>(N), TRI_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        feats.data_ptr<scalar_t>(), points.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), N, F);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> trilinear_backward_cuda(const at::Tensor& grad_, const at::Tensor& feats_,
+                                                           const at::Tensor& points_, bool need_feats, bool need_points) {
+  c10::cuda::CUDAGuard guard(feats_.device());
+  const at::Tensor grad = grad_.contiguous(), feats = feats_.contiguous(), points = points_.contiguous();
+  const int64_t N = feats.size(0), F = feats.size(2);
+  at::Tensor gf = need_feats ? at::empty_like(feats) : at::empty({0}, feats.options());
+  at::Tensor gp = need_points ? at::empty_like(points) : at::empty({0}, points.options());
+  if (N == 0 || (!need_feats && !need_points)) return {gf, gp};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, feats.scalar_type(), "trilinear_backward_cuda", [&] {
+    trilinear_backward_kernel<scalar_t><<<static_cast<unsigned>(N), TRI_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        grad.data_ptr<scalar_t>(), feats.data_ptr<scalar_t>(), points.data_ptr<scalar_t>(),
+        need_feats ? gf.data_ptr<scalar_t>() : nullptr, need_points ? gp.data_ptr<scalar_t>() : nullptr, N, F,
+        need_feats, need_points);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return {gf, gp};
+}
+
+// ---- Tikhonov: a thread per pixel, the 2 x 2 algebra in double ------------------------------
+// As the CPU kernel (cpu.cpp): det = lam (a + c + lam) + a |r|^2 with r = M1 - (conj(b)/a) M0, free of
+// cancellation; backward formulas in kernelhub_triton/tikhonov.py's docstring.
+
+using cd = c10::complex<double>;
+template <typename T>
+__device__ __forceinline__ cd to_cd(T z) { return cd(static_cast<double>(z), 0.0); }
+template <typename T>
+__device__ __forceinline__ cd to_cd(c10::complex<T> z) { return cd(double(z.real()), double(z.imag())); }
+template <typename T>
+__device__ __forceinline__ void store(T* p, cd z) { *p = static_cast<T>(z.real()); }
+template <typename T>
+__device__ __forceinline__ void store(c10::complex<T>* p, cd z) { *p = c10::complex<T>(T(z.real()), T(z.imag())); }
+__device__ __forceinline__ cd cj(cd z) { return cd(z.real(), -z.imag()); }
+__device__ __forceinline__ double abs2(cd z) { return z.real() * z.real() + z.imag() * z.imag(); }
+
+template <typename T>
+__global__ void tikhonov_forward_kernel(const T* __restrict__ m, T* __restrict__ o, int64_t P, int64_t Z, double lam) {
+  const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (p >= P) return;
+  const T* m0 = m + p * 2 * Z;
+  const T* m1 = m0 + Z;
+  double a = 0, c = 0;
+  cd b(0, 0);
+  for (int64_t z = 0; z < Z; ++z) {
+    const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]);
+    a += abs2(x0);
+    c += abs2(x1);
+    b += x0 * cj(x1);
+  }
+  const cd kappa = a > 0 ? cj(b) / a : cd(0, 0);
+  double rr = 0;
+  for (int64_t z = 0; z < Z; ++z) rr += abs2(to_cd(m1[z]) - kappa * to_cd(m0[z]));
+  const double inv = 1.0 / (lam * (a + c + lam) + a * rr);
+  T* w0 = o + p * 2 * Z;
+  T* w1 = w0 + Z;
+  for (int64_t z = 0; z < Z; ++z) {
+    const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]);
+    const cd r = x1 - kappa * x0;
+    store(w0 + z, ((lam + rr) * x0 - b * r) * inv);
+    store(w1 + z, (lam * x1 + a * r) * inv);
+  }
+}
+
+template <typename T>
+__global__ void tikhonov_backward_kernel(const T* __restrict__ g, const T* __restrict__ m, T* __restrict__ o,
+                                         int64_t P, int64_t Z, double lam) {
+  const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (p >= P) return;
+  const T *m0 = m + p * 2 * Z, *m1 = m0 + Z, *g0 = g + p * 2 * Z, *g1 = g0 + Z;
+  double a = 0, c = 0;
+  cd b(0, 0), p00(0, 0), p01(0, 0), p10(0, 0), p11(0, 0);  // pXY = sum conj(GX) MY
+  for (int64_t z = 0; z < Z; ++z) {
+    const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]), y0 = cj(to_cd(g0[z])), y1 = cj(to_cd(g1[z]));
+    a += abs2(x0);
+    c += abs2(x1);
+    b += x0 * cj(x1);
+    p00 += y0 * x0;
+    p01 += y0 * x1;
+    p10 += y1 * x0;
+    p11 += y1 * x1;
+  }
+  const double A = a + lam, C = c + lam;
+  const double inv = 1.0 / (A * C - abs2(b));
+  const double s = (C * p00.real() - (b * p01).real() + A * p11.real() - (cj(b) * p10).real()) * inv;
+  const double two_alpha_a = 2.0 * (p11.real() - s * C) * inv, two_alpha_c = 2.0 * (p00.real() - s * A) * inv;
+  const cd beta = (2.0 * s * cj(b) - p01 - cj(p10)) * inv;
+  T *d0 = o + p * 2 * Z, *d1 = d0 + Z;
+  for (int64_t z = 0; z < Z; ++z) {
+    const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]), h0 = to_cd(g0[z]), h1 = to_cd(g1[z]);
+    store(d0 + z, (C * h0 - b * h1) * inv + two_alpha_a * x0 + cj(beta) * x1);
+    store(d1 + z, (A * h1 - cj(b) * h0) * inv + two_alpha_c * x1 + beta * x0);
+  }
+}
+
+constexpr int TIK_THREADS = 128;
+
+at::Tensor tikhonov_forward_cuda(const at::Tensor& M_, double lam) {
+  TORCH_CHECK(M_.dim() == 3 && M_.size(1) == 2, "kernelhub_cuda_ext::tikhonov_forward: argument 'M' must be [P, 2, Z]");
+  c10::cuda::CUDAGuard guard(M_.device());
+  const at::Tensor M = M_.contiguous();
+  const int64_t P = M.size(0), Z = M.size(2);
+  at::Tensor out = at::empty_like(M);
+  if (P == 0) return out;
+  AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_forward_cuda", [&] {
+    tikhonov_forward_kernel<scalar_t><<<static_cast<unsigned>((P + TIK_THREADS - 1) / TIK_THREADS), TIK_THREADS, 0,
+                                        c10::cuda::getCurrentCUDAStream()>>>(M.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+                                                                             P, Z, lam);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return out;
+}
+
+at::Tensor tikhonov_backward_cuda(const at::Tensor& grad_, const at::Tensor& M_, double lam) {
+  c10::cuda::CUDAGuard guard(M_.device());
+  const at::Tensor M = M_.contiguous(), G = grad_.contiguous();
+  const int64_t P = M.size(0), Z = M.size(2);
+  at::Tensor out = at::empty_like(M);
+  if (P == 0) return out;
+  AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_backward_cuda", [&] {
+    tikhonov_backward_kernel<scalar_t><<<static_cast<unsigned>((P + TIK_THREADS - 1) / TIK_THREADS), TIK_THREADS, 0,
+                                         c10::cuda::getCurrentCUDAStream()>>>(
+        G.data_ptr<scalar_t>(), M.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), P, Z, lam);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(kernelhub_cuda_ext, CUDA, m) {
   m.impl("tv_forward", &tv_forward_cuda);
   m.impl("tv_backward", &tv_backward_cuda);
+  m.impl("trilinear_forward", &trilinear_forward_cuda);
+  m.impl("trilinear_backward", &trilinear_backward_cuda);
+  m.impl("tikhonov_forward", &tikhonov_forward_cuda);
+  m.impl("tikhonov_backward", &tikhonov_backward_cuda);
 }
 
 }  // namespace kernelhub_cuda_ext

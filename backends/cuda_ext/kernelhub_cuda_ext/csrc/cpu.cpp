@@ -1,6 +1,7 @@
 // kernelhub_cuda_ext: operator schemas and the C++ CPU kernels (parallel over the machine's cores
 // with at::parallel_for, OpenMP underneath; inner loops over contiguous rows are SIMD loops).
 #include "ops.h"
+#include "tikhonov_pixel.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -328,22 +329,7 @@ _Pragma("omp simd reduction(+ : su, sv, sw)")
   return {gf, gp};
 }
 
-// ---- Tikhonov ----------------------------------------------------------------------------
-// Per pixel, with rows M0, M1: a = sum|M0|^2, c = sum|M1|^2, b = sum M0 conj(M1); the 2 x 2 algebra in
-// double (complex<double>). det = lam (a + c + lam) + a |r|^2 with r = M1 - (conj(b)/a) M0, which does not
-// cancel when the rows are nearly parallel. Backward formulas: kernelhub_triton/tikhonov.py's docstring.
-
-using cd = c10::complex<double>;
-
-template <typename T>
-inline cd to_cd(T z) { return cd(static_cast<double>(z), 0.0); }
-template <typename T>
-inline cd to_cd(c10::complex<T> z) { return cd(static_cast<double>(z.real()), static_cast<double>(z.imag())); }
-template <typename T>
-inline T from_cd(cd z, T*) { return static_cast<T>(z.real()); }
-template <typename T>
-inline c10::complex<T> from_cd(cd z, c10::complex<T>*) { return c10::complex<T>(static_cast<T>(z.real()), static_cast<T>(z.imag())); }
-inline double abs2(cd z) { return z.real() * z.real() + z.imag() * z.imag(); }
+// ---- Tikhonov: pixels in parallel, each with tikhonov_pixel.h --------------------------------
 
 at::Tensor tikhonov_forward_cpu(const at::Tensor& M_, double lam) {
   TORCH_CHECK(M_.dim() == 3 && M_.size(1) == 2, "kernelhub_cuda_ext::tikhonov_forward: argument 'M' must be [P, 2, Z]");
@@ -354,30 +340,8 @@ at::Tensor tikhonov_forward_cpu(const at::Tensor& M_, double lam) {
     const scalar_t* m = M.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
     at::parallel_for(0, P, 64, [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p) {
-        const scalar_t* m0 = m + p * 2 * Z;
-        const scalar_t* m1 = m0 + Z;
-        double a = 0, c = 0;
-        cd b = 0;
-        for (int64_t z = 0; z < Z; ++z) {
-          const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]);
-          a += abs2(x0);
-          c += abs2(x1);
-          b += x0 * std::conj(x1);
-        }
-        const cd kappa = a > 0 ? std::conj(b) / a : cd(0);
-        double rr = 0;
-        for (int64_t z = 0; z < Z; ++z) rr += abs2(to_cd(m1[z]) - kappa * to_cd(m0[z]));
-        const double inv = 1.0 / (lam * (a + c + lam) + a * rr);
-        scalar_t* w0 = o + p * 2 * Z;
-        scalar_t* w1 = w0 + Z;
-        for (int64_t z = 0; z < Z; ++z) {
-          const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]);
-          const cd r = x1 - kappa * x0;
-          w0[z] = from_cd(((lam + rr) * x0 - b * r) * inv, static_cast<scalar_t*>(nullptr));
-          w1[z] = from_cd((lam * x1 + a * r) * inv, static_cast<scalar_t*>(nullptr));
-        }
-      }
+      for (int64_t p = p0; p < p1; ++p)
+        tikhonov_pixel_forward(m + p * 2 * Z, m + p * 2 * Z + Z, o + p * 2 * Z, o + p * 2 * Z + Z, Z, lam);
     });
   });
   return out;
@@ -393,30 +357,8 @@ at::Tensor tikhonov_backward_cpu(const at::Tensor& grad_, const at::Tensor& M_, 
     scalar_t* o = out.data_ptr<scalar_t>();
     at::parallel_for(0, P, 64, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
-        const scalar_t *m0 = m + p * 2 * Z, *m1 = m0 + Z, *g0 = g + p * 2 * Z, *g1 = g0 + Z;
-        double a = 0, c = 0;
-        cd b = 0, p00 = 0, p01 = 0, p10 = 0, p11 = 0;  // pXY = sum conj(GX) MY
-        for (int64_t z = 0; z < Z; ++z) {
-          const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]), y0 = std::conj(to_cd(g0[z])), y1 = std::conj(to_cd(g1[z]));
-          a += abs2(x0);
-          c += abs2(x1);
-          b += x0 * std::conj(x1);
-          p00 += y0 * x0;
-          p01 += y0 * x1;
-          p10 += y1 * x0;
-          p11 += y1 * x1;
-        }
-        const double A = a + lam, C = c + lam;
-        const double inv = 1.0 / (A * C - abs2(b));
-        const double s = (C * p00.real() - (b * p01).real() + A * p11.real() - (std::conj(b) * p10).real()) * inv;
-        const double two_alpha_a = 2.0 * (p11.real() - s * C) * inv, two_alpha_c = 2.0 * (p00.real() - s * A) * inv;
-        const cd beta = (2.0 * s * std::conj(b) - p01 - std::conj(p10)) * inv;
-        scalar_t *d0 = o + p * 2 * Z, *d1 = d0 + Z;
-        for (int64_t z = 0; z < Z; ++z) {
-          const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]), h0 = to_cd(g0[z]), h1 = to_cd(g1[z]);
-          d0[z] = from_cd((C * h0 - b * h1) * inv + two_alpha_a * x0 + std::conj(beta) * x1, static_cast<scalar_t*>(nullptr));
-          d1[z] = from_cd((A * h1 - std::conj(b) * h0) * inv + two_alpha_c * x1 + beta * x0, static_cast<scalar_t*>(nullptr));
-        }
+        const int64_t q = p * 2 * Z;
+        tikhonov_pixel_backward(g + q, g + q + Z, m + q, m + q + Z, o + q, o + q + Z, Z, lam);
       }
     });
   });

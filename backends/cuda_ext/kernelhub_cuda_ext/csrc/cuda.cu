@@ -7,6 +7,7 @@
 // result is bitwise identical run to run on a given GPU. Launched on the current stream under a device
 // guard; the upstream gradient is read on the device (no host synchronisation).
 #include "ops.h"
+#include "tikhonov_pixel.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -312,79 +313,20 @@ std::tuple<at::Tensor, at::Tensor> trilinear_backward_cuda(const at::Tensor& gra
   return {gf, gp};
 }
 
-// ---- Tikhonov: a thread per pixel, the 2 x 2 algebra in double ------------------------------
-// As the CPU kernel (cpu.cpp): det = lam (a + c + lam) + a |r|^2 with r = M1 - (conj(b)/a) M0, free of
-// cancellation; backward formulas in kernelhub_triton/tikhonov.py's docstring.
-
-using cd = c10::complex<double>;
-template <typename T>
-__device__ __forceinline__ cd to_cd(T z) { return cd(static_cast<double>(z), 0.0); }
-template <typename T>
-__device__ __forceinline__ cd to_cd(c10::complex<T> z) { return cd(double(z.real()), double(z.imag())); }
-template <typename T>
-__device__ __forceinline__ void store(T* p, cd z) { *p = static_cast<T>(z.real()); }
-template <typename T>
-__device__ __forceinline__ void store(c10::complex<T>* p, cd z) { *p = c10::complex<T>(T(z.real()), T(z.imag())); }
-__device__ __forceinline__ cd cj(cd z) { return cd(z.real(), -z.imag()); }
-__device__ __forceinline__ double abs2(cd z) { return z.real() * z.real() + z.imag() * z.imag(); }
+// ---- Tikhonov: a thread per pixel, each with tikhonov_pixel.h (shared with the CPU kernel) ----
 
 template <typename T>
 __global__ void tikhonov_forward_kernel(const T* __restrict__ m, T* __restrict__ o, int64_t P, int64_t Z, double lam) {
   const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (p >= P) return;
-  const T* m0 = m + p * 2 * Z;
-  const T* m1 = m0 + Z;
-  double a = 0, c = 0;
-  cd b(0, 0);
-  for (int64_t z = 0; z < Z; ++z) {
-    const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]);
-    a += abs2(x0);
-    c += abs2(x1);
-    b += x0 * cj(x1);
-  }
-  const cd kappa = a > 0 ? cj(b) / a : cd(0, 0);
-  double rr = 0;
-  for (int64_t z = 0; z < Z; ++z) rr += abs2(to_cd(m1[z]) - kappa * to_cd(m0[z]));
-  const double inv = 1.0 / (lam * (a + c + lam) + a * rr);
-  T* w0 = o + p * 2 * Z;
-  T* w1 = w0 + Z;
-  for (int64_t z = 0; z < Z; ++z) {
-    const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]);
-    const cd r = x1 - kappa * x0;
-    store(w0 + z, ((lam + rr) * x0 - b * r) * inv);
-    store(w1 + z, (lam * x1 + a * r) * inv);
-  }
+  if (p < P) tikhonov_pixel_forward(m + p * 2 * Z, m + p * 2 * Z + Z, o + p * 2 * Z, o + p * 2 * Z + Z, Z, lam);
 }
 
 template <typename T>
 __global__ void tikhonov_backward_kernel(const T* __restrict__ g, const T* __restrict__ m, T* __restrict__ o,
                                          int64_t P, int64_t Z, double lam) {
   const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (p >= P) return;
-  const T *m0 = m + p * 2 * Z, *m1 = m0 + Z, *g0 = g + p * 2 * Z, *g1 = g0 + Z;
-  double a = 0, c = 0;
-  cd b(0, 0), p00(0, 0), p01(0, 0), p10(0, 0), p11(0, 0);  // pXY = sum conj(GX) MY
-  for (int64_t z = 0; z < Z; ++z) {
-    const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]), y0 = cj(to_cd(g0[z])), y1 = cj(to_cd(g1[z]));
-    a += abs2(x0);
-    c += abs2(x1);
-    b += x0 * cj(x1);
-    p00 += y0 * x0;
-    p01 += y0 * x1;
-    p10 += y1 * x0;
-    p11 += y1 * x1;
-  }
-  const double A = a + lam, C = c + lam;
-  const double inv = 1.0 / (A * C - abs2(b));
-  const double s = (C * p00.real() - (b * p01).real() + A * p11.real() - (cj(b) * p10).real()) * inv;
-  const double two_alpha_a = 2.0 * (p11.real() - s * C) * inv, two_alpha_c = 2.0 * (p00.real() - s * A) * inv;
-  const cd beta = (2.0 * s * cj(b) - p01 - cj(p10)) * inv;
-  T *d0 = o + p * 2 * Z, *d1 = d0 + Z;
-  for (int64_t z = 0; z < Z; ++z) {
-    const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]), h0 = to_cd(g0[z]), h1 = to_cd(g1[z]);
-    store(d0 + z, (C * h0 - b * h1) * inv + two_alpha_a * x0 + cj(beta) * x1);
-    store(d1 + z, (A * h1 - cj(b) * h0) * inv + two_alpha_c * x1 + beta * x0);
-  }
+  const int64_t q = p * 2 * Z;
+  if (p < P) tikhonov_pixel_backward(g + q, g + q + Z, m + q, m + q + Z, o + q, o + q + Z, Z, lam);
 }
 
 constexpr int TIK_THREADS = 128;

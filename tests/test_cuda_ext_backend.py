@@ -121,6 +121,24 @@ def test_a_failing_build_makes_the_backend_unavailable_with_the_reason(monkeypat
         kernelhub.reload()
 
 
+def test_ahead_of_time_build_is_loaded_instead_of_compiling(tmp_path):
+    # torch importable at build time (no build isolation): setup.py compiles _C_<torch version>.so into the
+    # package, and the backend loads it without touching the compile-on-first-use cache
+    target, cache = tmp_path / "site", tmp_path / "cache"
+    backend_dir = str(_build.CSRC.parent.parent)
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
+                          "--target", str(target), backend_dir], capture_output=True, text=True)
+    assert pip.returncode == 0, pip.stderr[-2000:]
+    code = ("from kernelhub_cuda_ext import _lib\n"
+            "print(_lib.load()); print(_lib.loaded_from())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(target), "XDG_CACHE_HOME": str(cache)})
+    reason, loaded = out.stdout.split("\n")[:2]
+    assert reason == "None", out.stdout + out.stderr
+    assert loaded.startswith(str(target)) and ("_C_" + torch.__version__.replace(".", "_").replace("+", "_")) in loaded
+    assert not cache.exists()  # nothing compiled at first use
+
+
 @pytest.mark.parametrize("mode", [0o777, 0o770])
 def test_refuses_a_directory_others_can_write(tmp_path, mode):
     d = tmp_path / "shared"

@@ -73,11 +73,12 @@ def _make_private(path: Path) -> None:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
-def check_private(path: Path) -> None:
-    """Raise BuildError unless ``path`` and its ancestors are safe to load a library from."""
+def check_private(path: Path, owners: tuple[int, ...] = ()) -> None:
+    """Raise BuildError unless ``path`` and its ancestors are safe to load a library from: ``path``
+    owned by this user (or one of ``owners``), writable by no one else, not a symlink."""
     uid = os.getuid()
     st = path.lstat()
-    if stat.S_ISLNK(st.st_mode) or st.st_uid != uid or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if stat.S_ISLNK(st.st_mode) or st.st_uid not in (uid, *owners) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise BuildError(f"refusing to use {path}: it must be owned by this user, writable by no one else and "
                          f"not a symlink (owner uid {st.st_uid}, mode {stat.filemode(st.st_mode)})")
     for parent in path.resolve().parents:

@@ -3,18 +3,32 @@ fake implementations, so they trace under torch.compile like any ATen operator."
 
 from __future__ import annotations
 
+import re
 import threading
+from pathlib import Path
 
 import torch
 
 from kernelhub_cuda_ext._build import CSRC, BuildError, build, check_private
 
-__all__ = ["load", "NAME"]
+__all__ = ["load", "NAME", "aot_library", "loaded_from"]
 
 NAME = "kernelhub_cuda_ext"
 _LOCK = threading.Lock()
 _OUTCOME: list[str | None] = []  # [] = not tried yet; [None] = loaded; [reason] = failed
 _CUDA: list[str | None] = []  # once loaded: [None] with the CUDA kernels, [why not] without
+_FROM: list[str] = []  # the library loaded
+
+
+def aot_library() -> Path | None:
+    """The library built ahead of time for this torch (setup.py), if the package has one."""
+    name = "_C_" + re.sub(r"\W", "_", torch.__version__)
+    found = sorted(Path(__file__).parent.glob(f"{name}.*so"))
+    return found[0] if found else None
+
+
+def loaded_from() -> str | None:
+    return _FROM[0] if _FROM else None
 
 
 def _no_cuda_reason() -> str | None:
@@ -60,13 +74,22 @@ def load() -> str | None:
         if not _OUTCOME:
             try:
                 no_cuda = _no_cuda_reason()
-                sources = sorted(CSRC.glob("*.cpp")) + (sorted(CSRC.glob("*.cu")) if no_cuda is None else [])
-                library = build(NAME, sources, with_cuda=no_cuda is None)
-                check_private(library.parent)
-                check_private(library)
+                library = aot_library()
+                if library is not None:  # installed with the package: owned by this user or root
+                    check_private(library.parent, owners=(0,))
+                    check_private(library, owners=(0,))
+                else:
+                    sources = sorted(CSRC.glob("*.cpp")) + (sorted(CSRC.glob("*.cu")) if no_cuda is None else [])
+                    library = build(NAME, sources, with_cuda=no_cuda is None)
+                    check_private(library.parent)
+                    check_private(library)
                 torch.ops.load_library(str(library))
                 _register_fakes()
+                if library == aot_library():  # setup.py compiled the CUDA sources where it could
+                    has_cuda = torch._C._dispatch_has_kernel_for_dispatch_key(f"{NAME}::tv_forward", "CUDA")
+                    no_cuda = no_cuda or (None if has_cuda else "the ahead-of-time build has none")
                 _CUDA.append(no_cuda and f"built without its CUDA kernels: {no_cuda}")
+                _FROM.append(str(library))
                 _OUTCOME.append(None)
             except BuildError as exc:
                 _OUTCOME.append(str(exc))

@@ -1,0 +1,43 @@
+"""Ahead-of-time build of the kernels, when torch is importable at build time.
+
+`pip install --no-build-isolation ./backends/cuda_ext` (torch installed, a C++ compiler present; with
+torch's CUDA build and nvcc, the CUDA kernels too) compiles `kernelhub_cuda_ext/_C_<torch version>.so`,
+which the backend loads instead of compiling on first use. In an isolated build (plain `pip install`)
+torch is not importable here, and a failing compile is only a warning (the extension is optional): the
+package then ships its sources and compiles them on first use (kernelhub_cuda_ext/_build.py).
+"""
+
+import glob
+import os
+import re
+
+from setuptools import setup
+
+
+def aot_extension() -> dict:
+    try:
+        import torch
+        from torch.utils import cpp_extension
+    except Exception:  # an isolated build: no torch here
+        return {}
+    csrc = os.path.join("kernelhub_cuda_ext", "csrc")
+    sources = sorted(glob.glob(os.path.join(csrc, "*.cpp")))
+    cuda = bool(torch.version.cuda) and cpp_extension.CUDA_HOME is not None
+    args = {"cxx": ["-O3", "-fopenmp", "-fno-math-errno"]}  # no -march=native: the library may move
+    if cuda:
+        sources += sorted(glob.glob(os.path.join(csrc, "*.cu")))
+        args["nvcc"] = ["-O3"]
+    make = cpp_extension.CUDAExtension if cuda else cpp_extension.CppExtension
+    ext = make(f"kernelhub_cuda_ext.{aot_name(torch.__version__)}", sources, extra_compile_args=args,
+               extra_link_args=["-fopenmp"])
+    ext.optional = True  # a compile error is a warning; the first use compiles instead
+    return {"ext_modules": [ext],
+            "cmdclass": {"build_ext": cpp_extension.BuildExtension.with_options(no_python_abi_suffix=True)}}
+
+
+def aot_name(torch_version: str) -> str:
+    # the torch it was built against is in the name: another torch never loads it (C++ ABI)
+    return "_C_" + re.sub(r"\W", "_", torch_version)
+
+
+setup(**aot_extension())

@@ -3,6 +3,7 @@ failures, permissions), gradients, determinism."""
 
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -121,13 +122,14 @@ def test_a_failing_build_makes_the_backend_unavailable_with_the_reason(monkeypat
         kernelhub.reload()
 
 
-def test_ahead_of_time_build_is_loaded_instead_of_compiling(tmp_path):
+def test_ahead_of_time_build_is_loaded_instead_of_compiling_unless_unsafe(tmp_path):
     # torch importable at build time (no build isolation): setup.py compiles _C_<torch version>.so into the
     # package, and the backend loads it without touching the compile-on-first-use cache
-    target, cache = tmp_path / "site", tmp_path / "cache"
-    backend_dir = str(_build.CSRC.parent.parent)
+    target, cache, src = tmp_path / "site", tmp_path / "cache", tmp_path / "src"
+    shutil.copytree(_build.CSRC.parent.parent, src,  # a clean copy: no stale build/ of a developer's tree
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "*.so", "__pycache__"))
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
-                          "--target", str(target), backend_dir], capture_output=True, text=True)
+                          "--target", str(target), str(src)], capture_output=True, text=True)
     assert pip.returncode == 0, pip.stderr[-2000:]
     code = ("from kernelhub_cuda_ext import _lib\n"
             "print(_lib.load()); print(_lib.loaded_from())")
@@ -137,6 +139,12 @@ def test_ahead_of_time_build_is_loaded_instead_of_compiling(tmp_path):
     assert reason == "None", out.stdout + out.stderr
     assert loaded.startswith(str(target)) and ("_C_" + torch.__version__.replace(".", "_").replace("+", "_")) in loaded
     assert not cache.exists()  # nothing compiled at first use
+    # a package directory others can write to: its library is not loaded, the backend compiles its own
+    (target / "kernelhub_cuda_ext").chmod(0o777)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(target), "XDG_CACHE_HOME": str(cache)})
+    reason, loaded = out.stdout.split("\n")[:2]
+    assert reason == "None" and loaded.startswith(str(cache)), out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o770])

@@ -74,18 +74,22 @@ def load() -> str | None:
         if not _OUTCOME:
             try:
                 no_cuda = _no_cuda_reason()
-                library = aot_library()
-                if library is not None:  # installed with the package: owned by this user or root
-                    check_private(library.parent, owners=(0,))
-                    check_private(library, owners=(0,))
-                else:
+                library = aot = aot_library()
+                if aot is not None:  # installed with the package: owned by this user or root
+                    try:
+                        check_private(aot.parent, owners=(0,))
+                        check_private(aot, owners=(0,))
+                        torch.ops.load_library(str(aot))
+                    except (BuildError, OSError):  # replaceable by others, or not loadable: compile our own
+                        library = None
+                if library is None:
                     sources = sorted(CSRC.glob("*.cpp")) + (sorted(CSRC.glob("*.cu")) if no_cuda is None else [])
                     library = build(NAME, sources, with_cuda=no_cuda is None)
                     check_private(library.parent)
                     check_private(library)
-                torch.ops.load_library(str(library))
+                    torch.ops.load_library(str(library))
                 _register_fakes()
-                if library == aot_library():  # setup.py compiled the CUDA sources where it could
+                if library == aot:  # setup.py compiled the CUDA sources where it could
                     has_cuda = torch._C._dispatch_has_kernel_for_dispatch_key(f"{NAME}::tv_forward", "CUDA")
                     no_cuda = no_cuda or (None if has_cuda else "the ahead-of-time build has none")
                 _CUDA.append(no_cuda and f"built without its CUDA kernels: {no_cuda}")

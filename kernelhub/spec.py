@@ -9,12 +9,13 @@ written, not at the first call.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["Arg", "Tolerance", "SampleInput", "OpSpec", "Backend", "Impl", "ARG_KINDS"]
+__all__ = ["Arg", "Tolerance", "SampleInput", "OpSpec", "Backend", "Impl", "ARG_KINDS", "lazy"]
 
 # Argument kinds and their torch.library schema types. "tensors" is a list of tensors.
 ARG_KINDS = {
@@ -175,3 +176,18 @@ class Impl:
         if dtype not in self.dtypes:
             reasons.append(f"dtype {dtype} not in {[str(d) for d in self.dtypes]}")
         return reasons
+
+
+def lazy(module: str, name: str) -> Callable:
+    """``module.name``, imported at the first call: a backend registers its impls without importing its
+    kernels (or their dependencies, such as triton) until one is used."""
+    target: list[Callable] = []
+
+    def call(*args, **kwargs):
+        if not target:
+            target.append(getattr(importlib.import_module(module), name))
+        return target[0](*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = f"{module}.{name}"
+    return call
+

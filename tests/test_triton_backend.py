@@ -1,5 +1,5 @@
 """The triton backend beyond the generated parity matrix: availability, interpreter-only selection,
-determinism, float64 gradcheck, and (on a big GPU) tensors past 2^31 elements."""
+determinism, float64 gradcheck, and (on a big GPU) tensors past 2^31 elements, for cuda_ext's kernels too."""
 
 import sys
 

@@ -7,13 +7,11 @@ or times out makes the backend unavailable with the compiler's reason.
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
 
 import torch
 
 from kernelhub import hookimpl
-from kernelhub.spec import Backend, Impl
+from kernelhub.spec import Backend, Impl, lazy
 from kernelhub_cuda_ext import __version__
 
 NAME = "cuda_ext"
@@ -46,22 +44,10 @@ def _cuda_built(args) -> list[str]:
     return []
 
 
-def _ops_fn(name: str) -> Callable:
-    target: list[Callable] = []
-
-    def call(*args, **kwargs):
-        if not target:
-            target.append(getattr(importlib.import_module("kernelhub_cuda_ext.ops"), name))
-        return target[0](*args, **kwargs)
-
-    call.__name__ = call.__qualname__ = f"ops.{name}"
-    return call
-
-
 @hookimpl
 def kernelhub_register_impls(registry) -> None:
     registry.add_backend(Backend(NAME, __version__, "C++ and CUDA kernels compiled on first use",
                                  unavailable_reason))
     for op, (fwd, bwd, dtypes, devices) in IMPLS.items():
-        registry.add_impl(Impl(op=op, backend=NAME, forward=_ops_fn(fwd), backward=_ops_fn(bwd), dtypes=dtypes,
+        registry.add_impl(Impl(op=op, backend=NAME, forward=lazy("kernelhub_cuda_ext.ops", fwd), backward=lazy("kernelhub_cuda_ext.ops", bwd), dtypes=dtypes,
                                devices=devices, not_supported_reasons=_cuda_built))

@@ -9,14 +9,12 @@ force ``backend="triton"`` and are never selected.
 
 from __future__ import annotations
 
-import importlib
 import os
-from collections.abc import Callable
 
 import torch
 
 from kernelhub import hookimpl
-from kernelhub.spec import Backend, Impl
+from kernelhub.spec import Backend, Impl, lazy
 from kernelhub_triton import __version__
 
 NAME = "triton"
@@ -51,19 +49,6 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _lazy(module: str, name: str) -> Callable:
-    """``kernelhub_triton.<module>.<name>``, imported at the first call."""
-    target: list[Callable] = []
-
-    def call(*args, **kwargs):
-        if not target:
-            target.append(getattr(importlib.import_module(f"kernelhub_triton.{module}"), name))
-        return target[0](*args, **kwargs)
-
-    call.__name__ = call.__qualname__ = f"{module}.{name}"
-    return call
-
-
 def _no_reasons(args) -> list[str]:
     return []
 
@@ -77,10 +62,10 @@ def kernelhub_register_impls(registry) -> None:
         registry.add_impl(Impl(
             op=op,
             backend=NAME,
-            forward=_lazy(module, fwd),
-            backward=_lazy(module, bwd),
+            forward=lazy(f"kernelhub_triton.{module}", fwd),
+            backward=lazy(f"kernelhub_triton.{module}", bwd),
             dtypes=dtypes,
             devices=("cuda", "cpu") if interpreted else ("cuda",),
-            not_supported_reasons=_lazy(module, reasons) if reasons else _no_reasons,
+            not_supported_reasons=lazy(f"kernelhub_triton.{module}", reasons) if reasons else _no_reasons,
             forced_only="TRITON_INTERPRET=1 runs Triton's interpreter, for tests only" if interpreted else "",
         ))

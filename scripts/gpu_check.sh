@@ -3,6 +3,7 @@
 #   tests  - the demo and the whole test suite (CPU and CUDA cases, the large-tensor ones too)
 #   bench  - benchmarks/kernels.py: every kernel backend against eager and compiled torch_ref
 #   all    - both (the default)
+# PYTEST_ARGS (default: tests) and BENCH_ARGS narrow the two steps.
 # Prints a short summary last and exits non-zero if a step failed. Logs go under $OUT if set.
 set -uo pipefail
 what="${1:-all}"
@@ -12,14 +13,16 @@ if ! python3 -c "import pytest" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . -e ./backends/torch_ref -e ./backends/triton -e ./backends/cuda_ext 2>&1 | tail -2
+echo "install (with cuda_ext's ahead-of-time build): ${SECONDS} s"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
 (git rev-parse --short HEAD 2>/dev/null; git status --short | head -5) | tee -a "$OUT/device.txt"
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
   kernelhub list 2>&1 | tee "$OUT/list.txt" | head -8
+  python3 -c "from kernelhub_cuda_ext import _lib; print('cuda_ext:', _lib.load() or 'loaded', 'from', _lib.loaded_from(), '| CUDA kernels:', _lib.cuda_reason() or 'yes')" 2>&1 | tee -a "$OUT/list.txt"
   python3 examples/demo.py 2>&1 | tee "$OUT/demo.txt" | tail -3
-  python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_cuda.txt" | grep -E "FAILED|ERROR|passed|failed" | tail -30
+  python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} 2>&1 | tee "$OUT/pytest_cuda.txt" | grep -E "FAILED|ERROR|passed|failed" | tail -30
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then

@@ -102,6 +102,7 @@ def test_a_failing_build_makes_the_backend_unavailable_with_the_reason(monkeypat
         raise _build.BuildError("building kernelhub_cuda_ext failed: cpu.cpp:1:1: error: the compiler said no")
 
     monkeypatch.setattr(_lib, "build", fail)
+    monkeypatch.setattr(_lib, "aot_library", lambda: None)  # as if installed without an ahead-of-time build
     monkeypatch.setattr(_lib, "_OUTCOME", [])
     try:
         hub = kernelhub.reload()
@@ -111,7 +112,9 @@ def test_a_failing_build_makes_the_backend_unavailable_with_the_reason(monkeypat
         cand = next(c for c in decision.candidates if c.backend == "cuda_ext")
         assert cand.status == "rejected" and "the compiler said no" in " ".join(cand.reasons)
         (tmp_path / "a_file").write_text("")
-        out = subprocess.run([sys.executable, "-m", "kernelhub.cli", "list", "--json"], capture_output=True,
+        code = ("from kernelhub_cuda_ext import _lib; _lib.aot_library = lambda: None\n"
+                "from kernelhub import cli; raise SystemExit(cli.main(['list', '--json']))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True,
                              text=True, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "a_file" / "x")})
         # in a fresh process whose cache directory cannot be created: unavailable, with the reason, no crash
         assert out.returncode == 0, out.stderr
@@ -123,7 +126,7 @@ def test_a_failing_build_makes_the_backend_unavailable_with_the_reason(monkeypat
 
 
 def test_ahead_of_time_build_is_loaded_instead_of_compiling_unless_unsafe(tmp_path):
-    # torch importable at build time (no build isolation): setup.py compiles _C_<torch version>.so into the
+    # torch importable at build time (no build isolation): setup.py compiles _C_<torch>_<digest>.so into the
     # package, and the backend loads it without touching the compile-on-first-use cache
     target, cache, src = tmp_path / "site", tmp_path / "cache", tmp_path / "src"
     shutil.copytree(_build.CSRC.parent.parent, src,  # a clean copy: no stale build/ of a developer's tree
@@ -137,8 +140,16 @@ def test_ahead_of_time_build_is_loaded_instead_of_compiling_unless_unsafe(tmp_pa
                          env={**os.environ, "PYTHONPATH": str(target), "XDG_CACHE_HOME": str(cache)})
     reason, loaded = out.stdout.split("\n")[:2]
     assert reason == "None", out.stdout + out.stderr
-    assert loaded.startswith(str(target)) and ("_C_" + torch.__version__.replace(".", "_").replace("+", "_")) in loaded
+    assert loaded.startswith(str(target)) and _build.aot_name(torch.__version__) in loaded
     assert not cache.exists()  # nothing compiled at first use
+    # sources changed since the build (an in-place build of a developer's tree): the library is not found
+    header = target / "kernelhub_cuda_ext" / "csrc" / "ops.h"
+    original = header.read_text()
+    header.write_text(original + "// edited\n")
+    stale = subprocess.run([sys.executable, "-c", "from kernelhub_cuda_ext import _lib; print(_lib.aot_library())"],
+                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(target)})
+    assert stale.stdout.strip() == "None", stale.stdout + stale.stderr
+    header.write_text(original)
     # a package directory others can write to: its library is not loaded, the backend compiles its own
     (target / "kernelhub_cuda_ext").chmod(0o777)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -218,3 +229,32 @@ def test_library_ops_pass_opcheck():
                      (lib.trilinear_backward, (torch.randn(6, 4), feats, points, True, True)),
                      (lib.tikhonov_forward, (M, 0.3)), (lib.tikhonov_backward, (torch.randn_like(M), M, 0.3))]:
         torch.library.opcheck(op.default, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def _corner_weights(points: torch.Tensor) -> torch.Tensor:
+    """OPS.md: corner k = 4i + 2j + l has weight (i ? u : 1-u)(j ? v : 1-v)(l ? w : 1-w), (u, v, w) = (p + 1) / 2."""
+    u, v, w = ((points + 1) / 2).unbind(-1)
+    return torch.stack([(u if k >> 2 else 1 - u) * (v if (k >> 1) & 1 else 1 - v) * (w if k & 1 else 1 - w)
+                        for k in range(8)], dim=-1)
+
+
+@pytest.mark.parametrize("backend, device", [(b, "cpu") for b in ("torch_ref", "cuda_ext")] + (
+    [(b, "cuda") for b in ("torch_ref", "cuda_ext", "triton")] if torch.cuda.is_available() else []))
+def test_trilinear_corner_order_and_points_gradient(backend, device):
+    # The CUDA-extension tutorial kernel copied into many projects gives no gradient to points. Ours: one-hot
+    # features read each corner's weight back (the corner order of OPS.md, inside and outside [-1, 1]),
+    # and the points' gradient is the derivative of those weights.
+    if backend == "cuda_ext" and not BUILT:
+        pytest.skip(f"cuda_ext did not build here: {_lib.load()}")
+    gen = torch.Generator().manual_seed(5)
+    points = (torch.rand(64, 3, generator=gen, dtype=torch.float64) * 3 - 1.5).to(device)  # some outside
+    feats = torch.eye(8, dtype=torch.float64, device=device).expand(64, 8, 8).clone()
+    upstream = torch.randn(64, 8, generator=gen, dtype=torch.float64).to(device)
+    p = points.clone().requires_grad_()
+    out = kernelhub.op("trilinear_interp", backend=backend)(feats, p)
+    torch.testing.assert_close(out, _corner_weights(points), rtol=1e-12, atol=1e-12)
+    out.backward(upstream)
+    q = points.clone().requires_grad_()
+    (_corner_weights(q) * upstream).sum().backward()
+    assert p.grad.abs().max() > 0.1
+    torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12)

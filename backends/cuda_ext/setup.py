@@ -1,15 +1,16 @@
 """Ahead-of-time build of the kernels, when torch is importable at build time.
 
 `pip install --no-build-isolation ./backends/cuda_ext` (torch installed, a C++ compiler present; with
-torch's CUDA build and nvcc, the CUDA kernels too) compiles `kernelhub_cuda_ext/_C_<torch version>.so`,
+torch's CUDA build and nvcc, the CUDA kernels too) compiles
+`kernelhub_cuda_ext/_C_<torch version>_<source digest>.so` (kernelhub_cuda_ext/_build.py's aot_name),
 which the backend loads instead of compiling on first use. In an isolated build (plain `pip install`)
 torch is not importable here, and a failing compile is only a warning (the extension is optional): the
 package then ships its sources and compiles them on first use (kernelhub_cuda_ext/_build.py).
 """
 
 import glob
+import importlib.util
 import os
-import re
 
 from setuptools import setup
 
@@ -28,16 +29,21 @@ def aot_extension() -> dict:
         sources += sorted(glob.glob(os.path.join(csrc, "*.cu")))
         args["nvcc"] = ["-O3"]
     make = cpp_extension.CUDAExtension if cuda else cpp_extension.CppExtension
-    ext = make(f"kernelhub_cuda_ext.{aot_name(torch.__version__)}", sources, extra_compile_args=args,
+    ext = make(f"kernelhub_cuda_ext.{_build_module().aot_name(torch.__version__)}", sources,
+               depends=sorted(glob.glob(os.path.join(csrc, "*.h"))), extra_compile_args=args,
                extra_link_args=["-fopenmp"])
     ext.optional = True  # a compile error is a warning; the first use compiles instead
     return {"ext_modules": [ext],
             "cmdclass": {"build_ext": cpp_extension.BuildExtension.with_options(no_python_abi_suffix=True)}}
 
 
-def aot_name(torch_version: str) -> str:
-    # the torch it was built against is in the name: another torch never loads it (C++ ABI)
-    return "_C_" + re.sub(r"\W", "_", torch_version)
+def _build_module():
+    """kernelhub_cuda_ext/_build.py, loaded by path: the package itself need not be importable here."""
+    spec = importlib.util.spec_from_file_location("_kernelhub_cuda_ext_build",
+                                                  os.path.join("kernelhub_cuda_ext", "_build.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 setup(**aot_extension())

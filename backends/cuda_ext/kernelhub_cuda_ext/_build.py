@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import signal
 import stat
 import subprocess
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["BuildError", "build", "cache_root", "check_private", "library_key"]
+__all__ = ["BuildError", "build", "cache_root", "check_private", "library_key", "aot_name"]
 
 BUILD_TIMEOUT_S = 900  # compiling the CPU and CUDA sources takes 1-4 minutes on 2 cores
 CSRC = Path(__file__).parent / "csrc"
@@ -52,6 +53,16 @@ def _cpu_id() -> str:
     except OSError:
         flags = ""
     return platform.machine() + hashlib.sha256(flags.encode()).hexdigest()[:8]  # -march=native code
+
+
+def aot_name(torch_version: str) -> str:
+    """The module name of the ahead-of-time library (setup.py): the torch it was built against (another
+    torch never loads it: C++ ABI) and a digest of all the sources (an in-place build whose sources
+    changed since is not found, so it is never loaded stale)."""
+    h = hashlib.sha256()
+    for p in sorted(f for f in CSRC.iterdir() if f.suffix in (".cpp", ".cu", ".h")):
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return "_C_" + re.sub(r"\W", "_", torch_version) + "_" + h.hexdigest()[:12]
 
 
 def library_key(sources: list[Path], flags: dict, with_cuda: bool) -> str:

@@ -3,13 +3,12 @@ fake implementations, so they trace under torch.compile like any ATen operator."
 
 from __future__ import annotations
 
-import re
 import threading
 from pathlib import Path
 
 import torch
 
-from kernelhub_cuda_ext._build import CSRC, BuildError, build, check_private
+from kernelhub_cuda_ext._build import CSRC, BuildError, aot_name, build, check_private
 
 __all__ = ["load", "NAME", "aot_library", "loaded_from"]
 
@@ -21,9 +20,8 @@ _FROM: list[str] = []  # the library loaded
 
 
 def aot_library() -> Path | None:
-    """The library built ahead of time for this torch (setup.py), if the package has one."""
-    name = "_C_" + re.sub(r"\W", "_", torch.__version__)
-    found = sorted(Path(__file__).parent.glob(f"{name}.*so"))
+    """The library built ahead of time (setup.py) for this torch and these sources, if the package has one."""
+    found = sorted(Path(__file__).parent.glob(f"{aot_name(torch.__version__)}.*so"))
     return found[0] if found else None
 
 

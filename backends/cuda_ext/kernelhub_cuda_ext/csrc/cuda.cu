@@ -19,6 +19,13 @@ namespace kernelhub_cuda_ext {
 namespace {
 
 constexpr int TW = 32, TH = 8, THREADS = TW * TH;  // a block is a 32 (w) x 8 (h) tile of one item
+// Forward blocks per multiprocessor to compile for. 8 blocks of 256 threads fill one (2048 threads) when a
+// thread keeps to 32 registers, and a streaming kernel needs every warp to keep enough loads in flight: on
+// an H200 at 512^3 the L1 forward took 0.34 ms at 34 registers (6 blocks), 0.23 ms at 32. The float64
+// kernels and the iso forward need more registers (they would spill) and get 4 blocks, 64 registers. The
+// backward kernels are left to the compiler: capped at 32 registers they ran 7-19% slower.
+template <typename T, bool LIGHT>
+constexpr int blocks_per_sm() { return LIGHT && sizeof(at::opmath_type<T>) == 4 ? 8 : 4; }
 
 template <typename A>
 __device__ __forceinline__ A sgn(A a) { return A(int(a > A(0)) - int(a < A(0))); }
@@ -43,10 +50,11 @@ Layout layout(const at::Tensor& x) {
 }
 
 // Each thread owns one (h, w) column of its tile and walks its D chunk, keeping the current and the
-// next plane's value in registers (and, in the backward, the previous one): each voxel is read from
-// DRAM once; the H and W neighbours are loads of the same plane that hit L1 / L2.
+// next plane's value in registers and requesting plane d + 2 while it works on plane d: each voxel is
+// read from DRAM once; the H and W neighbours are loads of the same plane that hit L1 / L2.
 template <int MODE, typename T>
-__global__ void tv_forward_kernel(const T* __restrict__ x, typename at::opmath_type<T>* __restrict__ partial,
+__global__ void __launch_bounds__(THREADS, (blocks_per_sm<T, MODE != TV_ISO>()))
+    tv_forward_kernel(const T* __restrict__ x, typename at::opmath_type<T>* __restrict__ partial,
                                   int64_t D, int64_t H, int64_t W, Layout l, double eps) {
   using A = at::opmath_type<T>;
   const int64_t blk = blockIdx.x, tile = blk % l.tiles, chunk = blk / l.tiles;
@@ -57,12 +65,14 @@ __global__ void tv_forward_kernel(const T* __restrict__ x, typename at::opmath_t
   A s0 = 0, s1 = 0, s2 = 0;
   if (w < W && h < H) {
     const bool has_h = h + 1 < H, has_w = w + 1 < W;
+    const int64_t last = std::min<int64_t>(d1, D - 1);  // the last plane this chunk reads
     const T* p = x + (b * D + d0) * plane + h * W + w;
     A cur = A(p[0]);
+    A nxt = d0 + 1 <= last ? A(p[plane]) : A(0);
     for (int64_t d = d0; d < d1; ++d, p += plane) {
+      const A ahead = d + 2 <= last ? A(p[2 * plane]) : A(0);  // requested a step before it is needed
       const bool has_d = d + 1 < D;
-      const A nxt = has_d ? A(p[plane]) : cur;
-      const A dd = nxt - cur, dh = has_h ? A(p[W]) - cur : A(0), dw = has_w ? A(p[1]) - cur : A(0);
+      const A dd = has_d ? nxt - cur : A(0), dh = has_h ? A(p[W]) - cur : A(0), dw = has_w ? A(p[1]) - cur : A(0);
       if constexpr (MODE == TV_L1) {
         s0 += abs(dd);
         s1 += abs(dh);
@@ -73,6 +83,7 @@ __global__ void tv_forward_kernel(const T* __restrict__ x, typename at::opmath_t
         if (has_d && has_h && has_w) s0 += sqrt(dd * dd + dh * dh + dw * dw + A(eps));
       }
       cur = nxt;
+      nxt = ahead;
     }
   }
   __shared__ A red[3][THREADS];
@@ -89,9 +100,14 @@ __global__ void tv_forward_kernel(const T* __restrict__ x, typename at::opmath_t
   if (tid < 3) partial[blk * 3 + tid] = red[tid][0];
 }
 
+// 1 / sqrt(dd^2 + dh^2 + dw^2 + eps): the hardware reciprocal square root in float32, IEEE in float64
+__device__ __forceinline__ float rsqrt_of(float s) { return rsqrtf(s); }
+__device__ __forceinline__ double rsqrt_of(double s) { return 1.0 / sqrt(s); }
 template <typename A>
-__device__ __forceinline__ A rnorm(A dd, A dh, A dw, A eps) { return A(1) / sqrt(dd * dd + dh * dh + dw * dw + eps); }
+__device__ __forceinline__ A rnorm(A dd, A dh, A dw, A eps) { return rsqrt_of(dd * dd + dh * dh + dw * dw + eps); }
 
+// As the forward, with the previous plane's D term carried in a register: L1 carries sign(cur - prv),
+// SQ cur - prv, iso the D component of corner (d - 1, h, w).
 template <int MODE, typename T>
 __global__ void tv_backward_kernel(const T* __restrict__ x, const double* __restrict__ g, T* __restrict__ out,
                                    int64_t D, int64_t H, int64_t W, Layout l, double scale, double eps) {
@@ -102,6 +118,7 @@ __global__ void tv_backward_kernel(const T* __restrict__ x, const double* __rest
   const int64_t w = (t % l.tiles_w) * TW + threadIdx.x, h = (t / l.tiles_w) * TH + threadIdx.y;
   if (w >= W || h >= H) return;
   const int64_t plane = H * W, d0 = chunk * l.d_chunk, d1 = std::min<int64_t>(D, d0 + l.d_chunk);
+  const int64_t last = std::min<int64_t>(d1, D - 1);
   // the upstream gradient, read here: [3] for L1, [] otherwise (times 2 for SQ, 1 / corners for iso)
   const A g0 = A(g[0] * scale), g1 = MODE == TV_L1 ? A(g[1]) : A(0), g2 = MODE == TV_L1 ? A(g[2]) : A(0);
   const A e = A(eps);
@@ -109,47 +126,58 @@ __global__ void tv_backward_kernel(const T* __restrict__ x, const double* __rest
   const T* p = x + (b * D + d0) * plane + h * W + w;
   T* o = out + (b * D + d0) * plane + h * W + w;
   A cur = A(p[0]);
-  A prv = d0 >= 1 ? A(p[-plane]) : cur;
+  A nxt = d0 + 1 <= last ? A(p[plane]) : A(0);
+  A carry = 0;
+  if (d0 >= 1) {
+    const T* q = p - plane;
+    const A prv = A(q[0]);
+    if constexpr (MODE == TV_L1) carry = sgn(cur - prv);
+    else if constexpr (MODE == TV_SQ) carry = cur - prv;
+    else if (hp && wp) carry = (cur - prv) * rnorm(cur - prv, A(q[W]) - prv, A(q[1]) - prv, e);
+  }
   for (int64_t d = d0; d < d1; ++d, p += plane, o += plane) {
-    const bool dm = d >= 1, dp = d + 1 < D;
-    const A nxt = dp ? A(p[plane]) : cur;
+    const A ahead = d + 2 <= last ? A(p[2 * plane]) : A(0);  // requested a step before it is needed
+    const bool dp = d + 1 < D;
+    const A c = cur;
     A grad;
     if constexpr (MODE == TV_ISO) {
-      // corners (d,h,w), (d-1,h,w), (d,h-1,w), (d,h,w-1) touch this voxel
-      const A c = cur;
-      A acc = 0;
+      // corners (d,h,w), (d,h-1,w) and (d,h,w-1) touch this voxel; (d-1,h,w) is carried
+      A td = 0, th = 0, tw = 0;
       if (dp && hp && wp) {
-        const A dd = nxt - c, dh = A(p[W]) - c, dw = A(p[1]) - c;
-        acc -= (dd + dh + dw) * rnorm(dd, dh, dw, e);
+        const A dd = nxt - c, dh = A(p[W]) - c, dw = A(p[1]) - c, r = rnorm(dd, dh, dw, e);
+        td = dd * r;
+        th = dh * r;
+        tw = dw * r;
       }
-      if (dm && hp && wp) {
-        const T* q = p - plane;
-        acc += (c - prv) * rnorm(c - prv, A(q[W]) - prv, A(q[1]) - prv, e);
-      }
+      grad = carry - td - th - tw;
+      carry = td;
       if (hm && dp && wp) {
         const T* q = p - W;
         const A bv = A(q[0]);
-        acc += (c - bv) * rnorm(A(q[plane]) - bv, c - bv, A(q[1]) - bv, e);
+        grad += (c - bv) * rnorm(A(q[plane]) - bv, c - bv, A(q[1]) - bv, e);
       }
       if (wm && dp && hp) {
         const T* q = p - 1;
         const A bv = A(q[0]);
-        acc += (c - bv) * rnorm(A(q[plane]) - bv, A(q[W]) - bv, c - bv, e);
+        grad += (c - bv) * rnorm(A(q[plane]) - bv, A(q[W]) - bv, c - bv, e);
       }
-      grad = g0 * acc;
+      grad *= g0;
     } else {
-      const A c = cur, xdm = dm ? prv : c, xdp = nxt;
-      const A xhm = hm ? A(p[-W]) : c, xhp = hp ? A(p[W]) : c;
-      const A xwm = wm ? A(p[-1]) : c, xwp = wp ? A(p[1]) : c;
-      if constexpr (MODE == TV_L1)
-        grad = g0 * (sgn(c - xdm) - sgn(xdp - c)) + g1 * (sgn(c - xhm) - sgn(xhp - c)) +
-               g2 * (sgn(c - xwm) - sgn(xwp - c));
-      else
-        grad = g0 * ((c - xdm) - (xdp - c) + (c - xhm) - (xhp - c) + (c - xwm) - (xwp - c));
+      const A fwd_d = dp ? nxt - c : A(0);
+      const A back_h = hm ? c - A(p[-W]) : A(0), fwd_h = hp ? A(p[W]) - c : A(0);
+      const A back_w = wm ? c - A(p[-1]) : A(0), fwd_w = wp ? A(p[1]) - c : A(0);
+      if constexpr (MODE == TV_L1) {
+        const A s_d = sgn(fwd_d);
+        grad = g0 * (carry - s_d) + g1 * (sgn(back_h) - sgn(fwd_h)) + g2 * (sgn(back_w) - sgn(fwd_w));
+        carry = s_d;
+      } else {
+        grad = g0 * ((carry - fwd_d) + (back_h - fwd_h) + (back_w - fwd_w));
+        carry = fwd_d;
+      }
     }
     o[0] = static_cast<T>(grad);
-    prv = cur;
     cur = nxt;
+    nxt = ahead;
   }
 }
 
@@ -313,20 +341,44 @@ std::tuple<at::Tensor, at::Tensor> trilinear_backward_cuda(const at::Tensor& gra
   return {gf, gp};
 }
 
-// ---- Tikhonov: a thread per pixel, each with tikhonov_pixel.h (shared with the CPU kernel) ----
+// ---- Tikhonov: 8 lanes of a warp per pixel, each with tikhonov_pixel.h (shared with the CPU kernel) ----
+// Lane k of a pixel's 8 handles entries k, k + 8, ...: a warp's load covers 4 pixels' contiguous runs of
+// 8 entries (every fetched sector used), and the pixel's sums are completed by 3 xor-shuffles.
+
+constexpr int TIK_LANES = 8;
+
+struct LaneShare {
+  int64_t first, step = TIK_LANES;
+  __device__ void sum(double* v, int n) const {
+    for (int off = TIK_LANES / 2; off > 0; off >>= 1)
+      for (int k = 0; k < n; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off, TIK_LANES);
+  }
+};
+
+// This thread's pixel and lane. A group past the last pixel takes Z = 0 entries: it stores nothing but
+// still reaches the shuffles with the rest of its warp.
+struct TikLane {
+  int64_t q, Z;  // the pixel's offset, and its number of entries (0 past the end)
+  LaneShare share;
+  __device__ TikLane(int64_t P, int64_t Z_) {
+    const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, pixel = t / TIK_LANES;
+    q = pixel < P ? pixel * 2 * Z_ : 0;
+    Z = pixel < P ? Z_ : 0;
+    share.first = t % TIK_LANES;
+  }
+};
 
 template <typename T>
 __global__ void tikhonov_forward_kernel(const T* __restrict__ m, T* __restrict__ o, int64_t P, int64_t Z, double lam) {
-  const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (p < P) tikhonov_pixel_forward(m + p * 2 * Z, m + p * 2 * Z + Z, o + p * 2 * Z, o + p * 2 * Z + Z, Z, lam);
+  const TikLane l(P, Z);
+  tikhonov_pixel_forward(m + l.q, m + l.q + Z, o + l.q, o + l.q + Z, l.Z, lam, l.share);
 }
 
 template <typename T>
 __global__ void tikhonov_backward_kernel(const T* __restrict__ g, const T* __restrict__ m, T* __restrict__ o,
                                          int64_t P, int64_t Z, double lam) {
-  const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t q = p * 2 * Z;
-  if (p < P) tikhonov_pixel_backward(g + q, g + q + Z, m + q, m + q + Z, o + q, o + q + Z, Z, lam);
+  const TikLane l(P, Z);
+  tikhonov_pixel_backward(g + l.q, g + l.q + Z, m + l.q, m + l.q + Z, o + l.q, o + l.q + Z, l.Z, lam, l.share);
 }
 
 constexpr int TIK_THREADS = 128;
@@ -339,7 +391,7 @@ at::Tensor tikhonov_forward_cuda(const at::Tensor& M_, double lam) {
   at::Tensor out = at::empty_like(M);
   if (P == 0) return out;
   AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_forward_cuda", [&] {
-    tikhonov_forward_kernel<scalar_t><<<static_cast<unsigned>((P + TIK_THREADS - 1) / TIK_THREADS), TIK_THREADS, 0,
+    tikhonov_forward_kernel<scalar_t><<<static_cast<unsigned>((P * TIK_LANES + TIK_THREADS - 1) / TIK_THREADS), TIK_THREADS, 0,
                                         c10::cuda::getCurrentCUDAStream()>>>(M.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
                                                                              P, Z, lam);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -354,7 +406,7 @@ at::Tensor tikhonov_backward_cuda(const at::Tensor& grad_, const at::Tensor& M_,
   at::Tensor out = at::empty_like(M);
   if (P == 0) return out;
   AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_backward_cuda", [&] {
-    tikhonov_backward_kernel<scalar_t><<<static_cast<unsigned>((P + TIK_THREADS - 1) / TIK_THREADS), TIK_THREADS, 0,
+    tikhonov_backward_kernel<scalar_t><<<static_cast<unsigned>((P * TIK_LANES + TIK_THREADS - 1) / TIK_THREADS), TIK_THREADS, 0,
                                          c10::cuda::getCurrentCUDAStream()>>>(
         G.data_ptr<scalar_t>(), M.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), P, Z, lam);
     C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -3,6 +3,10 @@
 // Per pixel, with rows M0, M1 of Z entries: a = sum|M0|^2, c = sum|M1|^2, b = sum M0 conj(M1); all in double
 // (complex<double>). Forward: det = lam (a + c + lam) + a |r|^2 with r = M1 - (conj(b)/a) M0, which does not
 // cancel when the rows are nearly parallel. Backward formulas: kernelhub_triton/tikhonov.py's docstring.
+//
+// A pixel may be shared by several workers (the CUDA kernel gives it 8 lanes of a warp; the CPU one
+// thread): each handles the entries z = share.first, first + step, ... and `share.sum(v, n)` turns its n
+// partial sums into the pixel's totals (a shuffle across the lanes; nothing on the CPU).
 #pragma once
 #include <c10/macros/Macros.h>
 #include <c10/util/complex.h>
@@ -24,22 +28,33 @@ C10_HOST_DEVICE inline void store(c10::complex<T>* p, cd z) { *p = c10::complex<
 C10_HOST_DEVICE inline cd cj(cd z) { return cd(z.real(), -z.imag()); }
 C10_HOST_DEVICE inline double abs2(cd z) { return z.real() * z.real() + z.imag() * z.imag(); }
 
+// One worker's part of a pixel: entries first, first + step, ...; sum() completes partial sums in place.
+struct Whole {
+  int64_t first = 0, step = 1;
+  C10_HOST_DEVICE void sum(double*, int) const {}
+};
+
 // W = (M M^H + lam I)^-1 M for one pixel: rows m0, m1 in, rows w0, w1 out.
-template <typename T>
-C10_HOST_DEVICE inline void tikhonov_pixel_forward(const T* m0, const T* m1, T* w0, T* w1, int64_t Z, double lam) {
-  double a = 0, c = 0;
-  cd b(0, 0);
-  for (int64_t z = 0; z < Z; ++z) {
-    const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]);
-    a += abs2(x0);
-    c += abs2(x1);
-    b += x0 * cj(x1);
+template <typename T, typename Share = Whole>
+C10_HOST_DEVICE inline void tikhonov_pixel_forward(const T* m0, const T* m1, T* w0, T* w1, int64_t Z, double lam,
+                                                   Share share = Share()) {
+  double s[4] = {0, 0, 0, 0};  // a, c, b
+  for (int64_t z = share.first; z < Z; z += share.step) {
+    const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]), bz = x0 * cj(x1);
+    s[0] += abs2(x0);
+    s[1] += abs2(x1);
+    s[2] += bz.real();
+    s[3] += bz.imag();
   }
+  share.sum(s, 4);
+  const double a = s[0], c = s[1];
+  const cd b(s[2], s[3]);
   const cd kappa = a > 0 ? cj(b) / a : cd(0, 0);
   double rr = 0;
-  for (int64_t z = 0; z < Z; ++z) rr += abs2(to_cd(m1[z]) - kappa * to_cd(m0[z]));
+  for (int64_t z = share.first; z < Z; z += share.step) rr += abs2(to_cd(m1[z]) - kappa * to_cd(m0[z]));
+  share.sum(&rr, 1);
   const double inv = 1.0 / (lam * (a + c + lam) + a * rr);
-  for (int64_t z = 0; z < Z; ++z) {
+  for (int64_t z = share.first; z < Z; z += share.step) {
     const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]);
     const cd r = x1 - kappa * x0;
     store(w0 + z, ((lam + rr) * x0 - b * r) * inv);
@@ -48,27 +63,29 @@ C10_HOST_DEVICE inline void tikhonov_pixel_forward(const T* m0, const T* m1, T* 
 }
 
 // dL/dM for one pixel from the upstream gradient rows g0, g1 (torch's convention: dL/dRe + i dL/dIm).
-template <typename T>
+template <typename T, typename Share = Whole>
 C10_HOST_DEVICE inline void tikhonov_pixel_backward(const T* g0, const T* g1, const T* m0, const T* m1, T* d0, T* d1,
-                                                    int64_t Z, double lam) {
-  double a = 0, c = 0;
-  cd b(0, 0), p00(0, 0), p01(0, 0), p10(0, 0), p11(0, 0);  // pXY = sum conj(GX) MY
-  for (int64_t z = 0; z < Z; ++z) {
+                                                    int64_t Z, double lam, Share share = Share()) {
+  double s[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};  // a, c, then b, p00, p01, p10, p11 (pXY = sum conj(GX) MY)
+  for (int64_t z = share.first; z < Z; z += share.step) {
     const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]), y0 = cj(to_cd(g0[z])), y1 = cj(to_cd(g1[z]));
-    a += abs2(x0);
-    c += abs2(x1);
-    b += x0 * cj(x1);
-    p00 += y0 * x0;
-    p01 += y0 * x1;
-    p10 += y1 * x0;
-    p11 += y1 * x1;
+    const cd terms[5] = {x0 * cj(x1), y0 * x0, y0 * x1, y1 * x0, y1 * x1};
+    s[0] += abs2(x0);
+    s[1] += abs2(x1);
+    for (int k = 0; k < 5; ++k) {
+      s[2 + 2 * k] += terms[k].real();
+      s[3 + 2 * k] += terms[k].imag();
+    }
   }
+  share.sum(s, 12);
+  const double a = s[0], c = s[1];
+  const cd b(s[2], s[3]), p00(s[4], s[5]), p01(s[6], s[7]), p10(s[8], s[9]), p11(s[10], s[11]);
   const double A = a + lam, C = c + lam;
   const double inv = 1.0 / (A * C - abs2(b));
-  const double s = (C * p00.real() - (b * p01).real() + A * p11.real() - (cj(b) * p10).real()) * inv;
-  const double two_alpha_a = 2.0 * (p11.real() - s * C) * inv, two_alpha_c = 2.0 * (p00.real() - s * A) * inv;
-  const cd beta = (2.0 * s * cj(b) - p01 - cj(p10)) * inv;
-  for (int64_t z = 0; z < Z; ++z) {
+  const double t = (C * p00.real() - (b * p01).real() + A * p11.real() - (cj(b) * p10).real()) * inv;
+  const double two_alpha_a = 2.0 * (p11.real() - t * C) * inv, two_alpha_c = 2.0 * (p00.real() - t * A) * inv;
+  const cd beta = (2.0 * t * cj(b) - p01 - cj(p10)) * inv;
+  for (int64_t z = share.first; z < Z; z += share.step) {
     const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]), h0 = to_cd(g0[z]), h1 = to_cd(g1[z]);
     store(d0 + z, (C * h0 - b * h1) * inv + two_alpha_a * x0 + cj(beta) * x1);
     store(d1 + z, (A * h1 - cj(b) * h0) * inv + two_alpha_c * x1 + beta * x0);

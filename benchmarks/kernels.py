@@ -21,12 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 
 import torch
 
 import kernelhub
 from kernelhub import testing
+from kernelhub.bench import compiled_reference
 
 # per op: (inputs that get gradients, inputs the backward must read again); None = forward only.
 # trilinear's feats gradient is w_k(points) * grad: it re-reads points, not feats.
@@ -120,16 +120,7 @@ def run(ops, backends) -> list[dict]:
         dtype = torch.complex64 if torch.complex64 in spec.dtypes else torch.float32
         for sample in testing.samples(op, "benchmark", dtype, "cuda", seed=0):
             args = sample.args
-            out = ref_fn(*args)
-            grad = testing.upstream_grad(out)
-            torch._dynamo.reset()
-            compiled = torch.compile(ref_fn)
-            t0 = time.perf_counter()
-            for m in MODES[op]:
-                step, leaves = make_step(compiled, args, m and m[0], grad)
-                step()
-            torch.cuda.synchronize()
-            compile_s = time.perf_counter() - t0
+            out, grad, compiled, compile_s = compiled_reference(ref_fn, args, [m and m[0] for m in MODES[op]])
             for m in MODES[op]:
                 grads_of = m and m[0]
                 mode = "fwd" if m is None else "fwd+bwd " + ",".join(spec.args[i].name for i in grads_of)

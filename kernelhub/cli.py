@@ -19,7 +19,9 @@ from rich.console import Console
 from rich.table import Table
 
 import kernelhub
+from kernelhub import testing
 from kernelhub.errors import KernelhubError
+from kernelhub.select import describe_args
 
 __all__ = ["main", "build_parser"]
 
@@ -53,7 +55,25 @@ def cmd_list(args: argparse.Namespace) -> dict:
                               "dtypes": [_short(d) for d in impl.dtypes], "deterministic": impl.deterministic,
                               "available": reg.unavailable_reason(bname) is None}
     errors = [{"plugin": e.plugin, "stage": e.stage, "error": e.error} for e in reg.plugin_errors]
-    return {"backends": backends, "ops": ops, "plugin_errors": errors, "config": hub.config.source}
+    return {"backends": backends, "ops": ops, "plugin_errors": errors, "config": hub.config.source,
+            "winners": _winners(hub)}
+
+
+def _winners(hub) -> dict:
+    """The tuned winners per device model; an entry is stale when torch or a timed backend changed since."""
+    tuning = hub.selector.tuning
+    rows: dict[str, list] = {}
+    for key, e in sorted(tuning.cache.entries().items()):
+        changed = [n for n, c in e["candidates"].items()
+                   if n in hub.registry.backends and c.get("fingerprint") != hub.registry.fingerprint(n)]
+        stale = ("torch changed" if e.get("torch") != torch.__version__ else
+                 f"{', '.join(changed)} changed" if changed else "")
+        times = {n: c.get("step_ms") for n, c in e["candidates"].items()}
+        rows.setdefault(e.get("device", "?"), []).append(
+            {"op": e.get("op"), "dtype": e.get("dtype"), "bucket": e.get("bucket"), "winner": e.get("winner"),
+             "step_ms": times, "failed": {n: c["error"] for n, c in e["candidates"].items() if c.get("error")},
+             "stale": stale})
+    return {"cache": str(tuning.cache.path), "mode": hub.config.tune.mode, "devices": rows}
 
 
 def render_list(data: dict, console: Console) -> None:
@@ -84,6 +104,20 @@ def render_list(data: dict, console: Console) -> None:
     console.print(t)
     for e in data["plugin_errors"]:
         console.print(f"[red]plugin {e['plugin']!r} failed at {e['stage']}:[/] {e['error']}")
+    w = data["winners"]
+    if not w["devices"]:
+        console.print(f"tuned winners: none yet ({w['cache']}; `kernelhub tune` times the backends)")
+    for device, rows in w["devices"].items():
+        t = Table(title=f"tuned winners on {device} (mode {w['mode']}, {w['cache']})")
+        for col in ("op", "dtype", "bucket", "winner", "forward+backward ms", "note"):
+            t.add_column(col)
+        for r in rows:
+            times = ", ".join(f"{n} {ms:.4g}" for n, ms in sorted(r["step_ms"].items(), key=lambda x: x[1] or 1e30)
+                              if ms is not None)
+            note = "; ".join([f"[red]{n} failed[/]" for n in r["failed"]] + ([f"[yellow]stale: {r['stale']}[/]"]
+                                                                           if r["stale"] else []))
+            t.add_row(r["op"], r["dtype"], r["bucket"], r["winner"] or "-", times, note)
+        console.print(t)
 
 
 # -- explain ----------------------------------------------------------------
@@ -127,6 +161,97 @@ def render_explain(data: dict, console: Console) -> None:
             why = f"lost to {c['lost_to']}: {why}"
         t.add_row(c["backend"], f"[{colour[c['status']]}]{c['status']}[/]", why)
     console.print(t)
+
+
+# -- tune -------------------------------------------------------------------
+def _tune_calls(args: argparse.Namespace) -> list[tuple[str, tuple]]:
+    """(op, canonical args) to tune: the ops' benchmark samples (--quick: medium ones), or --shape."""
+    reg = kernelhub.get_hub().registry
+    ops = args.ops or sorted(reg.specs)
+    if args.shape and len(ops) != 1:
+        raise ValueError("--shape describes one op's tensors: name exactly one op")
+    calls = []
+    for op in ops:
+        spec = reg.spec(op)
+        dtype = args.dtype or next(d for d in (torch.float32, torch.complex64, *spec.dtypes) if d in spec.dtypes)
+        if dtype not in spec.dtypes:
+            continue
+        if args.shape:
+            calls.append((op, _example_args(op, args.shape, args.arg or [], dtype, args.device)))
+        else:
+            calls += [(op, s.args) for s in testing.samples(op, "medium" if args.quick else "benchmark", dtype,
+                                                            args.device)]
+    return calls
+
+
+def cmd_tune(args: argparse.Namespace) -> dict:
+    from rich.progress import Progress
+
+    hub = kernelhub.get_hub()
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    plan = []
+    skipped = []
+    for op, call in _tune_calls(args):
+        eligible = [i.backend for i in hub.selector.untuned(op, call).eligible]
+        if len(eligible) < 2:
+            skipped.append({"op": op, "call": describe_args(call), "why": f"only {eligible or 'no backend'} can serve it"})
+        else:
+            plan.append((op, call, eligible))
+    rows = []
+    with Progress(console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("tuning", total=sum(len(e) for _, _, e in plan))
+        for op, call, eligible in plan:
+            progress.update(task, description=f"{op} {describe_args(call)}")
+            entry = hub.selector.tuning.tune(op, call, eligible, quick=args.quick,
+                                             progress=lambda name: progress.advance(task))
+            rows.append(entry)
+    hub.selector.forget()
+    return {"device": args.device, "cache": str(hub.selector.tuning.cache.path), "tuned": rows, "skipped": skipped}
+
+
+def render_tune(data: dict, console: Console) -> None:
+    t = Table(title=f"tuned on {data['device']} -> {data['cache']}")
+    for col in ("op", "call", "backend", "forward ms", "forward+backward ms", "outcome"):
+        t.add_column(col)
+    for e in data["tuned"]:
+        for i, (name, c) in enumerate(sorted(e["candidates"].items(), key=lambda x: x[1].get("step_ms") or 1e30)):
+            outcome = (f"[red]{c['error']}[/]" if c["error"] else
+                       "[green]winner[/]" if name == e["winner"] else
+                       f"{c['step_ms'] / e['candidates'][e['winner']]['step_ms']:.2f}x slower")
+            t.add_row(e["op"] if i == 0 else "", e["call"] if i == 0 else "", name,
+                      f"{c['forward_ms']:.4g}" if c.get("forward_ms") is not None else "-",
+                      f"{c['step_ms']:.4g}" if c.get("step_ms") is not None else "-", outcome)
+    console.print(t)
+    for s in data["skipped"]:
+        console.print(f"[dim]not tuned: {s['op']}({s['call']}): {s['why']}[/]")
+
+
+# -- bench ------------------------------------------------------------------
+def cmd_bench(args: argparse.Namespace) -> dict:
+    from kernelhub import bench
+
+    hub = kernelhub.get_hub()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    ops = args.ops or sorted(hub.registry.specs)
+    for op in ops:
+        hub.registry.spec(op)  # an unknown op is an error before any timing
+    data = bench.run(ops, args.backends, device, quick=args.quick, log=Console(stderr=True).print)
+    if args.plot:
+        bench.plot(data, args.plot)
+        data["plot"] = args.plot
+    return data
+
+
+def render_bench(data: dict, console: Console) -> None:
+    t = Table(title=f"kernelhub bench on {data['device']} (copy bandwidth {data['copy_GBps']:.0f} GB/s)")
+    for col in ("op", "shape", "pass", "impl", "ms", "x floor", "vs torch_ref", "vs compiled"):
+        t.add_column(col, justify="right" if col in ("ms", "x floor", "vs torch_ref", "vs compiled") else "left")
+    for r in data["rows"]:
+        t.add_row(r["op"], r["shape"], r["pass"], r["impl"], f"{r['ms']:.4g}", f"{r['x_floor']:.2f}x",
+                  f"{r['vs_torch_ref']:.2f}x", f"{r['vs_compiled']:.2f}x")
+    console.print(t)
+    if data.get("plot"):
+        console.print(f"plot written to {data['plot']}")
 
 
 # -- doctor -----------------------------------------------------------------
@@ -187,6 +312,8 @@ COMMANDS = {
     "list": (cmd_list, render_list, "ops x backends: available or why not, devices, dtypes"),
     "explain": (cmd_explain, render_explain, "which backend serves a call, and why the others do not"),
     "doctor": (cmd_doctor, render_doctor, "versions, devices, compilers, plugin errors, config in force"),
+    "tune": (cmd_tune, render_tune, "time every eligible backend per op and shape bucket; keep the fastest correct one"),
+    "bench": (cmd_bench, render_bench, "each backend against torch_ref, torch.compile of it, and the memory floor"),
 }
 
 
@@ -204,6 +331,22 @@ def build_parser() -> argparse.ArgumentParser:
                            help="a non-tensor argument, e.g. --arg semifield=log:2 --arg groups=1")
             p.add_argument("--dtype", type=_dtype, default=torch.float32)
             p.add_argument("--device", default="cpu")
+        if name == "tune":
+            p.add_argument("ops", nargs="*", help="ops to tune (default: all)")
+            p.add_argument("--device", help="cpu or cuda[:N] (default: cuda if present, else cpu)")
+            p.add_argument("--dtype", type=_dtype, help="default: float32 (complex64 for complex-only ops)")
+            p.add_argument("--shape", action="append", type=lambda s: [int(x) for x in s.split(",") if x],
+                           help="tune this call instead of the benchmark shapes: the shape of each tensor "
+                                "argument in order (repeat per tensor; one op only)")
+            p.add_argument("--arg", action="append", metavar="NAME=VALUE", help="a non-tensor argument of --shape's call")
+            p.add_argument("--quick", action="store_true",
+                           help="the spec's medium samples and short timings (a smoke run, about a second per op)")
+        if name == "bench":
+            p.add_argument("ops", nargs="*", help="ops to time (default: all)")
+            p.add_argument("--backends", nargs="+", help="backends to time besides the reference (default: all that serve the device)")
+            p.add_argument("--device", help="cpu or cuda[:N] (default: cuda if present, else cpu)")
+            p.add_argument("--quick", action="store_true", help="the spec's medium samples and short timings")
+            p.add_argument("--plot", metavar="FILE.png", help="also draw the table (needs matplotlib: kernelhub[plot])")
     return parser
 
 
@@ -213,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     try:
         data = cmd(args)
-    except (KernelhubError, KeyError, ValueError, TypeError) as exc:
+    except (KernelhubError, KeyError, ValueError, TypeError, RuntimeError) as exc:
         console.print(f"[red]kernelhub {args.command}: {exc}[/]")
         return 2
     if args.json:

@@ -28,17 +28,34 @@ from pathlib import Path
 
 from kernelhub.errors import ConfigError
 
-__all__ = ["Config", "OpConfig", "load_config", "find_config_file", "DEFAULT_PRIORITY", "ENV_VARS"]
+__all__ = ["Config", "OpConfig", "TuneConfig", "load_config", "find_config_file", "DEFAULT_PRIORITY",
+           "ENV_VARS", "TUNE_MODES"]
 
 DEFAULT_PRIORITY = ("cuda_ext", "triton", "inductor", "torch_ref")
 ENV_VARS = ("KERNELHUB_CONFIG", "KERNELHUB_KILL_SWITCH", "KERNELHUB_DISABLE")
 REFERENCE_BACKEND = "torch_ref"
+TUNE_MODES = ("off", "cached", "online")
 
 
 @dataclasses.dataclass(frozen=True)
 class OpConfig:
     priority: tuple[str, ...] = ()
     pin: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneConfig:
+    """``mode``: "off" (winners ignored), "cached" (winners of `kernelhub tune` used), "online" (also tune a
+    new shape bucket on its first call). ``cache``: the winners file; "" = the user cache directory's."""
+
+    mode: str = "cached"
+    cache: str = ""
+
+    def cache_path(self) -> Path:
+        if self.cache:
+            return Path(self.cache).expanduser()
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return Path(base) / "kernelhub" / "tuning.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +67,7 @@ class Config:
     disabled: frozenset[str] = frozenset()
     priority: tuple[str, ...] = DEFAULT_PRIORITY
     ops: Mapping[str, OpConfig] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
+    tune: TuneConfig = TuneConfig()
     source: str = "built-in defaults"
     overrides: tuple[str, ...] = ()
 
@@ -82,11 +100,13 @@ class Config:
             "disabled": sorted(self.disabled),
             "priority": list(self.priority),
             "ops": {k: {"priority": list(v.priority), "pin": v.pin} for k, v in self.ops.items()},
+            "tune": {"mode": self.tune.mode, "cache": self.tune.cache, "cache_path": str(self.tune.cache_path())},
         }
 
 
-_TOP_KEYS = {"kill_switch": bool, "strict": bool, "disabled": list, "priority": list, "ops": dict}
+_TOP_KEYS = {"kill_switch": bool, "strict": bool, "disabled": list, "priority": list, "ops": dict, "tune": dict}
 _OP_KEYS = {"priority": list, "pin": str}
+_TUNE_KEYS = {"mode": str, "cache": str}
 
 
 def find_config_file(cwd: Path | None = None) -> Path | None:
@@ -134,12 +154,17 @@ def parse_config(data: Mapping, source: str, known_backends: frozenset[str]) -> 
         if pin and pin not in known_backends:
             raise ConfigError(f"{where}.pin: unknown backend {pin!r}; allowed: {sorted(known_backends)}")
         ops[name] = OpConfig(priority=_names(table.get("priority", []), f"{where}.priority", known_backends), pin=pin)
+    tune = data.get("tune", {})
+    _check_keys(tune, _TUNE_KEYS, f"{source}: [tune]")
+    if tune.get("mode", "cached") not in TUNE_MODES:
+        raise ConfigError(f"{source}: [tune].mode: {tune['mode']!r}; allowed: {list(TUNE_MODES)}")
     return Config(
         kill_switch=data.get("kill_switch", False),
         strict=data.get("strict", False),
         disabled=frozenset(_names(data.get("disabled", []), f"{source}: disabled", known_backends)),
         priority=_names(data.get("priority", list(DEFAULT_PRIORITY)), f"{source}: priority", known_backends),
         ops=types.MappingProxyType(ops),
+        tune=TuneConfig(mode=tune.get("mode", "cached"), cache=tune.get("cache", "")),
         source=source,
     )
 

@@ -8,11 +8,13 @@ one at a time; a failure is recorded in ``plugin_errors`` and the plugin skipped
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import importlib.metadata
 import traceback
 import types
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 import pluggy
 
@@ -28,6 +30,7 @@ ENTRY_POINT_GROUP = "kernelhub.backends"
 # even where they are not installed (one config file serves laptop and GPU box);
 # any other name must belong to an installed plugin.
 FIRST_PARTY_BACKENDS = ("torch_ref", "inductor", "triton", "cuda_ext")
+_SOURCE_SUFFIXES = (".py", ".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +61,7 @@ class Registry:
         self._backend_plugin: dict[str, str] = {}
         self._impls: dict[str, dict[str, Impl]] = {}
         self._availability: dict[str, str | None] = {}
+        self._fingerprints: dict[str, str] = {}
         self._errors: list[PluginError] = []
         self._current_plugin: str | None = None
         self.specs: Mapping[str, OpSpec] = types.MappingProxyType(self._specs)
@@ -174,6 +178,24 @@ class Registry:
 
     def plugin_of(self, backend: str) -> str | None:
         return self._backend_plugin.get(backend)
+
+    def fingerprint(self, backend: str) -> str:
+        """The backend's version plus a digest of its plugin's sources (the files of the package that
+        registered it: .py, .cpp, .cu, .h...): what a tuned timing depends on besides torch and the device."""
+        if backend not in self._fingerprints:
+            module = self._pm.get_plugin(self._backend_plugin[backend])
+            file = getattr(module, "__file__", None)
+            files: list[Path] = []
+            if file:  # a package's module: the whole package; a top-level module: that file
+                root = Path(file).parent
+                files = sorted(f for f in root.rglob("*") if f.suffix in _SOURCE_SUFFIXES
+                               and "__pycache__" not in f.parts) if "." in module.__name__ else [Path(file)]
+            h = hashlib.sha256()
+            for f in files:
+                h.update(f.name.encode() + b"\0" + f.read_bytes())
+            version = self._backends[backend].version
+            self._fingerprints[backend] = f"{version}+{h.hexdigest()[:12]}" if files else version
+        return self._fingerprints[backend]
 
     def unavailable_reason(self, backend: str) -> str | None:
         """None if the backend can run here, else why not (cached; never raises)."""

@@ -5,7 +5,12 @@ declared devices and dtypes cover the call, whose ``not_supported_reasons`` is
 empty, which are not ``forced_only`` (unless forced), and which have not raised
 at call time for this key. Among eligible
 impls the order is: a forced backend (``kernelhub.op(name, backend=...)``), else
-the op's pin from the config, else the priority order of the config.
+the op's pin from the config, else the tuned winner for the call's shape bucket
+(kernelhub/tune.py; a backend that failed parity there is rejected), else the
+priority order of the config. With ``[tune].mode = "online"`` a bucket without a
+valid winner is tuned at its first call, except while torch.compile traces or a
+CUDA graph is captured: that call uses the priority order and its decision is not
+cached, so a later call tunes.
 
 Decisions are cached by `call_key`: the op, the forced backend, and for each
 argument its device, dtype, shape and contiguity (tensors) or value (others).
@@ -26,6 +31,7 @@ from kernelhub.config import REFERENCE_BACKEND, Config
 from kernelhub.errors import NoImplementationError, StrictModeError
 from kernelhub.registry import Registry
 from kernelhub.spec import Impl
+from kernelhub.tune import Tuning, first_tensor, may_tune_now
 
 __all__ = ["Candidate", "Decision", "Selector", "call_key", "describe_args"]
 
@@ -78,15 +84,6 @@ def call_key(op: str, args: Sequence[Any], forced: str) -> tuple:
     return (op, forced, *map(_arg_key, args))
 
 
-def _first_tensor(args: Sequence[Any]) -> torch.Tensor:
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            return a
-        if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
-            return a[0]
-    raise TypeError("no tensor argument")
-
-
 def describe_args(args: Sequence[Any]) -> str:
     parts = []
     for a in args:
@@ -106,13 +103,24 @@ class Selector:
         self._cache: dict[tuple, Decision] = {}
         self._failed: dict[tuple, dict[str, str]] = {}
         self._warned: set[tuple] = set()
+        self.tuning = Tuning(registry, config)
 
     def decide(self, op: str, args: Sequence[Any], forced: str = "") -> Decision:
         key = call_key(op, args, forced)
         decision = self._cache.get(key)
         if decision is None:
-            decision = self._cache[key] = self._decide(op, args, forced, key)
+            decision, cacheable = self._decide(op, args, forced, key, tuned=True)
+            if cacheable:
+                self._cache[key] = decision
         return decision
+
+    def untuned(self, op: str, args: Sequence[Any]) -> Decision:
+        """The decision without tuned winners (what a tuner must time: every eligible backend). Not cached."""
+        return self._decide(op, args, "", call_key(op, args, ""), tuned=False)[0]
+
+    def forget(self) -> None:
+        """Drop the cached decisions (after new winners were recorded)."""
+        self._cache.clear()
 
     def mark_failed(self, op: str, args: Sequence[Any], forced: str, backend: str, exc: BaseException) -> None:
         """Record that ``backend`` raised for this call key; later calls skip it. Warns once."""
@@ -128,9 +136,10 @@ class Selector:
         if self.config.strict:
             raise StrictModeError(f"kernelhub (strict mode): {message}")
 
-    def _decide(self, op: str, args: Sequence[Any], forced: str, key: tuple) -> Decision:
+    def _decide(self, op: str, args: Sequence[Any], forced: str, key: tuple, tuned: bool) -> tuple[Decision, bool]:
+        """The decision, and whether it may be cached."""
         reg, cfg = self.registry, self.config
-        first = _first_tensor(args)
+        first = first_tensor(args)
         device_type, dtype = first.device.type, first.dtype
         impls = reg.impls(op)
         failed = self._failed.get(key, {})
@@ -158,7 +167,22 @@ class Selector:
                 rejected[name] = reasons
         ordered = cfg.priority_for(op, [n for n in impls if n not in rejected])
         why = "priority order " + " > ".join(ordered) if ordered else ""
+        whys: dict[str, str] = {}
         pin = cfg.op(op).pin
+        cacheable = True
+        if tuned and not forced and not (pin and pin in ordered) and len(ordered) > 1 and cfg.tune.mode != "off":
+            entry = self.tuning.lookup(op, args, ordered)
+            if entry is None and cfg.tune.mode == "online":
+                if may_tune_now(args):
+                    entry = self.tuning.tune(op, args, ordered)
+                else:
+                    cacheable = False
+                    why += " (no winner for this shape bucket; not tuned while tracing or capturing)"
+            if entry is not None:
+                passed, whys, failed = self.tuning.rank(entry, ordered)
+                for name, reason in failed.items():
+                    rejected[name] = [reason]
+                ordered = passed + [n for n in ordered if n not in passed and n not in failed]
         call = describe_args(args)
         if forced:
             if forced not in impls or forced in rejected:
@@ -186,13 +210,13 @@ class Selector:
         candidates = []
         for name in [*ordered, *sorted(rejected)]:
             if name == chosen:
-                candidates.append(Candidate(name, "accepted", (why,)))
+                candidates.append(Candidate(name, "accepted", (whys.get(name, why),)))
             elif name in rejected:
                 candidates.append(Candidate(name, "rejected", tuple(rejected[name])))
             else:
-                candidates.append(Candidate(name, "lost", (why,), lost_to=chosen))
+                candidates.append(Candidate(name, "lost", (whys.get(name, why),), lost_to=chosen))
         for name in sorted(reg.backends):
             if name not in impls:
                 candidates.append(Candidate(name, "rejected", (f"backend has no impl of {op}",)))
         eligible = tuple(impls[n] for n in (ordered if not forced else [forced]))
-        return Decision(op, chosen, eligible, tuple(candidates), call)
+        return Decision(op, chosen, eligible, tuple(candidates), call), cacheable

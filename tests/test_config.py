@@ -22,8 +22,8 @@ def test_defaults_match_the_shipped_file():
     shipped = load_config(KNOWN, REPO / "kernelhub.toml")
     default = load_config(KNOWN)
     assert default.source == "built-in defaults"
-    assert (shipped.kill_switch, shipped.strict, shipped.disabled, shipped.priority) == \
-           (default.kill_switch, default.strict, default.disabled, default.priority)
+    assert (shipped.kill_switch, shipped.strict, shipped.disabled, shipped.priority, shipped.tune) == \
+           (default.kill_switch, default.strict, default.disabled, default.priority, default.tune)
     assert shipped.priority == DEFAULT_PRIORITY
     assert shipped.op("tv_loss_l1_3d").pin == "" and shipped.op("tv_loss_l1_3d").priority == ()
 
@@ -43,7 +43,9 @@ def test_lookup_order(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("priorty = []", "unknown key 'priorty'; allowed keys: \\['disabled', 'kill_switch', 'ops', 'priority', 'strict'\\]"),
+    ("priorty = []", "unknown key 'priorty'; allowed keys: \\['disabled', 'kill_switch', 'ops', 'priority', 'strict', 'tune'\\]"),
+    ("[tune]\nmode = 'always'", "\\[tune\\].mode: 'always'; allowed: \\['off', 'cached', 'online'\\]"),
+    ("[tune]\ncache = 3", "\\[tune\\].cache: expected str"),
     ("strict = 'yes'", "strict: expected bool, got str"),
     ("priority = ['trition']", "priority: unknown backend 'trition'; allowed: \\["),
     ("disabled = 'triton'", "disabled: expected list"),
@@ -69,3 +71,12 @@ def test_uninstalled_first_party_backend_may_be_named(tmp_path):
     hub = kernelhub.reload()
     assert hub.config.priority == ("inductor", "torch_ref")
     assert hub.registry.unavailable_reason("inductor") == "not installed"
+
+
+def test_tuning_cache_default_location_and_override(tmp_path, monkeypatch):
+    from conftest import DEFAULT_CACHE_PATH
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert DEFAULT_CACHE_PATH(load_config(KNOWN).tune) == tmp_path / "cache" / "kernelhub" / "tuning.json"
+    write(tmp_path / "kernelhub.toml", "[tune]\nmode = 'online'\ncache = '~/winners.json'\n")
+    cfg = load_config(KNOWN)
+    assert cfg.tune.mode == "online" and cfg.tune.cache_path() == Path("~/winners.json").expanduser()

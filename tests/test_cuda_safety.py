@@ -142,3 +142,24 @@ def test_compile_fullgraph_with_backend_forced(op, backend):
     torch.testing.assert_close(got, want)
     for g, w in zip(got_g, [t.grad for t in testing.leaves(op, args2)]):
         torch.testing.assert_close(g, w)
+
+
+def test_online_tuning_waits_out_a_graph_capture(tmp_path):
+    # "online" tuning times kernels and synchronises: never inside a capture. The captured call runs on the
+    # priority order; the first call after the capture tunes the bucket.
+    (tmp_path / "kernelhub.toml").write_text("[tune]\nmode = 'online'\n")
+    kernelhub.reload()
+    x = torch.randn(1, 64, 64, 64, device="cuda")
+    fn = kernelhub.op("tv_loss_l1_3d")
+    kernelhub.op("tv_loss_l1_3d", backend="cuda_ext")(x)  # warm-up outside the capture
+    kernelhub.op("tv_loss_l1_3d", backend="triton")(x)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert not (tmp_path / "tuning.json").exists()
+    torch.testing.assert_close(out, fn(x), rtol=1e-4, atol=0)  # this call tunes
+    assert (tmp_path / "tuning.json").exists()
+    assert "tuned winner" in kernelhub.explain("tv_loss_l1_3d", x).candidates[0].reasons[0]

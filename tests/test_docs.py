@@ -20,7 +20,7 @@ def test_readme_python_blocks_run():
 def test_readme_opens_with_two_commands():
     lines = (REPO / "README.md").read_text().splitlines()
     assert lines[0] == "```bash" and lines[3] == "```"
-    assert "pytest" in lines[2] and "kernelhub list" in lines[1]
+    assert "pytest" in lines[2] and lines[1].endswith("kernelhub tune --quick && kernelhub list")
 
 
 def test_demo_calls_every_op():

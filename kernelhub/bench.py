@@ -1,0 +1,146 @@
+"""`kernelhub bench`: each kernel backend of an op against torch_ref and `torch.compile` of it, and
+against the op's memory floor, on one device.
+
+For every op and each sample of the chosen size (the spec's "benchmark" shapes; "medium" with
+``quick``), forward and forward + backward (into every differentiable input):
+
+- the floor: the fewest bytes the pass must move over the copy bandwidth measured first on the same
+  device. Forward: read each tensor input, write the output. Backward: also read the upstream gradient
+  and the tensor inputs again, and write each gradient (an upper bound where a backward needs fewer
+  inputs: benchmarks/kernels.py refines it per op);
+- the median time (`kernelhub.tune.time_ms`: `triton.testing.do_bench` on CUDA, `torch.utils.benchmark`
+  on the CPU) of the reference's forward in eager mode ("torch_ref"), under `torch.compile` ("compiled",
+  compile time excluded and reported), and each backend through the hub with that backend forced.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+import kernelhub
+from kernelhub import testing
+from kernelhub.tune import device_model, time_ms
+
+__all__ = ["compiled_reference", "copy_bandwidth", "floor_bytes", "make_step", "run", "plot"]
+
+
+def nbytes(t: Any) -> int:
+    if isinstance(t, torch.Tensor):
+        return t.numel() * t.element_size()
+    if isinstance(t, (list, tuple)):
+        return sum(nbytes(x) for x in t)
+    return 0
+
+
+def floor_bytes(spec, args: Sequence[Any], out: torch.Tensor, backward: bool) -> int:
+    fwd = sum(nbytes(a) for a in args) + nbytes(out)
+    if not backward:
+        return fwd
+    return 2 * fwd + sum(nbytes(args[i]) for i in spec.differentiable)
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes per second of a device-to-device copy (read + write) of 1 GiB (256 MiB on the CPU)."""
+    x = torch.randn(2**28 if device.type == "cuda" else 2**26, device=device)
+    y = torch.empty_like(x)
+    return 2 * nbytes(x) / (time_ms(lambda: y.copy_(x), device) * 1e-3)
+
+
+def make_step(fn: Callable, args: Sequence[Any], grads_of: Sequence[int] | None,
+              grad: torch.Tensor) -> Callable[[], Any]:
+    """A closure running ``fn`` forward, and backward into ``grads_of`` (None: forward only)."""
+    if grads_of is None:
+        return lambda: fn(*args)
+    call = list(args)
+    for i in grads_of:
+        call[i] = [t.detach().requires_grad_() for t in args[i]] if isinstance(args[i], list) else \
+            args[i].detach().requires_grad_()
+
+    def step():
+        fn(*call).backward(grad)
+    return step
+
+
+def compiled_reference(ref_fn: Callable, args: Sequence[Any], passes: Sequence[Sequence[int] | None]):
+    """(reference output, an upstream gradient, torch.compile of ``ref_fn`` already compiled for each pass
+    in ``passes`` (gradients into those inputs; None = forward only), seconds that took)."""
+    out = ref_fn(*args)
+    grad = testing.upstream_grad(out)
+    torch._dynamo.reset()
+    compiled = torch.compile(ref_fn)
+    t0 = time.perf_counter()
+    for grads_of in passes:
+        make_step(compiled, args, grads_of, grad)()
+    if out.is_cuda:
+        torch.cuda.synchronize(out.device)
+    return out, grad, compiled, time.perf_counter() - t0
+
+
+def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str = "cpu",
+        quick: bool = False, log: Callable[[str], None] = print) -> dict:
+    """The rows of the table, and the copy bandwidth."""
+    hub = kernelhub.get_hub()
+    dev = torch.device(device)
+    bw = copy_bandwidth(dev)
+    rows = []
+    for op in ops:
+        spec = hub.registry.spec(op)
+        impls = hub.registry.impls(op)
+        ref_fn = impls[spec.reference_backend].forward
+        dtype = next(d for d in (torch.float32, torch.complex64, *spec.dtypes) if d in spec.dtypes)
+        names = [b for b in (backends if backends is not None else sorted(impls)) if b in impls
+                 and b != spec.reference_backend and hub.registry.unavailable_reason(b) is None
+                 and not impls[b].static_reasons(dev.type, dtype) and not impls[b].forced_only]
+        for sample in testing.samples(op, "medium" if quick else "benchmark", dtype, device, seed=0):
+            args = sample.args
+            out, grad, compiled, compile_s = compiled_reference(ref_fn, args, (None, spec.differentiable))
+            for grads_of in (None, spec.differentiable):
+                passname = "fwd" if grads_of is None else "fwd+bwd"
+                floor_ms = floor_bytes(spec, args, out, grads_of is not None) / bw * 1e3
+                times = {}
+                for label, fn in [("torch_ref", ref_fn), ("compiled", compiled)] + [
+                        (b, kernelhub.op(op, backend=b)) for b in names]:
+                    try:
+                        times[label] = time_ms(make_step(fn, args, grads_of, grad), dev, quick)
+                    except Exception as exc:  # a backend that cannot serve this sample, out of memory...
+                        log(f"{op} {sample.name} {passname} {label}: {type(exc).__name__}: {exc}"[:300])
+                for label, ms in times.items():
+                    rows.append({"op": op, "shape": sample.name, "pass": passname, "impl": label, "ms": ms,
+                                 "floor_ms": floor_ms, "x_floor": ms / floor_ms,
+                                 "vs_torch_ref": times.get("torch_ref", math.nan) / ms,
+                                 "vs_compiled": times.get("compiled", math.nan) / ms,
+                                 "compile_s": compile_s if label == "compiled" else None})
+    return {"device": device_model(dev), "copy_GBps": bw / 1e9, "rows": rows}
+
+
+def plot(data: dict, path: str) -> None:
+    """Bars of each impl's time as a multiple of the floor, per (op, shape, pass); needs matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise RuntimeError("kernelhub bench --plot needs matplotlib: pip install 'kernelhub[plot]'") from exc
+    groups: dict[str, dict[str, float]] = {}
+    for r in data["rows"]:
+        groups.setdefault(f"{r['op']}\n{r['shape']} {r['pass']}", {})[r["impl"]] = r["x_floor"]
+    impls = sorted({r["impl"] for r in data["rows"]}, key=lambda n: ({"torch_ref": 0, "compiled": 1}.get(n, 2), n))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups)), 4.5))
+    width = 0.8 / max(1, len(impls))
+    for k, name in enumerate(impls):
+        xs = [i + k * width for i in range(len(groups))]
+        ax.bar(xs, [g.get(name, math.nan) for g in groups.values()], width, label=name)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], list(groups), fontsize=7)
+    ax.set_yscale("log")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_ylabel("time / memory floor (log)")
+    ax.set_title(f"kernelhub bench on {data['device']} (copy {data['copy_GBps']:.0f} GB/s)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

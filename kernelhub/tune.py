@@ -1,0 +1,290 @@
+"""Auto-tuning: time every eligible impl of an op on one call's shapes, check its parity, keep the winner.
+
+Winners live in one JSON file (``[tune].cache``; default ``~/.cache/kernelhub/tuning.json``)::
+
+    {"format": "kernelhub-tuning/1", "entries": {"<op>|<device model>|<dtype>|<bucket>": {...}}}
+
+An entry records torch's version and, per backend timed, its fingerprint (version plus a digest of its
+sources, `Registry.fingerprint`), its median forward and forward+backward times, and its parity outcome.
+It serves a call only while torch is the same and every backend now eligible for the call was timed
+with its current fingerprint, so a new or changed backend invalidates only the entries of the ops it
+implements. Among the eligible backends that passed parity the fastest forward+backward wins: the
+backward always runs on the backend that ran the forward, so one winner serves both passes. A backend
+that failed parity (or raised) on the bucket is never chosen for it.
+
+The shape bucket rounds every dimension of every tensor up to a power of two and keeps the integer,
+boolean and string arguments (they select kernel paths); float arguments do not enter it.
+
+Timing: the median after warm-up, through the hub's operator with the backend forced (each pays the
+same dispatch cost): `triton.testing.do_bench` on CUDA (CUDA events when triton is missing),
+`torch.utils.benchmark.Timer.blocked_autorange` on the CPU. Parity: forward and backward against the
+float64 reference on the same fresh random inputs, within the spec's tolerances.
+
+Writes are atomic (a temporary file renamed over the old one) under a file lock, merged with whatever
+other processes wrote meanwhile (the ranks of one distributed job may tune at once). A file that cannot
+be read as ours is ignored with one warning and replaced at the next write.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import os
+import platform
+import tempfile
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernelhub import testing
+
+__all__ = ["FORMAT", "WinnerCache", "Tuning", "bucket", "device_model", "entry_key", "first_tensor", "may_tune_now",
+           "time_ms"]
+
+FORMAT = "kernelhub-tuning/1"
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_model(device: torch.device | str) -> str:
+    """What timings depend on: the GPU's name, or the CPU's model and the threads torch uses."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        return f"cpu {_cpu_name()} ({torch.get_num_threads()} threads)"
+    return device.type
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length() if n > 1 else n
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "x".join(str(_pow2(s)) for s in t.shape) or "scalar"
+
+
+def bucket(args: Sequence[Any]) -> str:
+    """The shape bucket of a call's (canonical) arguments."""
+    parts = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            parts.append(_shape(a))
+        elif isinstance(a, (list, tuple)) and a and all(isinstance(t, torch.Tensor) for t in a):
+            parts.append("[" + ",".join(_shape(t) for t in a) + "]")
+        elif isinstance(a, (bool, int, str)) or (isinstance(a, (list, tuple))
+                                                 and all(isinstance(x, (bool, int, str)) for x in a)):
+            parts.append(repr(a))
+    return " ".join(parts)
+
+
+def first_tensor(args: Sequence[Any]) -> torch.Tensor:
+    """The call's first tensor (or first tensor of a list): its device and dtype key the decision."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a
+        if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+            return a[0]
+    raise TypeError("no tensor argument")
+
+
+def entry_key(op: str, args: Sequence[Any]) -> str:
+    t = first_tensor(args)
+    return f"{op}|{device_model(t.device)}|{str(t.dtype).removeprefix('torch.')}|{bucket(args)}"
+
+
+def may_tune_now(args: Sequence[Any]) -> bool:
+    """False while torch.compile traces or a CUDA graph is being captured (timing would break either)."""
+    if torch.compiler.is_compiling():
+        return False
+    t = first_tensor(args)
+    if isinstance(t, torch._subclasses.fake_tensor.FakeTensor) or t.device.type == "meta":
+        return False
+    return not (t.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
+def time_ms(fn: Callable[[], Any], device: torch.device, quick: bool = False) -> float:
+    """Median time of ``fn()`` in milliseconds, after warm-up."""
+    if device.type == "cuda":
+        try:
+            from triton.testing import do_bench
+        except ImportError:
+            do_bench = None
+        if do_bench is not None:
+            return float(do_bench(fn, warmup=5 if quick else 25, rep=20 if quick else 100, return_mode="median"))
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(10 if quick else 50):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return float(sorted(times)[len(times) // 2])
+    import torch.utils.benchmark as benchmark
+    fn()
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    return timer.blocked_autorange(min_run_time=0.05 if quick else 0.3).median * 1e3
+
+
+def _fresh(args: Sequence[Any], seed: int = 0) -> tuple:
+    """Random tensors with the shapes, strides, dtypes and devices of ``args``; other arguments as given."""
+    gen: dict[torch.device, torch.Generator] = {}
+
+    def fresh(t):
+        if not isinstance(t, torch.Tensor) or not (t.is_floating_point() or t.is_complex()):
+            return t
+        g = gen.setdefault(t.device, torch.Generator(device=t.device).manual_seed(seed))
+        return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).normal_(generator=g)
+
+    return tuple([fresh(x) for x in a] if isinstance(a, list) else fresh(a) for a in args)
+
+
+class WinnerCache:
+    """The winners file: read once, written atomically under a lock (see the module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._entries: dict[str, dict] | None = None
+        self._warned = False
+
+    def _read(self) -> dict[str, dict]:
+        try:
+            data = json.loads(self.path.read_text())
+            if not (isinstance(data, dict) and data.get("format") == FORMAT and isinstance(data.get("entries"), dict)):
+                raise ValueError(f"not a {FORMAT} file")
+            return {k: v for k, v in data["entries"].items() if isinstance(v, dict)
+                    and isinstance(v.get("candidates"), dict)}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"kernelhub: tuning cache {self.path} ignored ({type(exc).__name__}: {exc}); "
+                              "it will be rewritten by the next tuning", RuntimeWarning, stacklevel=3)
+            return {}
+
+    def entries(self) -> dict[str, dict]:
+        if self._entries is None:
+            self._entries = self._read()
+        return self._entries
+
+    def get(self, key: str) -> dict | None:
+        return self.entries().get(key)
+
+    def put(self, new: dict[str, dict]) -> None:
+        from filelock import FileLock
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.path) + ".lock", timeout=120):
+            merged = self._read()
+            merged.update(new)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump({"format": FORMAT, "entries": merged}, f, indent=1, sort_keys=True)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        self._entries = merged
+
+
+class Tuning:
+    """The selector's view of the winners: look a call up, tune a call, rank its eligible backends."""
+
+    def __init__(self, registry, config) -> None:
+        self.registry = registry
+        self.config = config
+        self.cache = WinnerCache(config.tune.cache_path())  # read once per process (and at kernelhub.reload())
+
+    def valid(self, entry: dict, eligible: Sequence[str]) -> bool:
+        cands = entry.get("candidates", {})
+        return entry.get("torch") == torch.__version__ and all(
+            name in cands and cands[name].get("fingerprint") == self.registry.fingerprint(name) for name in eligible)
+
+    def lookup(self, op: str, args: Sequence[Any], eligible: Sequence[str]) -> dict | None:
+        """The valid entry for this call, if any (never tunes)."""
+        if self.config.tune.mode == "off" or len(eligible) < 2:
+            return None
+        entry = self.cache.get(entry_key(op, args))
+        return entry if entry is not None and self.valid(entry, eligible) else None
+
+    def tune(self, op: str, args: Sequence[Any], eligible: Sequence[str], quick: bool = False,
+             progress: Callable[[str], None] | None = None, save: bool = True) -> dict:
+        """Time and check every backend in ``eligible`` on fresh inputs shaped like ``args``; record the entry."""
+        spec = self.registry.spec(op)
+        first = first_tensor(args)
+        tol = spec.tolerances[first.dtype]
+        with torch.inference_mode(False), torch.enable_grad():
+            fresh = _fresh(args)
+            ref_out, _ = testing.reference(op, fresh)
+            grad = testing.upstream_grad(ref_out)
+            ref_out, ref_grads = testing.reference(op, fresh, grad)
+            cands = {}
+            for name in eligible:
+                cand: dict[str, Any] = {"fingerprint": self.registry.fingerprint(name), "error": None}
+                try:
+                    out, grads = testing.run(op, name, fresh, grad)
+                    fwd = testing.parity_error(out, ref_out)
+                    bwd = max([testing.parity_error(g, r) for g, r in zip(grads, ref_grads)], default=0.0)
+                    if not (fwd <= tol.forward and bwd <= tol.backward):
+                        cand["error"] = (f"failed parity: forward error {fwd:.3g} (tolerance {tol.forward:.3g}), "
+                                         f"backward {bwd:.3g} ({tol.backward:.3g})")
+                    else:
+                        overload = getattr(torch.ops.kernelhub, op).default
+                        cand["forward_ms"] = time_ms(lambda: overload(*fresh, name), first.device, quick)
+                        cand["step_ms"] = time_ms(lambda: testing.run(op, name, fresh, grad), first.device, quick)
+                except Exception as exc:
+                    cand["error"] = f"raised {type(exc).__name__}: {exc}"
+                cands[name] = cand
+                if progress is not None:
+                    progress(name)
+        ok = {n: c["step_ms"] for n, c in cands.items() if c["error"] is None}
+        entry = {"op": op, "device": device_model(first.device), "dtype": str(first.dtype).removeprefix("torch."),
+                 "bucket": bucket(args), "call": _describe(args), "torch": torch.__version__,
+                 "tuned": datetime.datetime.now().isoformat(timespec="seconds"), "candidates": cands,
+                 "winner": min(ok, key=ok.get) if ok else None}
+        if save:
+            self.cache.put({entry_key(op, args): entry})
+        return entry
+
+    @staticmethod
+    def rank(entry: dict, eligible: Sequence[str]) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        """(eligible backends that passed, fastest first; why each of them is placed; why each failed one is out)."""
+        cands = entry["candidates"]
+        passed = sorted((n for n in eligible if cands[n]["error"] is None), key=lambda n: cands[n]["step_ms"])
+        failed = {n: f"{cands[n]['error']} (when tuned on {entry['call']}, {entry['tuned']})"
+                  for n in eligible if cands[n]["error"] is not None}
+        why = {}
+        if passed:
+            best = cands[passed[0]]["step_ms"]
+            why[passed[0]] = (f"tuned winner for bucket {entry['bucket']}: {best:.4g} ms forward+backward "
+                              f"({entry['tuned']})")
+            for n in passed[1:]:
+                t = cands[n]["step_ms"]
+                why[n] = f"lost on time: {t:.4g} ms vs {best:.4g} ms forward+backward ({t / best:.2f}x slower)"
+        return passed, why, failed
+
+
+def _describe(args: Sequence[Any]) -> str:
+    from kernelhub.select import describe_args  # select imports this module
+    return describe_args(args)

@@ -1,0 +1,220 @@
+"""Auto-tuning: winners by measured time among backends that pass parity, persisted safely, used by the
+selector, invalidated by what changed, and never tuned while tracing or capturing."""
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+import kernelhub
+from kernelhub import cli, tune
+from kernelhub.tune import WinnerCache
+
+# Test backends with known costs for tv_loss_sq_3d on the CPU: "aslow" sleeps 20 ms per pass, "bfast"
+# 4 ms, "awrong" is instant and 1% off; "cl1" serves tv_loss_l1_3d only. Alphabetically (the priority of
+# unlisted backends) aslow comes first.
+PLUGIN = '''
+import time
+import torch
+from kernelhub import hookimpl
+from kernelhub.spec import Backend, Impl
+from kernelhub_torch_ref import tv
+from kernelhub_torch_ref.plugin import vjp_backward
+
+
+def make(op, delay, scale):
+    ref = getattr(tv, op)
+    ref_backward = vjp_backward(ref, (0,))
+
+    def forward(volume):
+        time.sleep(delay)
+        return ref(volume) * scale
+
+    def backward(grad, volume, needs):
+        time.sleep(delay)
+        return ref_backward(grad, volume, needs=needs)
+    return forward, backward
+
+
+@hookimpl
+def kernelhub_register_impls(registry):
+    for name, op, delay, scale in (("aslow", "tv_loss_sq_3d", 0.02, 1.0), ("bfast", "tv_loss_sq_3d", 0.004, 1.0),
+                                   ("awrong", "tv_loss_sq_3d", 0.0, 1.01), ("cl1", "tv_loss_l1_3d", 0.0, 1.0)):
+        registry.add_backend(Backend(name, "1.0"))
+        f, b = make(op, delay, scale)
+        registry.add_impl(Impl(op=op, backend=name, forward=f, backward=b, dtypes=(torch.float32,), devices=("cpu",)))
+'''
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """The hub with the test backends (cuda_ext disabled: its real kernels would compete), tuning cache in tmp."""
+    (tmp_path / "khtune_plugin.py").write_text(textwrap.dedent(PLUGIN))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("KERNELHUB_DISABLE", "cuda_ext")
+    sys.modules.pop("khtune_plugin", None)
+    module = importlib.import_module("khtune_plugin")
+
+    def load(text=""):
+        (tmp_path / "kernelhub.toml").write_text(textwrap.dedent(text))
+        return kernelhub.reload(extra_plugins=[("khtune", module)])
+    yield load
+    sys.modules.pop("khtune_plugin", None)
+
+
+VOLUME = torch.randn(1, 8, 8, 8, generator=torch.Generator().manual_seed(0))
+
+
+def _tune_cli(*argv) -> dict:
+    data = cli.cmd_tune(cli.build_parser().parse_args(["tune", *argv]))
+    json.dumps(data)  # what --json prints
+    return data
+
+
+def test_the_tuner_ranks_by_measured_time(hub):
+    h = hub()
+    args = h.registry.spec("tv_loss_sq_3d").normalize(VOLUME)
+    entry = h.selector.tuning.tune("tv_loss_sq_3d", args, ["aslow", "bfast"], save=False)
+    c = entry["candidates"]
+    assert entry["winner"] == "bfast" and c["aslow"]["step_ms"] > 2 * c["bfast"]["step_ms"] > 2 * 4.0
+
+
+def test_winner_overrides_priority_and_a_wrong_backend_is_never_chosen(hub):
+    h = hub()
+    assert kernelhub.explain("tv_loss_sq_3d", VOLUME).chosen == "aslow"  # priority: alphabetical, before torch_ref
+    data = _tune_cli("tv_loss_sq_3d", "--shape", "1,8,8,8", "--quick")
+    entry = data["tuned"][0]
+    assert set(entry["candidates"]) == {"aslow", "awrong", "bfast", "torch_ref"}
+    assert "failed parity" in entry["candidates"]["awrong"]["error"]
+    assert entry["winner"] == "torch_ref"  # no sleep at all
+    decision = kernelhub.explain("tv_loss_sq_3d", VOLUME)
+    by = {c.backend: c for c in decision.candidates}
+    assert decision.chosen == "torch_ref" and "tuned winner" in by["torch_ref"].reasons[0]
+    assert by["bfast"].status == "lost" and "lost on time" in by["bfast"].reasons[0]
+    assert by["awrong"].status == "rejected" and "failed parity" in by["awrong"].reasons[0]
+    # the order below the winner is by time too: bfast before aslow
+    assert [i.backend for i in decision.eligible] == ["torch_ref", "bfast", "aslow"]
+    # the winners persist: a new process (here, a reloaded hub) reads them; the table lists them
+    hub()
+    assert kernelhub.explain("tv_loss_sq_3d", VOLUME).chosen == "torch_ref"
+    listed = cli.cmd_list(cli.build_parser().parse_args(["list"]))["winners"]["devices"]
+    rows = [r for rows in listed.values() for r in rows]
+    assert rows[0]["op"] == "tv_loss_sq_3d" and rows[0]["winner"] == "torch_ref" and "awrong" in rows[0]["failed"]
+    # mode "off" ignores them
+    hub("[tune]\nmode = 'off'\n")
+    assert kernelhub.explain("tv_loss_sq_3d", VOLUME).chosen == "aslow"
+
+
+def test_a_changed_backend_invalidates_only_the_entries_it_was_timed_in(hub, monkeypatch):
+    hub()
+    _tune_cli("tv_loss_sq_3d", "--shape", "1,8,8,8", "--quick")
+    _tune_cli("tv_loss_l1_3d", "--shape", "1,8,8,8", "--quick")
+    h = hub()
+    real = h.registry.fingerprint
+    monkeypatch.setattr(h.registry, "fingerprint", lambda b: "2.0+new" if b == "bfast" else real(b))
+    h.selector.forget()
+    sq = kernelhub.explain("tv_loss_sq_3d", VOLUME)
+    l1 = kernelhub.explain("tv_loss_l1_3d", VOLUME)
+    assert sq.chosen == "aslow" and "priority order" in sq.candidates[0].reasons[0]  # stale: back to priority
+    assert "tuned winner" in l1.candidates[0].reasons[0]  # bfast does not serve tv_loss_l1_3d: still valid
+    stale = {r["op"]: r["stale"] for rows in cli.cmd_list(cli.build_parser().parse_args(["list"]))["winners"]
+             ["devices"].values() for r in rows}
+    assert stale == {"tv_loss_sq_3d": "bfast changed", "tv_loss_l1_3d": ""}
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"format": "someone-else/3", "entries": {}}), "[]"])
+def test_a_corrupt_or_foreign_cache_is_ignored_with_one_warning_and_rewritten(hub, tmp_path, content):
+    path = tmp_path / "tuning.json"
+    path.write_text(content)
+    hub()
+    with pytest.warns(RuntimeWarning, match="tuning cache .* ignored") as caught:
+        kernelhub.explain("tv_loss_sq_3d", VOLUME)
+        kernelhub.explain("tv_loss_sq_3d", torch.randn(1, 4, 4, 4))
+    assert len([w for w in caught if "tuning cache" in str(w.message)]) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _tune_cli("tv_loss_sq_3d", "--shape", "1,8,8,8", "--quick")
+    data = json.loads(path.read_text())
+    assert data["format"] == tune.FORMAT and len(data["entries"]) == 1
+
+
+WRITER = """
+import sys
+from kernelhub.tune import WinnerCache
+cache = WinnerCache(sys.argv[1])
+for i in range(40):
+    cache.put({f"{sys.argv[2]}-{i}": {"candidates": {}, "winner": None}})
+"""
+
+
+def test_concurrent_tuners_leave_one_valid_file_with_all_entries(tmp_path):
+    path = tmp_path / "shared" / "tuning.json"
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), f"rank{r}"]) for r in range(3)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    entries = WinnerCache(path).entries()
+    assert len(entries) == 120 and not list(path.parent.glob(".tuning-*"))  # no temporary file left
+
+
+def test_two_tuning_processes_at_once(tmp_path):
+    # two real `kernelhub tune` runs (torch_ref against cuda_ext's C++ kernels) sharing one cache file
+    reason = kernelhub.get_hub().registry.unavailable_reason("cuda_ext")
+    if reason:
+        pytest.skip(f"cuda_ext is not available here: {reason}")
+    config = tmp_path / "kernelhub.toml"
+    config.write_text(f"[tune]\ncache = '{tmp_path / 'w.json'}'\n")
+    env = {**os.environ, "KERNELHUB_CONFIG": str(config)}
+    procs = [subprocess.Popen([sys.executable, "-m", "kernelhub.cli", "tune", op, "--quick", "--json"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for op in ("tv_loss_sq_3d", "tv_loss_l1_3d")]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    tuned = [e for o in outs for e in json.loads(o[0])["tuned"]]
+    entries = WinnerCache(tmp_path / "w.json").entries()
+    assert len(tuned) == 2 and {e["op"] for e in entries.values()} == {"tv_loss_sq_3d", "tv_loss_l1_3d"}
+    assert all(set(e["candidates"]) == {"cuda_ext", "torch_ref"} for e in entries.values())
+
+
+def test_online_mode_tunes_a_new_bucket_on_its_first_call_but_never_while_tracing(hub, monkeypatch, tmp_path):
+    hub("[tune]\nmode = 'online'\n")
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # as inside torch.compile's tracing
+    assert not tune.may_tune_now((VOLUME,))
+    decision = kernelhub.explain("tv_loss_sq_3d", VOLUME)
+    assert decision.chosen == "aslow" and "not tuned while tracing" in decision.candidates[0].reasons[0]
+    assert not (tmp_path / "tuning.json").exists()
+    monkeypatch.undo()
+    out = kernelhub.op("tv_loss_sq_3d")(VOLUME)  # the first real call of this bucket tunes it
+    assert torch.allclose(out, kernelhub.op("tv_loss_sq_3d", backend="torch_ref")(VOLUME))
+    assert kernelhub.explain("tv_loss_sq_3d", VOLUME).chosen == "torch_ref"
+    assert len(WinnerCache(tmp_path / "tuning.json").entries()) == 1
+    # another shape in the same bucket: no new tuning
+    kernelhub.op("tv_loss_sq_3d")(torch.randn(1, 7, 8, 5))
+    assert len(WinnerCache(tmp_path / "tuning.json").entries()) == 1
+
+
+def test_buckets_round_shapes_up_to_powers_of_two_and_keep_non_float_arguments():
+    assert tune.bucket((torch.empty(1, 7, 8, 9), 0.5)) == "1x8x8x16"
+    assert tune.bucket(([torch.empty(3, 5)], "tropical_max", [1, 2], 2)) == "[4x8] 'tropical_max' [1, 2] 2"
+
+
+def test_bench_prints_times_floor_fractions_and_speedups_and_plots(tmp_path, monkeypatch):
+    out = tmp_path / "bench.png"
+    parser = cli.build_parser()
+    data = cli.cmd_bench(parser.parse_args(["bench", "tv_loss_sq_3d", "--quick", "--device", "cpu", "--plot", str(out)]))
+    impls = {r["impl"] for r in data["rows"]}
+    assert {"torch_ref", "compiled"} <= impls and data["copy_GBps"] > 0
+    for r in data["rows"]:
+        assert r["ms"] > 0 and r["floor_ms"] > 0 and r["x_floor"] == pytest.approx(r["ms"] / r["floor_ms"])
+        assert r["pass"] in ("fwd", "fwd+bwd")
+    ref = {r["pass"]: r["ms"] for r in data["rows"] if r["impl"] == "torch_ref"}
+    for r in data["rows"]:
+        assert r["vs_torch_ref"] == pytest.approx(ref[r["pass"]] / r["ms"])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    json.dumps(data)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed: a clear error, exit code 2
+    assert cli.main(["bench", "tv_loss_sq_3d", "--quick", "--device", "cpu", "--plot", str(out)]) == 2

@@ -2,7 +2,8 @@
 # Run on the GPU machine (no package index): install offline, then
 #   tests  - the demo and the whole test suite (CPU and CUDA cases, the large-tensor ones too)
 #   bench  - benchmarks/kernels.py: every kernel backend against eager and compiled torch_ref
-#   all    - both (the default)
+#   tune   - kernelhub tune (benchmark shapes, every backend), kernelhub list, kernelhub bench --plot
+#   all    - tests and bench (the default)
 # PYTEST_ARGS (default: tests) and BENCH_ARGS narrow the two steps.
 # Prints a short summary last and exits non-zero if a step failed. Logs go under $OUT if set.
 set -uo pipefail
@@ -11,6 +12,10 @@ OUT="${OUT:-/tmp/kernelhub-gpu}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if ! python3 -c "import pytest" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+if ! python3 -c "import matplotlib" 2>/dev/null && ls .whl/plot/*.whl >/dev/null 2>&1; then  # kernelhub bench --plot
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/plot/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . -e ./backends/torch_ref -e ./backends/triton -e ./backends/cuda_ext 2>&1 | tail -2
 echo "install (with cuda_ext's ahead-of-time build): ${SECONDS} s"
@@ -29,6 +34,18 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 benchmarks/kernels.py ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | grep -v "^sweep" \
     || rc=1
   grep "^sweep" "$OUT/bench.txt"
+fi
+if [ "$what" = tune ]; then
+  ops="${TUNE_OPS:-tv_loss_l1_3d tv_loss_sq_3d tv_loss_iso_3d trilinear_interp tikhonov_inverse_2xn}"
+  export KERNELHUB_CONFIG="$OUT/kernelhub.toml"
+  printf '[tune]\ncache = "%s"\n' "$OUT/tuning.json" > "$KERNELHUB_CONFIG"
+  start=$SECONDS
+  kernelhub tune $ops --json > "$OUT/tune.json" || rc=1
+  echo "kernelhub tune $ops: $((SECONDS - start)) s"
+  kernelhub list 2>&1 | sed -n '/tuned winners/,$p' | tee "$OUT/winners.txt"
+  kernelhub explain tv_loss_l1_3d --shape 1,512,512,512 --device cuda 2>&1 | tee "$OUT/explain.txt"
+  kernelhub bench $ops --json --plot "$OUT/bench.png" > "$OUT/kbench.json" 2> "$OUT/kbench.err" || rc=1
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['device'], round(d['copy_GBps']), 'GB/s'); [print(f\"{r['op'][:20]:20s} {r['shape'][:14]:14s} {r['pass']:7s} {r['impl']:9s} {r['ms']:9.4f} ms {r['x_floor']:6.2f}x floor {r['vs_torch_ref']:7.1f}x ref {r['vs_compiled']:5.2f}x compiled\") for r in d['rows']]" "$OUT/kbench.json"
 fi
 echo "== summary =="
 cat "$OUT/device.txt"

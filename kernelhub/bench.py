@@ -57,11 +57,15 @@ def make_step(fn: Callable, args: Sequence[Any], grads_of: Sequence[int] | None,
     if grads_of is None:
         return lambda: fn(*args)
     call = list(args)
+    leaves = []
     for i in grads_of:
         call[i] = [t.detach().requires_grad_() for t in args[i]] if isinstance(args[i], list) else \
             args[i].detach().requires_grad_()
+        leaves += call[i] if isinstance(call[i], list) else [call[i]]
 
     def step():
+        for t in leaves:  # a fresh gradient each time: accumulating into .grad would add a pass
+            t.grad = None
         fn(*call).backward(grad)
     return step
 

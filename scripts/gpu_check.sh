@@ -42,9 +42,10 @@ if [ "$what" = tune ]; then
   start=$SECONDS
   kernelhub tune $ops --json > "$OUT/tune.json" || rc=1
   echo "kernelhub tune $ops: $((SECONDS - start)) s"
-  kernelhub list 2>&1 | sed -n '/tuned winners/,$p' | tee "$OUT/winners.txt"
-  kernelhub explain tv_loss_l1_3d --shape 1,512,512,512 --device cuda 2>&1 | tee "$OUT/explain.txt"
-  kernelhub bench $ops --json --plot "$OUT/bench.png" > "$OUT/kbench.json" 2> "$OUT/kbench.err" || rc=1
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(f\"tuned {e['op'][:20]:20s} {e['call'][:40]:40s} winner {e['winner']}: \" + ', '.join(f\"{n} {c['step_ms']:.4f}\" if c['error'] is None else f\"{n} FAILED {c['error'][:60]}\" for n, c in sorted(e['candidates'].items()))) for e in d['tuned']]" "$OUT/tune.json"
+  COLUMNS=200 kernelhub explain tv_loss_l1_3d --shape 1,512,512,512 --device cuda 2>&1
+  kernelhub bench $ops --json --plot "$OUT/bench.png" > "$OUT/kbench.json" 2> /dev/null || rc=1
+  rm -f "$OUT/tuning.json.lock"
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['device'], round(d['copy_GBps']), 'GB/s'); [print(f\"{r['op'][:20]:20s} {r['shape'][:14]:14s} {r['pass']:7s} {r['impl']:9s} {r['ms']:9.4f} ms {r['x_floor']:6.2f}x floor {r['vs_torch_ref']:7.1f}x ref {r['vs_compiled']:5.2f}x compiled\") for r in d['rows']]" "$OUT/kbench.json"
 fi
 echo "== summary =="

@@ -72,7 +72,8 @@ VOLUME = torch.randn(1, 8, 8, 8, generator=torch.Generator().manual_seed(0))
 
 
 def _tune_cli(*argv) -> dict:
-    data = cli.cmd_tune(cli.build_parser().parse_args(["tune", *argv]))
+    """`kernelhub tune ... --device cpu` (the test backends serve the CPU; on a GPU machine the default is cuda)."""
+    data = cli.cmd_tune(cli.build_parser().parse_args(["tune", *argv, "--device", "cpu"]))
     json.dumps(data)  # what --json prints
     return data
 
@@ -169,7 +170,8 @@ def test_two_tuning_processes_at_once(tmp_path):
     config = tmp_path / "kernelhub.toml"
     config.write_text(f"[tune]\ncache = '{tmp_path / 'w.json'}'\n")
     env = {**os.environ, "KERNELHUB_CONFIG": str(config)}
-    procs = [subprocess.Popen([sys.executable, "-m", "kernelhub.cli", "tune", op, "--quick", "--json"], env=env,
+    procs = [subprocess.Popen([sys.executable, "-m", "kernelhub.cli", "tune", op, "--quick", "--device", "cpu", "--json"],
+                              env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for op in ("tv_loss_sq_3d", "tv_loss_l1_3d")]
     outs = [p.communicate(timeout=600) for p in procs]

@@ -10,7 +10,9 @@ For every op and each sample of the chosen size (the spec's "benchmark" shapes; 
   inputs: benchmarks/kernels.py refines it per op);
 - the median time (`kernelhub.tune.time_ms`: `triton.testing.do_bench` on CUDA, `torch.utils.benchmark`
   on the CPU) of the reference's forward in eager mode ("torch_ref"), under `torch.compile` ("compiled",
-  compile time excluded and reported), and each backend through the hub with that backend forced.
+  compiled before any timing, its compile time reported), and each backend through the hub with that
+  backend forced. Each one's first call is timed apart ("first_call_s": where the inductor backend
+  compiles) and never enters the median.
 """
 
 from __future__ import annotations
@@ -106,18 +108,24 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
             for grads_of in (None, spec.differentiable):
                 passname = "fwd" if grads_of is None else "fwd+bwd"
                 floor_ms = floor_bytes(spec, args, out, grads_of is not None) / bw * 1e3
-                times = {}
+                times, first = {}, {}
                 for label, fn in [("torch_ref", ref_fn), ("compiled", compiled)] + [
                         (b, kernelhub.op(op, backend=b)) for b in names]:
                     try:
-                        times[label] = time_ms(make_step(fn, args, grads_of, grad), dev, quick)
+                        step = make_step(fn, args, grads_of, grad)
+                        start = time.perf_counter()
+                        step()  # the first call, timed on its own: where a backend compiles (inductor)
+                        if dev.type == "cuda":
+                            torch.cuda.synchronize(dev)
+                        first[label] = time.perf_counter() - start
+                        times[label] = time_ms(step, dev, quick)
                     except Exception as exc:  # a backend that cannot serve this sample, out of memory...
                         log(f"{op} {sample.name} {passname} {label}: {type(exc).__name__}: {exc}"[:300])
                 for label, ms in times.items():
                     rows.append({"op": op, "shape": sample.name, "pass": passname, "impl": label, "ms": ms,
                                  "floor_ms": floor_ms, "x_floor": ms / floor_ms,
                                  "vs_torch_ref": times.get("torch_ref", math.nan) / ms,
-                                 "vs_compiled": times.get("compiled", math.nan) / ms,
+                                 "vs_compiled": times.get("compiled", math.nan) / ms, "first_call_s": first[label],
                                  "compile_s": compile_s if label == "compiled" else None})
     return {"device": device_model(dev), "copy_GBps": bw / 1e9, "rows": rows}
 

@@ -179,8 +179,8 @@ def _tune_calls(args: argparse.Namespace) -> list[tuple[str, tuple]]:
         if args.shape:
             calls.append((op, _example_args(op, args.shape, args.arg or [], dtype, args.device)))
         else:
-            calls += [(op, s.args) for s in testing.samples(op, "medium" if args.quick else "benchmark", dtype,
-                                                            args.device)]
+            samples = testing.samples(op, "medium" if args.quick else "benchmark", dtype, args.device)
+            calls += [(op, s.args) for s in (samples[:1] if args.quick else samples)]
     return calls
 
 
@@ -191,8 +191,13 @@ def cmd_tune(args: argparse.Namespace) -> dict:
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     plan = []
     skipped = []
+    left_out: set[str] = set()
     for op, call in _tune_calls(args):
         eligible = [i.backend for i in hub.selector.untuned(op, call).eligible]
+        if args.quick:  # no compiling in a smoke run: those backends stay out of the entry (never winners)
+            compiles = [n for n in eligible if hub.registry.impls(op)[n].tuned_only]
+            eligible = [n for n in eligible if n not in compiles]
+            left_out.update(compiles)
         if len(eligible) < 2:
             skipped.append({"op": op, "call": describe_args(call), "why": f"only {eligible or 'no backend'} can serve it"})
         else:
@@ -206,12 +211,13 @@ def cmd_tune(args: argparse.Namespace) -> dict:
                                              progress=lambda name: progress.advance(task))
             rows.append(entry)
     hub.selector.forget()
-    return {"device": args.device, "cache": str(hub.selector.tuning.cache.path), "tuned": rows, "skipped": skipped}
+    return {"device": args.device, "cache": str(hub.selector.tuning.cache.path), "tuned": rows, "skipped": skipped,
+            "not_timed": sorted(left_out)}
 
 
 def render_tune(data: dict, console: Console) -> None:
     t = Table(title=f"tuned on {data['device']} -> {data['cache']}")
-    for col in ("op", "call", "backend", "forward ms", "forward+backward ms", "outcome"):
+    for col in ("op", "call", "backend", "first call s", "forward ms", "forward+backward ms", "outcome"):
         t.add_column(col)
     for e in data["tuned"]:
         for i, (name, c) in enumerate(sorted(e["candidates"].items(), key=lambda x: x[1].get("step_ms") or 1e30)):
@@ -219,11 +225,15 @@ def render_tune(data: dict, console: Console) -> None:
                        "[green]winner[/]" if name == e["winner"] else
                        f"{c['step_ms'] / e['candidates'][e['winner']]['step_ms']:.2f}x slower")
             t.add_row(e["op"] if i == 0 else "", e["call"] if i == 0 else "", name,
+                      f"{c['first_call_s']:.3g}" if c.get("first_call_s") is not None else "-",
                       f"{c['forward_ms']:.4g}" if c.get("forward_ms") is not None else "-",
                       f"{c['step_ms']:.4g}" if c.get("step_ms") is not None else "-", outcome)
     console.print(t)
     for s in data["skipped"]:
         console.print(f"[dim]not tuned: {s['op']}({s['call']}): {s['why']}[/]")
+    if data["not_timed"]:
+        console.print(f"--quick did not time {', '.join(data['not_timed'])} (compiles on first use; "
+                      "`kernelhub tune` without --quick does)")
 
 
 # -- bench ------------------------------------------------------------------
@@ -244,11 +254,12 @@ def cmd_bench(args: argparse.Namespace) -> dict:
 
 def render_bench(data: dict, console: Console) -> None:
     t = Table(title=f"kernelhub bench on {data['device']} (copy bandwidth {data['copy_GBps']:.0f} GB/s)")
-    for col in ("op", "shape", "pass", "impl", "ms", "x floor", "vs torch_ref", "vs compiled"):
-        t.add_column(col, justify="right" if col in ("ms", "x floor", "vs torch_ref", "vs compiled") else "left")
+    numbers = ("ms", "x floor", "vs torch_ref", "vs compiled", "first call s")
+    for col in ("op", "shape", "pass", "impl", *numbers):
+        t.add_column(col, justify="right" if col in numbers else "left")
     for r in data["rows"]:
         t.add_row(r["op"], r["shape"], r["pass"], r["impl"], f"{r['ms']:.4g}", f"{r['x_floor']:.2f}x",
-                  f"{r['vs_torch_ref']:.2f}x", f"{r['vs_compiled']:.2f}x")
+                  f"{r['vs_torch_ref']:.2f}x", f"{r['vs_compiled']:.2f}x", f"{r['first_call_s']:.3g}")
     console.print(t)
     if data.get("plot"):
         console.print(f"plot written to {data['plot']}")
@@ -340,7 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "argument in order (repeat per tensor; one op only)")
             p.add_argument("--arg", action="append", metavar="NAME=VALUE", help="a non-tensor argument of --shape's call")
             p.add_argument("--quick", action="store_true",
-                           help="the spec's medium samples and short timings (a smoke run, about a second per op)")
+                           help="a smoke run: each op's first medium sample, short timings, and no backend that "
+                                "compiles on first use (inductor)")
         if name == "bench":
             p.add_argument("ops", nargs="*", help="ops to time (default: all)")
             p.add_argument("--backends", nargs="+", help="backends to time besides the reference (default: all that serve the device)")

@@ -2,8 +2,9 @@
 
 Eligible impls are those whose backend is available and not disabled, whose
 declared devices and dtypes cover the call, whose ``not_supported_reasons`` is
-empty, which are not ``forced_only`` (unless forced), and which have not raised
-at call time for this key. Among eligible
+empty, which are not ``forced_only`` (unless forced) nor ``tuned_only`` (unless
+forced, pinned or the tuned winner), and which have not raised at call time for
+this key. Among eligible
 impls the order is: a forced backend (``kernelhub.op(name, backend=...)``), else
 the op's pin from the config, else the tuned winner for the call's shape bucket
 (kernelhub/tune.py; a backend that failed parity there is rejected), else the
@@ -166,10 +167,11 @@ class Selector:
             if reasons:
                 rejected[name] = reasons
         ordered = cfg.priority_for(op, [n for n in impls if n not in rejected])
-        why = "priority order " + " > ".join(ordered) if ordered else ""
+        note = ""
         whys: dict[str, str] = {}
         pin = cfg.op(op).pin
         cacheable = True
+        winner = None
         if tuned and not forced and not (pin and pin in ordered) and len(ordered) > 1 and cfg.tune.mode != "off":
             entry = self.tuning.lookup(op, args, ordered)
             if entry is None and cfg.tune.mode == "online":
@@ -177,12 +179,19 @@ class Selector:
                     entry = self.tuning.tune(op, args, ordered)
                 else:
                     cacheable = False
-                    why += " (no winner for this shape bucket; not tuned while tracing or capturing)"
+                    note = " (no winner for this shape bucket; not tuned while tracing or capturing)"
             if entry is not None:
-                passed, whys, failed = self.tuning.rank(entry, ordered)
-                for name, reason in failed.items():
+                passed, whys, failed_parity = self.tuning.rank(entry, ordered)
+                for name, reason in failed_parity.items():
                     rejected[name] = [reason]
-                ordered = passed + [n for n in ordered if n not in passed and n not in failed]
+                ordered = passed + [n for n in ordered if n not in passed and n not in failed_parity]
+                winner = passed[0] if passed else None
+        if tuned:  # a tuned_only impl serves a call only as the tuned winner, or forced, or pinned
+            keep = {forced, pin, winner}
+            for name in [n for n in ordered if impls[n].tuned_only and n not in keep]:
+                ordered.remove(name)
+                rejected[name] = [impls[name].tuned_only]
+        why = ("priority order " + " > ".join(ordered) if ordered else "") + note
         call = describe_args(args)
         if forced:
             if forced not in impls or forced in rejected:

@@ -156,6 +156,9 @@ class Impl:
     ``forced_only``, when not empty, says why this impl serves only calls that force its
     backend (``kernelhub.op(name, backend=...)``) and is never picked by selection: the
     Triton interpreter (``TRITON_INTERPRET=1``), for example, runs kernels for tests only.
+    ``tuned_only``, when not empty, says why priority alone never picks this impl: the tuner times it,
+    and it serves calls whose shape bucket it won (or that force or pin its backend). The inductor
+    backend, which compiles for seconds on first use, is one.
     """
 
     op: str
@@ -167,6 +170,7 @@ class Impl:
     not_supported_reasons: Callable[[Sequence[Any]], list[str]] = _any_reasons
     deterministic: bool = True
     forced_only: str = ""
+    tuned_only: str = ""
 
     def static_reasons(self, device_type: str, dtype: torch.dtype) -> list[str]:
         """Reasons that follow from the declared devices and dtypes alone."""

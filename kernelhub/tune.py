@@ -15,8 +15,9 @@ that failed parity (or raised) on the bucket is never chosen for it.
 The shape bucket rounds every dimension of every tensor up to a power of two and keeps the integer,
 boolean and string arguments (they select kernel paths); float arguments do not enter it.
 
-Timing: the median after warm-up, through the hub's operator with the backend forced (each pays the
-same dispatch cost): `triton.testing.do_bench` on CUDA (CUDA events when triton is missing),
+Timing: the first call (a backend that compiles, such as inductor, compiles then) is timed on its own
+and recorded as ``first_call_s``, never mixed into the median after warm-up, which goes through the
+hub's operator with the backend forced (each pays the same dispatch cost): `triton.testing.do_bench` on CUDA (CUDA events when triton is missing),
 `torch.utils.benchmark.Timer.blocked_autorange` on the CPU. Parity: forward and backward against the
 float64 reference on the same fresh random inputs, within the spec's tolerances.
 
@@ -33,6 +34,7 @@ import json
 import os
 import platform
 import tempfile
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -216,17 +218,21 @@ class Tuning:
         self.config = config
         self.cache = WinnerCache(config.tune.cache_path())  # read once per process (and at kernelhub.reload())
 
-    def valid(self, entry: dict, eligible: Sequence[str]) -> bool:
+    def valid(self, entry: dict, op: str, eligible: Sequence[str]) -> bool:
+        """Same torch, and every eligible backend timed with its current fingerprint. A ``tuned_only``
+        backend left out of the entry (`kernelhub tune --quick` does not compile) is simply not a winner."""
         cands = entry.get("candidates", {})
+        impls = self.registry.impls(op)
+        needed = [n for n in eligible if n in cands or not impls[n].tuned_only]
         return entry.get("torch") == torch.__version__ and all(
-            name in cands and cands[name].get("fingerprint") == self.registry.fingerprint(name) for name in eligible)
+            name in cands and cands[name].get("fingerprint") == self.registry.fingerprint(name) for name in needed)
 
     def lookup(self, op: str, args: Sequence[Any], eligible: Sequence[str]) -> dict | None:
         """The valid entry for this call, if any (never tunes)."""
         if self.config.tune.mode == "off" or len(eligible) < 2:
             return None
         entry = self.cache.get(entry_key(op, args))
-        return entry if entry is not None and self.valid(entry, eligible) else None
+        return entry if entry is not None and self.valid(entry, op, eligible) else None
 
     def tune(self, op: str, args: Sequence[Any], eligible: Sequence[str], quick: bool = False,
              progress: Callable[[str], None] | None = None, save: bool = True) -> dict:
@@ -243,7 +249,11 @@ class Tuning:
             for name in eligible:
                 cand: dict[str, Any] = {"fingerprint": self.registry.fingerprint(name), "error": None}
                 try:
-                    out, grads = testing.run(op, name, fresh, grad)
+                    start = time.perf_counter()
+                    out, grads = testing.run(op, name, fresh, grad)  # the first call: compiles, if it must
+                    if first.is_cuda:
+                        torch.cuda.synchronize(first.device)
+                    cand["first_call_s"] = time.perf_counter() - start
                     fwd = testing.parity_error(out, ref_out)
                     bwd = max([testing.parity_error(g, r) for g, r in zip(grads, ref_grads)], default=0.0)
                     if not (fwd <= tol.forward and bwd <= tol.backward):
@@ -271,9 +281,10 @@ class Tuning:
     def rank(entry: dict, eligible: Sequence[str]) -> tuple[list[str], dict[str, str], dict[str, str]]:
         """(eligible backends that passed, fastest first; why each of them is placed; why each failed one is out)."""
         cands = entry["candidates"]
-        passed = sorted((n for n in eligible if cands[n]["error"] is None), key=lambda n: cands[n]["step_ms"])
+        timed = [n for n in eligible if n in cands]
+        passed = sorted((n for n in timed if cands[n]["error"] is None), key=lambda n: cands[n]["step_ms"])
         failed = {n: f"{cands[n]['error']} (when tuned on {entry['call']}, {entry['tuned']})"
-                  for n in eligible if cands[n]["error"] is not None}
+                  for n in timed if cands[n]["error"] is not None}
         why = {}
         if passed:
             best = cands[passed[0]]["step_ms"]

@@ -4,7 +4,7 @@
 #   bench  - benchmarks/kernels.py: every kernel backend against eager and compiled torch_ref
 #   tune   - kernelhub tune (benchmark shapes, every backend), kernelhub list, kernelhub bench --plot
 #   all    - tests and bench (the default)
-# PYTEST_ARGS (default: tests) and BENCH_ARGS narrow the two steps.
+# PYTEST_ARGS (default: tests), PYTEST_K (a -k expression) and BENCH_ARGS narrow the steps.
 # Prints a short summary last and exits non-zero if a step failed. Logs go under $OUT if set.
 set -uo pipefail
 what="${1:-all}"
@@ -27,7 +27,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   kernelhub list 2>&1 | tee "$OUT/list.txt" | head -8
   python3 -c "from kernelhub_cuda_ext import _lib; print('cuda_ext:', _lib.load() or 'loaded', 'from', _lib.loaded_from(), '| CUDA kernels:', _lib.cuda_reason() or 'yes')" 2>&1 | tee -a "$OUT/list.txt"
   python3 examples/demo.py 2>&1 | tee "$OUT/demo.txt" | tail -3
-  python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} 2>&1 | tee "$OUT/pytest_cuda.txt" | grep -E "FAILED|ERROR|passed|failed" | tail -30
+  python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest_cuda.txt" | grep -E "FAILED|ERROR|passed|failed" | tail -30
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then

@@ -66,11 +66,14 @@ def test_unknown_op_in_config(tmp_path):
         kernelhub.reload()
 
 
-def test_uninstalled_first_party_backend_may_be_named(tmp_path):
-    write(tmp_path / "kernelhub.toml", "priority = ['inductor', 'torch_ref']\n[ops.semiconv]\npin = 'triton'\n")
+def test_uninstalled_first_party_backend_may_be_named(tmp_path, monkeypatch):
+    from kernelhub import registry
+    installed = registry._entry_points
+    monkeypatch.setattr(registry, "_entry_points", lambda: [e for e in installed() if e.name != "cuda_ext"])
+    write(tmp_path / "kernelhub.toml", "priority = ['cuda_ext', 'torch_ref']\n[ops.semiconv]\npin = 'cuda_ext'\n")
     hub = kernelhub.reload()
-    assert hub.config.priority == ("inductor", "torch_ref")
-    assert hub.registry.unavailable_reason("inductor") == "not installed"
+    assert hub.config.priority == ("cuda_ext", "torch_ref")
+    assert hub.registry.unavailable_reason("cuda_ext") == "not installed"
 
 
 def test_tuning_cache_default_location_and_override(tmp_path, monkeypatch):

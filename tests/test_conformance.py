@@ -8,7 +8,10 @@ from kernelhub import testing
 
 kernelhub.reload()
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-CASES = [c for d in DEVICES for c in testing.cases(device=d)]
+# inductor (torch_ref compiled) in float32 and float64 only: every case compiles for seconds on the 2-core CI
+# machine, and its float16 / bfloat16 graphs are the same code computing in float32
+CASES = [c for d in DEVICES for c in testing.cases(device=d)
+         if c.backend != "inductor" or c.dtype in (torch.float32, torch.float64)]
 OPS = kernelhub.op_names()
 
 

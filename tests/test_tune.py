@@ -54,10 +54,11 @@ def kernelhub_register_impls(registry):
 
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
-    """The hub with the test backends (cuda_ext disabled: its real kernels would compete), tuning cache in tmp."""
+    """The hub with the test backends (cuda_ext and inductor disabled: real backends would compete), tuning
+    cache in tmp."""
     (tmp_path / "khtune_plugin.py").write_text(textwrap.dedent(PLUGIN))
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("KERNELHUB_DISABLE", "cuda_ext")
+    monkeypatch.setenv("KERNELHUB_DISABLE", "cuda_ext,inductor")
     sys.modules.pop("khtune_plugin", None)
     module = importlib.import_module("khtune_plugin")
 
@@ -163,13 +164,14 @@ def test_concurrent_tuners_leave_one_valid_file_with_all_entries(tmp_path):
 
 
 def test_two_tuning_processes_at_once(tmp_path):
-    # two real `kernelhub tune` runs (torch_ref against cuda_ext's C++ kernels) sharing one cache file
+    # two real `kernelhub tune` runs (torch_ref against cuda_ext's C++ kernels; inductor, which would compile
+    # for seconds, left out) sharing one cache file
     reason = kernelhub.get_hub().registry.unavailable_reason("cuda_ext")
     if reason:
         pytest.skip(f"cuda_ext is not available here: {reason}")
     config = tmp_path / "kernelhub.toml"
     config.write_text(f"[tune]\ncache = '{tmp_path / 'w.json'}'\n")
-    env = {**os.environ, "KERNELHUB_CONFIG": str(config)}
+    env = {**os.environ, "KERNELHUB_CONFIG": str(config), "KERNELHUB_DISABLE": "inductor"}
     procs = [subprocess.Popen([sys.executable, "-m", "kernelhub.cli", "tune", op, "--quick", "--device", "cpu", "--json"],
                               env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -1,4 +1,5 @@
-"""Registers the torch_ref backend: one Impl per op, backward derived with torch.func.vjp."""
+"""Registers the torch_ref backend (one Impl per op, backward derived with torch.func.vjp) and the inductor
+backend (the same forward and backward through torch.compile: inductor.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 
 from kernelhub import hookimpl
 from kernelhub.spec import Backend, Impl
-from kernelhub_torch_ref import __version__, kplanes, semiconv, tikhonov, trilinear, tv
+from kernelhub_torch_ref import __version__, inductor, kplanes, semiconv, tikhonov, trilinear, tv
 
 FORWARDS: dict[str, Callable[..., torch.Tensor]] = {
     "tv_loss_l1_3d": tv.tv_loss_l1_3d,
@@ -59,13 +60,14 @@ def vjp_backward(forward: Callable[..., torch.Tensor], diff: Sequence[int]) -> C
 @hookimpl
 def kernelhub_register_impls(registry) -> None:
     registry.add_backend(Backend("torch_ref", __version__, "plain PyTorch, written from OPS.md"))
+    registry.add_backend(Backend("inductor", __version__, "torch_ref compiled by torch.compile",
+                                 inductor.unavailable_reason))
     for op, forward in FORWARDS.items():
         spec = registry.spec(op)
-        registry.add_impl(Impl(
-            op=op,
-            backend="torch_ref",
-            forward=forward,
-            backward=vjp_backward(DIFFERENTIATE.get(op, forward), spec.differentiable),
-            dtypes=spec.dtypes,
-            devices=None,
-        ))
+        backward = vjp_backward(DIFFERENTIATE.get(op, forward), spec.differentiable)
+        registry.add_impl(Impl(op=op, backend="torch_ref", forward=forward, backward=backward, dtypes=spec.dtypes,
+                               devices=None))
+        registry.add_impl(Impl(op=op, backend="inductor", forward=inductor.compiled_pass(op, "forward", forward),
+                               backward=inductor.compiled_pass(op, "backward", backward), dtypes=spec.dtypes,
+                               devices=("cpu",), not_supported_reasons=inductor.device_reasons,
+                               tuned_only=inductor.TUNED_ONLY))

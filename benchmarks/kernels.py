@@ -26,7 +26,7 @@ import torch
 
 import kernelhub
 from kernelhub import testing
-from kernelhub.bench import compiled_reference
+from kernelhub.bench import compiled_reference, copy_bandwidth, nbytes
 
 # per op: (inputs that get gradients, inputs the backward must read again); None = forward only.
 # trilinear's feats gradient is w_k(points) * grad: it re-reads points, not feats.
@@ -48,10 +48,6 @@ def _closed_form(M, lam):
 EXTRA = {"tikhonov_inverse_2xn": [("closed_form", _closed_form)]}
 
 
-def nbytes(t) -> int:
-    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
-
-
 def floor_bytes(args, out, mode) -> int:
     """Forward: read every tensor input, write the output. Backward: read the upstream gradient
     and the inputs the formula needs, write each gradient."""
@@ -60,14 +56,6 @@ def floor_bytes(args, out, mode) -> int:
         return fwd
     grads_of, rereads = mode
     return fwd + nbytes(out) + sum(nbytes(args[i]) for i in rereads) + sum(nbytes(args[i]) for i in grads_of)
-
-
-def copy_bandwidth() -> float:
-    import triton.testing
-    x = torch.randn(2**28, device="cuda")  # 1 GiB
-    y = torch.empty_like(x)
-    ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=50, rep=200, return_mode="median")
-    return 2 * nbytes(x) / (ms * 1e-3)
 
 
 def make_step(fn, args, grads_of, grad):
@@ -110,7 +98,7 @@ def bench(step, leaves) -> tuple[float, float, float]:
 
 def run(ops, backends) -> list[dict]:
     hub = kernelhub.get_hub()
-    bw = copy_bandwidth()
+    bw = copy_bandwidth(torch.device("cuda"))
     print(f"copy bandwidth: {bw / 1e12:.2f} TB/s (read + write, 1 GiB device-to-device)", flush=True)
     rows = [{"op": "copy", "bandwidth_TBps": bw / 1e12}]
     for op in ops:

@@ -28,7 +28,7 @@ import kernelhub
 from kernelhub import testing
 from kernelhub.tune import device_model, time_ms
 
-__all__ = ["compiled_reference", "copy_bandwidth", "floor_bytes", "make_step", "run", "plot"]
+__all__ = ["compiled_reference", "copy_bandwidth", "floor_bytes", "make_step", "nbytes", "run", "plot"]
 
 
 def nbytes(t: Any) -> int:
@@ -98,7 +98,7 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
         spec = hub.registry.spec(op)
         impls = hub.registry.impls(op)
         ref_fn = impls[spec.reference_backend].forward
-        dtype = next(d for d in (torch.float32, torch.complex64, *spec.dtypes) if d in spec.dtypes)
+        dtype = spec.default_dtype
         names = [b for b in (backends if backends is not None else sorted(impls)) if b in impls
                  and b != spec.reference_backend and hub.registry.unavailable_reason(b) is None
                  and not impls[b].static_reasons(dev.type, dtype) and not impls[b].forced_only]

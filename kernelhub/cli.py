@@ -173,7 +173,7 @@ def _tune_calls(args: argparse.Namespace) -> list[tuple[str, tuple]]:
     calls = []
     for op in ops:
         spec = reg.spec(op)
-        dtype = args.dtype or next(d for d in (torch.float32, torch.complex64, *spec.dtypes) if d in spec.dtypes)
+        dtype = args.dtype or spec.default_dtype
         if dtype not in spec.dtypes:
             continue
         if args.shape:

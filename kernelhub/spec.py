@@ -104,6 +104,12 @@ class OpSpec:
             raise ValueError(f"OpSpec {self.name!r}: at least one argument must be differentiable")
 
     @property
+    def default_dtype(self) -> torch.dtype:
+        """The dtype `kernelhub tune` and `kernelhub bench` use unless told: float32 where the op takes it,
+        else complex64, else its first dtype."""
+        return next(d for d in (torch.float32, torch.complex64, *self.dtypes) if d in self.dtypes)
+
+    @property
     def differentiable(self) -> tuple[int, ...]:
         """Positions of the differentiable arguments."""
         return tuple(i for i, a in enumerate(self.args) if a.differentiable)

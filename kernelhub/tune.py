@@ -242,9 +242,7 @@ class Tuning:
         tol = spec.tolerances[first.dtype]
         with torch.inference_mode(False), torch.enable_grad():
             fresh = _fresh(args)
-            ref_out, _ = testing.reference(op, fresh)
-            grad = testing.upstream_grad(ref_out)
-            ref_out, ref_grads = testing.reference(op, fresh, grad)
+            ref_out, grad, ref_grads = testing.reference_with_upstream(op, fresh)
             cands = {}
             for name in eligible:
                 cand: dict[str, Any] = {"fingerprint": self.registry.fingerprint(name), "error": None}

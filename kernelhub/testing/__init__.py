@@ -149,6 +149,17 @@ def reference(op: str, args: Sequence[Any], grad: torch.Tensor | None = None,
                None if grad is None else grad.to(torch.complex128 if grad.is_complex() else torch.float64))
 
 
+def reference_with_upstream(op: str, args: Sequence[Any], seed: int = 1,
+                            ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """The float64 reference's output, a random upstream gradient drawn for it (`upstream_grad`), and the
+    inputs' gradients under that upstream gradient: forward once, then backward."""
+    wide = with_grad(op, to_dtype(args, torch.float64))
+    out = getattr(torch.ops.kernelhub, op).default(*wide, _spec(op).reference_backend)
+    grad = upstream_grad(out, seed)
+    out.backward(grad)
+    return out.detach(), grad, [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves(op, wide)]
+
+
 def parity_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """max|out - ref| / max|ref| over finite entries; inf if the non-finite entries differ."""
     if out.shape != ref.shape:
@@ -171,9 +182,7 @@ def parity_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def measure(op: str, backend: str, args: Sequence[Any], seed: int = 1) -> tuple[float, float]:
     """(forward error, backward error) of ``backend`` in the args' dtype against the float64 reference."""
-    ref_out, _ = reference(op, args)
-    grad = upstream_grad(ref_out, seed)
-    ref_out, ref_grads = reference(op, args, grad)
+    ref_out, grad, ref_grads = reference_with_upstream(op, args, seed)
     out, grads = run(op, backend, args, grad)
     expected = _spec(op).output(*args)
     if out.dtype != expected.dtype or out.shape != expected.shape or out.device != expected.device:

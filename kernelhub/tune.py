@@ -150,12 +150,12 @@ def _fresh(args: Sequence[Any], seed: int = 0) -> tuple:
     gen: dict[torch.device, torch.Generator] = {}
 
     def fresh(t):
-        if not isinstance(t, torch.Tensor) or not (t.is_floating_point() or t.is_complex()):
+        if not (t.is_floating_point() or t.is_complex()):
             return t
         g = gen.setdefault(t.device, torch.Generator(device=t.device).manual_seed(seed))
         return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).normal_(generator=g)
 
-    return tuple([fresh(x) for x in a] if isinstance(a, list) else fresh(a) for a in args)
+    return testing.map_tensors(args, fresh)
 
 
 class WinnerCache:

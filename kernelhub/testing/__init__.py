@@ -76,7 +76,8 @@ def samples(op: str, size: str, dtype: torch.dtype, device: str | torch.device =
     return _spec(op).samples(size, dtype, device, gen)
 
 
-def _map_tensors(args: Sequence[Any], fn) -> tuple:
+def map_tensors(args: Sequence[Any], fn) -> tuple:
+    """``fn`` applied to every tensor of ``args`` (and of their lists of tensors); other arguments as given."""
     out = []
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -94,7 +95,7 @@ def to_dtype(args: Sequence[Any], dtype: torch.dtype) -> tuple:
         if t.is_complex():
             return t.to(torch.complex128 if dtype == torch.float64 else t.dtype)
         return t.to(dtype)
-    return _map_tensors(args, cast)
+    return map_tensors(args, cast)
 
 
 def noncontiguous(args: Sequence[Any]) -> tuple:
@@ -107,7 +108,7 @@ def noncontiguous(args: Sequence[Any]) -> tuple:
         view.copy_(t)
         assert not view.is_contiguous()
         return view
-    return _map_tensors(args, spread)
+    return map_tensors(args, spread)
 
 
 def leaves(op: str, args: Sequence[Any]) -> list[torch.Tensor]:

@@ -59,12 +59,12 @@ def _perturbed(args, dtype: torch.dtype, gen: torch.Generator) -> tuple:
     eps = torch.finfo(accumulation_dtype(dtype).to_real()).eps
 
     def perturb(t):
-        if not isinstance(t, torch.Tensor) or not (t.is_floating_point() or t.is_complex()):
+        if not (t.is_floating_point() or t.is_complex()):
             return t
         u = torch.rand(t.shape, generator=gen, dtype=torch.float64, device=t.device) * 2 - 1
         return t * (1 + eps * u).to(t.dtype)
 
-    return tuple([perturb(x) for x in a] if isinstance(a, list) else perturb(a) for a in args)
+    return testing.map_tensors(args, perturb)
 
 
 def sensitivity(op: str, args, dtype: torch.dtype, gen: torch.Generator) -> float:

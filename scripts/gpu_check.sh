@@ -4,7 +4,8 @@
 #   bench  - benchmarks/kernels.py: every kernel backend against eager and compiled torch_ref
 #   tune   - kernelhub tune (benchmark shapes, every backend), kernelhub list, kernelhub bench --plot
 #   all    - tests and bench (the default)
-# PYTEST_ARGS (default: tests), PYTEST_K (a -k expression) and BENCH_ARGS narrow the steps.
+# CUDA_EXT=0 leaves cuda_ext (and its build) out. PYTEST_ARGS (default: tests), PYTEST_K (a -k expression) and BENCH_ARGS narrow the steps; PYTEST_TIMEOUT
+# (seconds) stops pytest itself, so its log is complete up to there even when the device call's limit is near.
 # Prints a short summary last and exits non-zero if a step failed. Logs go under $OUT if set.
 set -uo pipefail
 what="${1:-all}"
@@ -17,8 +18,9 @@ if ! python3 -c "import matplotlib" 2>/dev/null && ls .whl/plot/*.whl >/dev/null
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/plot/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . -e ./backends/torch_ref -e ./backends/triton -e ./backends/cuda_ext 2>&1 | tail -2
-echo "install (with cuda_ext's ahead-of-time build): ${SECONDS} s"
+python3 -m pip install -q --no-deps --no-build-isolation -e . -e ./backends/torch_ref -e ./backends/triton \
+  $([ "${CUDA_EXT:-1}" = 0 ] || echo -e ./backends/cuda_ext) 2>&1 | tail -2
+echo "install (CUDA_EXT=${CUDA_EXT:-1}: with cuda_ext's ahead-of-time build): ${SECONDS} s"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
 (git rev-parse --short HEAD 2>/dev/null; git status --short | head -5) | tee -a "$OUT/device.txt"
@@ -27,7 +29,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   kernelhub list 2>&1 | tee "$OUT/list.txt" | head -8
   python3 -c "from kernelhub_cuda_ext import _lib; print('cuda_ext:', _lib.load() or 'loaded', 'from', _lib.loaded_from(), '| CUDA kernels:', _lib.cuda_reason() or 'yes')" 2>&1 | tee -a "$OUT/list.txt"
   python3 examples/demo.py 2>&1 | tee "$OUT/demo.txt" | tail -3
-  python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest_cuda.txt" | grep -E "FAILED|ERROR|passed|failed" | tail -30
+  timeout -s INT -k 30 "${PYTEST_TIMEOUT:-0}" python3 -m pytest -q -p no:cacheprovider -rfE --tb=short --durations=10 ${PYTEST_ARGS:-tests} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest_cuda.txt" | grep -E "FAILED|ERROR|passed|failed" | tail -30
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then

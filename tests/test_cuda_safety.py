@@ -22,6 +22,15 @@ def _args(op, device="cuda", seed=0):
     return testing.samples(op, "medium", dtype, device, seed)[0].args
 
 
+def _copy_into(args, fresh):
+    """New values into the captured inputs, lists of tensors (multiscale planes) included."""
+    with torch.no_grad():
+        for a, b in zip(args, fresh):
+            for x, y in (zip(a, b) if isinstance(a, (list, tuple)) else [(a, b)]):
+                if isinstance(x, torch.Tensor):
+                    x.copy_(y)
+
+
 def _step(op, backend, args, grad):
     """Forward and backward; returns the output and the gradients."""
     out, grads = testing.run(op, backend, args, grad)
@@ -54,10 +63,7 @@ def test_cuda_graph_replay(op, backend):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_out = fn(*args, backend)
-    fresh = _args(op, seed=1)  # new values into the captured inputs, then replay
-    for a, b in zip(args, fresh):
-        if isinstance(a, torch.Tensor):
-            a.copy_(b)
+    _copy_into(args, _args(op, seed=1))  # new values into the captured inputs, then replay
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(static_out, fn(*args, backend), rtol=0, atol=0)
@@ -84,10 +90,7 @@ def test_cuda_graph_replay_forward_backward(op, backend):
         static_out.backward(grad)
     static_grads = [t.grad for t in leaves]
     fresh = _args(op, seed=1)
-    with torch.no_grad():
-        for a, b in zip(args, fresh):
-            if isinstance(a, torch.Tensor):
-                a.copy_(b)
+    _copy_into(args, fresh)
     graph.replay()
     torch.cuda.synchronize()
     want_out, want_grads = testing.run(op, backend, fresh, grad)

@@ -2,6 +2,8 @@
 where it is fastest, compiled once per key with dynamic shapes, usable inside the user's own
 torch.compile(fullgraph=True), and unavailable with the reason where torch.compile cannot run."""
 
+import types
+
 import pytest
 import torch
 
@@ -43,23 +45,41 @@ def test_the_tuner_picks_it_where_it_is_fastest_and_reports_its_compile_time(mon
     assert decision.chosen == "inductor" and "tuned winner" in decision.candidates[0].reasons[0]
 
 
-def test_one_compile_per_key_for_every_size_inside_an_outer_fullgraph_compile():
+def test_a_bucket_compiles_a_few_times_not_per_size_inside_an_outer_fullgraph_compile(monkeypatch):
+    monkeypatch.setattr(inductor, "_COMPILED", {})  # an earlier test may have compiled this bucket
+    torch._dynamo.reset()  # ... and dynamo would remember its sizes
     fn = kernelhub.op("tv_loss_sq_3d", backend="inductor")
 
     @torch.compile(fullgraph=True)
     def loss(v):
         return fn(v * 2.0).sum()
 
-    keys_before = set(inductor.COMPILE_S)
-    for shape in [(2, 9, 10, 11), (2, 12, 7, 9), (3, 5, 6, 14)]:
+    counts = []
+    # one bucket (2x64x64x64): static shapes for the first size, symbolic ones from the second (plus one
+    # recompile of the forward on the third: dynamo guards on the input's dispatch keys, which differ once
+    # the outer graph runs its dynamic version); then nothing more compiles
+    for shape in [(2, 40, 50, 60), (2, 45, 51, 33), (2, 64, 40, 50), (2, 35, 63, 41), (2, 50, 50, 50), (2, 33, 34, 35)]:
         v = torch.randn(shape, requires_grad=True)
         loss(v).backward()
         w = v.detach().clone().requires_grad_()
         kernelhub.op("tv_loss_sq_3d", backend="torch_ref")(w * 2.0).sum().backward()
         torch.testing.assert_close(v.grad, w.grad, rtol=1e-5, atol=1e-5)
-    new = set(inductor.COMPILE_S) - keys_before
-    assert new <= {("tv_loss_sq_3d", "forward", "cpu", "torch.float32"), ("tv_loss_sq_3d", "backward", "cpu",
-                                                                            "torch.float32")}
+        counts.append(inductor.graphs())
+    passes = {("tv_loss_sq_3d", p, "cpu", "torch.float32") for p in ("forward", "backward")}
+    assert {k[:4] for k in counts[-1]} == passes
+    assert len(counts[-1]) == 2  # one bucket per pass
+    assert counts[1] != counts[0] and counts[-1] == counts[2] and max(counts[-1].values()) <= 3
+
+
+def test_another_bucket_is_another_key_and_starts_from_static_shapes(monkeypatch):
+    monkeypatch.setattr(inductor, "_COMPILED", {})
+    torch._dynamo.reset()
+    fn = kernelhub.op("tv_loss_l1_3d", backend="inductor")
+    for shape in [(3, 5, 6), (3, 6, 7), (3, 40, 6), (3, 36, 7)]:  # two sizes in each of two buckets
+        fn(torch.randn(shape))
+    graphs = {k[4]: n for k, n in inductor.graphs().items()}
+    # the second bucket compiled static shapes first too (else its second size would not recompile)
+    assert graphs == {"4x8x8": 2, "4x64x8": 2}
 
 
 def test_without_a_compiler_it_is_unavailable_for_the_cpu_with_the_reason(monkeypatch):
@@ -70,3 +90,37 @@ def test_without_a_compiler_it_is_unavailable_for_the_cpu_with_the_reason(monkey
     assert "needs a C++ compiler" in " ".join(by["inductor"].reasons)
     with pytest.raises(NoImplementationError, match="needs a C\\+\\+ compiler"):
         kernelhub.op("tv_loss_l1_3d", backend="inductor")(torch.randn(4, 5, 6))
+
+
+def test_without_triton_it_is_unavailable_for_cuda_with_the_reason(monkeypatch):
+    import torch.utils._triton
+
+    monkeypatch.setattr(torch.utils._triton, "has_triton", lambda: False)
+    monkeypatch.setattr(inductor, "first_tensor", lambda args: types.SimpleNamespace(device=torch.device("cuda")))
+    assert "needs Triton" in " ".join(inductor.device_reasons([None]))
+
+
+def test_a_key_whose_symbolic_recompile_fails_goes_on_with_static_shapes(monkeypatch):
+    # semiconv once raised `InductorError: Exponent must be non-negative` compiling symbolic sizes: the key
+    # then compiles each size statically instead of failing the call
+    compiles = []
+
+    def fake_compile(fn, dynamic=None):
+        compiles.append(dynamic)
+        calls = []
+
+        def run(*args, **kwargs):
+            calls.append(1)
+            if dynamic is None and len(calls) > 1:  # the second size: the symbolic recompile fails
+                raise torch._dynamo.exc.TorchDynamoException("Exponent must be non-negative")
+            return fn(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(inductor, "_COMPILED", {})
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    fn = kernelhub.op("tv_loss_l1_3d", backend="inductor")
+    for shape in [(3, 5, 6), (3, 6, 7), (3, 7, 5)]:  # one bucket
+        v = torch.randn(shape)
+        torch.testing.assert_close(fn(v), kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(v))
+    assert compiles == [None, False]
+    assert [static for _, static in inductor._COMPILED.values()] == [True]

@@ -3,6 +3,7 @@ selector, invalidated by what changed, and never tuned while tracing or capturin
 
 import importlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -222,3 +223,17 @@ def test_bench_prints_times_floor_fractions_and_speedups_and_plots(tmp_path, mon
     json.dumps(data)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed: a clear error, exit code 2
     assert cli.main(["bench", "tv_loss_sq_3d", "--quick", "--device", "cpu", "--plot", str(out)]) == 2
+
+
+def test_bench_goes_on_without_the_compiled_row_where_compiling_the_reference_fails(monkeypatch):
+    from kernelhub import bench
+
+    def fail(*a, **k):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(bench, "compiled_reference", fail)
+    logged = []
+    data = bench.run(["tv_loss_sq_3d"], ["cuda_ext"], "cpu", quick=True, log=logged.append)
+    assert {r["impl"] for r in data["rows"]} == {"torch_ref", "cuda_ext"}
+    assert all(math.isnan(r["vs_compiled"]) for r in data["rows"])
+    assert "compiled: OutOfMemoryError" in logged[0]

@@ -1,24 +1,36 @@
 """The inductor backend: torch_ref's forward and backward, run through `torch.compile`.
 
-Every op's forward and backward are compiled lazily, once per (op, pass, device type, dtype), with
-dynamic shapes, so a new size does not recompile (where inductor fails on symbolic sizes, as for
-semiconv today, with static ones: then each new size compiles). Each key compiles a copy of the function with its own
-code object: dynamo keys its caches, and their size limit, by code object, and the backwards of all ops
-share one (`vjp_backward`'s closure), so without copies they would crowd each other out of the cache and
-fall back to eager. The first call of a key is the compile; its seconds are kept in `COMPILE_S`, and
-`kernelhub tune` / `kernelhub bench` report every backend's first call apart from their timed runs.
+Every op's forward and backward are compiled lazily, once per (op, pass, device type, dtype, shape
+bucket), the tuner's bucket (`kernelhub.tune.bucket`: each dimension rounded up to a power of two). Within a
+key, the first size compiles with static shapes and a second size recompiles with dynamic ones
+(`torch.compile`'s automatic dynamic shapes), so a key compiles a few times, not once per size (the
+symbolic graphs still guard on some size thresholds and on the inputs' dispatch keys; `graphs()` counts).
+Static first, because inductor's kernels for symbolic sizes can be several times slower: on an H200,
+this backend's TV L1 forward + backward over 512^3 took 3.99 ms compiled with `dynamic=True` and 1.02 ms
+static (docs/benchmarks.md). Where inductor fails on symbolic sizes (semiconv once raised `InductorError:
+Exponent must be non-negative`), the key goes on with static shapes only: a recompile per size, bounded by
+dynamo's cache size limit, after which dynamo runs that key eagerly. Each key compiles a copy of the
+function with its own code object and name: dynamo keys its caches, and their size limit, by code object
+(the backwards of all ops share one, `vjp_backward`'s closure, so without copies they would crowd each
+other out of the cache and fall back to eager), and its memory of which sizes changed by code name (so a
+new bucket starts from static shapes). The first call of a key is the compile; its seconds are kept in
+`COMPILE_S`, and `kernelhub tune` / `kernelhub bench` report every backend's first call apart from their
+timed runs.
 
 Compiling costs seconds, so priority alone never picks this backend (`Impl.tuned_only`): it serves a call
 where `kernelhub tune` found it the fastest correct backend for the call's shape bucket, or where it is
 forced or pinned. It needs what `torch.compile` needs: a C++ compiler on the CPU, Triton on CUDA.
 
-CUDA is not served yet: on an H200 (2026-11-22) some of its CUDA safety tests (no host synchronisation,
-graph capture) failed in a run that ran out of device time before they could be read. Until they pass,
-the impls declare the CPU only.
+What is compiled is what the reference differentiates (plugin.py): torch_ref's forward, except for
+Tikhonov, whose SVD forward (a LAPACK/cuSOLVER call that inductor leaves to ATen, and that synchronises
+on CUDA) is replaced by the closed form whose gradient the reference already uses. Where the backward
+scatters (K-Planes' grid_sample, semiconv's unfolded products), the compiled GPU backward adds with
+atomics and the impl says it is not deterministic.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import threading
@@ -29,12 +41,12 @@ from typing import Any
 
 import torch
 
-from kernelhub.tune import first_tensor
+from kernelhub.tune import bucket, first_tensor
 
-__all__ = ["COMPILE_S", "unavailable_reason", "device_reasons", "compiled_pass"]
+__all__ = ["COMPILE_S", "unavailable_reason", "device_reasons", "compiled_pass", "graphs"]
 
 TUNED_ONLY = "compiles on first use (seconds): chosen only where `kernelhub tune` found it the fastest"
-COMPILE_S: dict[tuple, float] = {}  # (op, pass, device type, dtype) -> seconds of its first call
+COMPILE_S: dict[tuple, float] = {}  # (op, pass, device type, dtype, bucket) -> seconds of its first call
 _COMPILED: dict[tuple, Callable] = {}
 _LOCK = threading.Lock()
 
@@ -56,6 +68,11 @@ def device_reasons(args: Sequence[Any]) -> list[str]:
     t = first_tensor(args)
     if t.device.type == "cpu":
         return [] if _cxx() else ["torch.compile on the CPU needs a C++ compiler (none of $CXX, g++, c++, clang++)"]
+    if t.device.type == "cuda":
+        from torch.utils._triton import has_triton
+
+        return [] if has_triton() else ["torch.compile on CUDA needs Triton (not importable, or the GPU is older "
+                                        "than inductor supports)"]
     return [f"torch.compile's inductor does not generate code for {t.device.type!r} here"]
 
 
@@ -65,30 +82,55 @@ def _own_code(fn: Callable, name: str) -> Callable:
     return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
 
 
+def graphs() -> dict[tuple, int]:
+    """How many graphs dynamo holds for each key: its compiles (a recompile storm would show here)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return {key: len(_debug_get_cache_entry_list(fn._torchdynamo_orig_callable.__code__))
+            for key, (fn, _) in _COMPILED.items()}
+
+
 def compiled_pass(op: str, which: str, fn: Callable) -> Callable:
-    """``fn`` (a forward, or a backward taking ``needs=``) compiled per device type and dtype of its call."""
+    """``fn`` (a forward, or a backward taking ``needs=``) compiled per device type, dtype and shape bucket."""
+
+    def name(key):
+        # the bucket in the name too: dynamo remembers which sizes changed per code name (automatic dynamic),
+        # and a new bucket must start from static shapes, not from another bucket's symbolic ones
+        digest = hashlib.sha1(key[4].encode()).hexdigest()[:10]
+        return f"{op}_{which}_{key[2]}_{key[3].removeprefix('torch.')}_{digest}"
+
+    def static(key):
+        return torch.compile(_own_code(fn, name(key) + "_static"), dynamic=False)
 
     def call(*args, **kwargs):
-        t = first_tensor(args[1:] if which == "backward" else args)  # a backward's first argument is the upstream gradient
-        key = (op, which, t.device.type, str(t.dtype))
+        tensors = args[1:] if which == "backward" else args  # a backward's first argument is the upstream gradient
+        t = first_tensor(tensors)
+        key = (op, which, t.device.type, str(t.dtype), bucket(tensors))
         compiled = _COMPILED.get(key)
         if compiled is None:
             with _LOCK:
-                compiled = _COMPILED.get(key)
-                if compiled is None:
-                    name = f"{op}_{which}_{key[2]}_{key[3].removeprefix('torch.')}"
+                if key not in _COMPILED:
                     start = time.perf_counter()
-                    try:
-                        compiled = torch.compile(_own_code(fn, name), dynamic=True)
-                        out = compiled(*args, **kwargs)
-                    except Exception:  # inductor cannot compile every graph with symbolic sizes (semiconv
-                        # today): compile for static sizes instead (a recompile per new size)
-                        compiled = torch.compile(_own_code(fn, name + "_static"), dynamic=False)
-                        out = compiled(*args, **kwargs)
+                    try:  # static shapes first, dynamic ones from a second size on
+                        compiled = (torch.compile(_own_code(fn, name(key)), dynamic=None), False)
+                        out = compiled[0](*args, **kwargs)
+                    except Exception:  # a graph inductor cannot compile even for static sizes... once more,
+                        compiled = (static(key), True)  # with the dynamic-shape machinery off
+                        out = compiled[0](*args, **kwargs)
                     COMPILE_S[key] = time.perf_counter() - start
                     _COMPILED[key] = compiled
                     return out
-        return compiled(*args, **kwargs)
+                compiled = _COMPILED[key]
+        try:
+            return compiled[0](*args, **kwargs)
+        except torch._dynamo.exc.TorchDynamoException:
+            if compiled[1]:
+                raise
+            # the recompile for symbolic sizes failed (semiconv: `InductorError: Exponent must be
+            # non-negative`): this key compiles for static sizes from now on
+            with _LOCK:
+                _COMPILED[key] = compiled = (static(key), True)
+            return compiled[0](*args, **kwargs)
 
     call.__name__ = f"inductor_{op}_{which}"
     return call

@@ -27,6 +27,9 @@ FORWARDS: dict[str, Callable[..., torch.Tensor]] = {
 DIFFERENTIATE: dict[str, Callable[..., torch.Tensor]] = {
     "tikhonov_inverse_2xn": tikhonov.closed_form_float64,
 }
+# Ops whose backward scatters into gathered positions (grid_sample's, the unfolded products'): on a GPU
+# the compiled backward adds with atomics, so its sums may differ in the last bits from run to run.
+SCATTERING_BACKWARD = {"kplanes_interp_tilted", "kplanes_interp_tilted_ms", "kplanes_interp_tilted_taps", "semiconv"}
 
 
 def vjp_backward(forward: Callable[..., torch.Tensor], diff: Sequence[int]) -> Callable:
@@ -67,7 +70,11 @@ def kernelhub_register_impls(registry) -> None:
         backward = vjp_backward(DIFFERENTIATE.get(op, forward), spec.differentiable)
         registry.add_impl(Impl(op=op, backend="torch_ref", forward=forward, backward=backward, dtypes=spec.dtypes,
                                devices=None))
-        registry.add_impl(Impl(op=op, backend="inductor", forward=inductor.compiled_pass(op, "forward", forward),
+        # inductor compiles the function the reference differentiates: for Tikhonov the closed form, since
+        # the SVD is a cuSOLVER/LAPACK call inductor cannot generate code for, and on CUDA it synchronises
+        compiled_forward = DIFFERENTIATE.get(op, forward)
+        registry.add_impl(Impl(op=op, backend="inductor",
+                               forward=inductor.compiled_pass(op, "forward", compiled_forward),
                                backward=inductor.compiled_pass(op, "backward", backward), dtypes=spec.dtypes,
-                               devices=("cpu",), not_supported_reasons=inductor.device_reasons,
-                               tuned_only=inductor.TUNED_ONLY))
+                               devices=("cpu", "cuda"), not_supported_reasons=inductor.device_reasons,
+                               deterministic=op not in SCATTERING_BACKWARD, tuned_only=inductor.TUNED_ONLY))

@@ -3,8 +3,9 @@
 Eligible impls are those whose backend is available and not disabled, whose
 declared devices and dtypes cover the call, whose ``not_supported_reasons`` is
 empty, which are not ``forced_only`` (unless forced) nor ``tuned_only`` (unless
-forced, pinned or the tuned winner), and which have not raised at call time for
-this key. Among eligible
+forced, pinned or the tuned winner), which are deterministic where
+``torch.use_deterministic_algorithms(True)`` is on (a forced backend that is not
+raises then), and which have not raised at call time for this key. Among eligible
 impls the order is: a forced backend (``kernelhub.op(name, backend=...)``), else
 the op's pin from the config, else the tuned winner for the call's shape bucket
 (kernelhub/tune.py; a backend that failed parity there is rejected), else the
@@ -13,8 +14,8 @@ valid winner is tuned at its first call, except while torch.compile traces or a
 CUDA graph is captured: that call uses the priority order and its decision is not
 cached, so a later call tunes.
 
-Decisions are cached by `call_key`: the op, the forced backend, and for each
-argument its device, dtype, shape and contiguity (tensors) or value (others).
+Decisions are cached by `call_key`: the op, the forced backend, the deterministic
+switch, and for each argument its device, dtype, shape and contiguity (tensors) or value (others).
 The hot path is one dict lookup; the cache is dropped when the config or the
 registry changes.
 """
@@ -81,8 +82,9 @@ def _arg_key(a: Any) -> Any:
 
 
 def call_key(op: str, args: Sequence[Any], forced: str) -> tuple:
-    """The decision-cache key: everything an impl's constraints may depend on, no values."""
-    return (op, forced, *map(_arg_key, args))
+    """The decision-cache key: everything an impl's constraints may depend on, no values (and whether
+    torch.use_deterministic_algorithms is on)."""
+    return (op, forced, torch.are_deterministic_algorithms_enabled(), *map(_arg_key, args))
 
 
 def describe_args(args: Sequence[Any]) -> str:
@@ -155,6 +157,9 @@ class Selector:
             if name in cfg.disabled:
                 reasons.append("disabled by config" + (f" ({', '.join(cfg.overrides)})" if cfg.overrides else ""))
             reasons += impl.static_reasons(device_type, dtype)
+            if not impl.deterministic and torch.are_deterministic_algorithms_enabled():
+                reasons.append("not deterministic (it adds with atomics) and torch.use_deterministic_algorithms "
+                               "is on")
             if impl.forced_only and name != forced:
                 reasons.append(f"serves only calls that force it: {impl.forced_only}")
             if not reasons:

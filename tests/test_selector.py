@@ -58,6 +58,20 @@ def kernelhub_register_impls(registry):
                            dtypes=(torch.float32,)))
 '''
 
+ATOMIC = '''
+import torch
+from kernelhub import hookimpl
+from kernelhub.spec import Backend, Impl
+from kernelhub_torch_ref import plugin
+
+@hookimpl
+def kernelhub_register_impls(registry):
+    registry.add_backend(Backend("atomic", "0.1"))
+    backward = plugin.vjp_backward(plugin.FORWARDS["tv_loss_l1_3d"], (0,))
+    registry.add_impl(Impl(op="tv_loss_l1_3d", backend="atomic", forward=plugin.FORWARDS["tv_loss_l1_3d"],
+                           backward=backward, dtypes=(torch.float32,), deterministic=False))
+'''
+
 INVALID = '''
 import torch
 from kernelhub import hookimpl
@@ -225,6 +239,23 @@ def test_call_time_failure_falls_back_once(install, tmp_path):
     config(tmp_path, 'strict = true\npriority = ["flaky", "torch_ref"]')
     with pytest.raises(StrictModeError, match="kernel exploded"):
         kernelhub.op("tv_loss_l1_3d")(v)
+
+
+def test_deterministic_algorithms_set_aside_a_backend_that_adds_with_atomics(install, tmp_path):
+    install("atomic", ATOMIC)
+    config(tmp_path, 'priority = ["atomic", "torch_ref"]')
+    v = torch.randn(5, 6, 7)
+    assert kernelhub.explain("tv_loss_l1_3d", v).chosen == "atomic"
+    torch.use_deterministic_algorithms(True)
+    try:
+        d = kernelhub.explain("tv_loss_l1_3d", v)
+        assert d.chosen == "torch_ref"
+        assert "not deterministic" in " ".join(next(c for c in d.candidates if c.backend == "atomic").reasons)
+        with pytest.raises(NoImplementationError, match="torch.use_deterministic_algorithms"):
+            kernelhub.op("tv_loss_l1_3d", backend="atomic")(v)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert kernelhub.explain("tv_loss_l1_3d", v).chosen == "atomic"  # the switch is part of the cache key
 
 
 def test_decision_cache_is_keyed_cheaply(install, tmp_path):

@@ -156,3 +156,14 @@ def test_tikhonov_past_2_31_elements(backend):
     tol = kernelhub.get_hub().registry.spec("tikhonov_inverse_2xn").tolerances[torch.complex64]
     assert testing.parity_error(out[rows].detach(), ref) <= tol.forward
     assert testing.parity_error(Mg.grad[rows], ref_g) <= tol.backward
+
+
+@pytest.mark.parametrize("op", ["kplanes_interp_tilted", "kplanes_interp_tilted_ms", "kplanes_interp_tilted_taps"])
+def test_kplanes_planes_gradient_uses_atomics_and_says_so(op):
+    impl = kernelhub.get_hub().registry.impls(op)["triton"]
+    assert not impl.deterministic
+    from kernelhub_triton import kplanes
+
+    big = torch.empty(1).expand(2**31)  # one element of memory: only its element count is read
+    assert "2^31" in kplanes.not_supported_reasons((None, None, big))[0]
+    assert kplanes.not_supported_reasons((None, None, [torch.empty(6, 2, 3, 3)])) == []

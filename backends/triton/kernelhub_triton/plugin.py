@@ -1,4 +1,4 @@
-"""Registers the triton backend: fused kernels for the TV family, trilinear and Tikhonov.
+"""Registers the triton backend: fused kernels for the TV family, tilted K-Planes, trilinear and Tikhonov.
 
 The kernel modules import triton, so they are imported on first use: without triton (or
 without a GPU) the backend still registers, and ``kernelhub list`` shows it unavailable
@@ -19,16 +19,22 @@ from kernelhub_triton import __version__
 
 NAME = "triton"
 HALF_AND_UP = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+SINGLE_AND_DOUBLE = (torch.float32, torch.float64)
 
 # op -> (module, forward, backward, dtypes, not_supported_reasons or None)
 IMPLS = {
     "tv_loss_l1_3d": ("tv", "l1_forward", "l1_backward", HALF_AND_UP, "not_supported_reasons"),
     "tv_loss_sq_3d": ("tv", "sq_forward", "sq_backward", HALF_AND_UP, "not_supported_reasons"),
     "tv_loss_iso_3d": ("tv", "iso_forward", "iso_backward", HALF_AND_UP, "not_supported_reasons"),
+    "kplanes_interp_tilted": ("kplanes", "forward", "backward", SINGLE_AND_DOUBLE, "not_supported_reasons"),
+    "kplanes_interp_tilted_ms": ("kplanes", "ms_forward", "ms_backward", SINGLE_AND_DOUBLE, "not_supported_reasons"),
+    "kplanes_interp_tilted_taps": ("kplanes", "taps_forward", "taps_backward", SINGLE_AND_DOUBLE, "not_supported_reasons"),
     "trilinear_interp": ("trilinear", "forward", "backward", HALF_AND_UP, None),
     "tikhonov_inverse_2xn": ("tikhonov", "forward", "backward",
                              (torch.complex64, torch.complex128, torch.float32, torch.float64), None),
 }
+# the planes gradient is added with atomics: its sums may differ in the last bits from run to run
+NOT_DETERMINISTIC = {"kplanes_interp_tilted", "kplanes_interp_tilted_ms", "kplanes_interp_tilted_taps"}
 
 
 def interpret_mode() -> bool:
@@ -67,5 +73,6 @@ def kernelhub_register_impls(registry) -> None:
             dtypes=dtypes,
             devices=("cuda", "cpu") if interpreted else ("cuda",),
             not_supported_reasons=lazy(f"kernelhub_triton.{module}", reasons) if reasons else _no_reasons,
+            deterministic=op not in NOT_DETERMINISTIC,
             forced_only="TRITON_INTERPRET=1 runs Triton's interpreter, for tests only" if interpreted else "",
         ))

@@ -14,6 +14,7 @@ Tikhonov), in one process:
 - peak memory allocated by one such call beyond its inputs.
 
 Usage: python benchmarks/kernels.py [--backends triton cuda_ext] [--ops ...] [--json FILE]
+(the K-Planes taps rows "4_calls" and "2_calls" use whichever backend the hub picks for those calls)
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ MODES = {
     "tv_loss_l1_3d": [None, ((0,), (0,))],
     "tv_loss_sq_3d": [None, ((0,), (0,))],
     "tv_loss_iso_3d": [None, ((0,), (0,))],
+    # K-Planes: the planes' gradient (a training step with fixed rays) and every gradient
+    "kplanes_interp_tilted": [None, ((2,), (0, 1, 2)), ((0, 1, 2), (0, 1, 2))],
+    "kplanes_interp_tilted_ms": [None, ((2,), (0, 1, 2)), ((0, 1, 2), (0, 1, 2))],
+    "kplanes_interp_tilted_taps": [None, ((2,), (0, 1, 2)), ((0, 1, 2), (0, 1, 2))],
     "trilinear_interp": [None, ((0,), (1,)), ((0, 1), (0, 1))],
     "tikhonov_inverse_2xn": [None, ((0,), (0,))],
 }
@@ -44,8 +49,24 @@ def _closed_form(M, lam):
     return closed_form(M, lam)
 
 
-# further baselines worth a row: Tikhonov's closed form in plain torch (the reference is an SVD)
-EXTRA = {"tikhonov_inverse_2xn": [("closed_form", _closed_form)]}
+def _four_calls(pts, rotations, planes, h):
+    """The taps without the taps op: four calls of kplanes_interp_tilted (the hub's choice)."""
+    fn = kernelhub.op("kplanes_interp_tilted")
+    eye = torch.eye(3, dtype=pts.dtype, device=pts.device)
+    return torch.stack([fn(pts, rotations, planes)] + [fn(pts + h * eye[i], rotations, planes) for i in range(3)])
+
+
+def _two_calls(pts, rotations, planes, h):
+    """A base call for the data term plus a separate taps call for the TV term (the hub's choices)."""
+    base = kernelhub.op("kplanes_interp_tilted")(pts, rotations, planes)
+    taps = kernelhub.op("kplanes_interp_tilted_taps")(pts, rotations, planes, h)
+    return torch.cat([base[None], taps[1:]])
+
+
+# further baselines worth a row: Tikhonov's closed form in plain torch (the reference is an SVD); the K-Planes
+# taps as four calls, and as a base call plus a taps call
+EXTRA = {"tikhonov_inverse_2xn": [("closed_form", _closed_form)],
+         "kplanes_interp_tilted_taps": [("4_calls", _four_calls), ("2_calls", _two_calls)]}
 
 
 def floor_bytes(args, out, mode) -> int:

@@ -187,9 +187,10 @@ def test_refuses_a_symlink(tmp_path):
 
 
 @built
-@pytest.mark.parametrize("op", OPS)
-def test_gradcheck_float64(op):
-    testing.check_gradcheck(op, "cuda_ext")
+@pytest.mark.parametrize("op,device", [(op, d) for op in OPS for d in plugin.IMPLS[op][3]
+                                       if d == "cpu" or torch.cuda.is_available()])
+def test_gradcheck_float64(op, device):
+    testing.check_gradcheck(op, "cuda_ext", device)
 
 
 @built
@@ -229,6 +230,21 @@ def test_library_ops_pass_opcheck():
                      (lib.trilinear_backward, (torch.randn(6, 4), feats, points, True, True)),
                      (lib.tikhonov_forward, (M, 0.3)), (lib.tikhonov_backward, (torch.randn_like(M), M, 0.3))]:
         torch.library.opcheck(op.default, args, test_utils=("test_schema", "test_faketensor"))
+
+
+@built
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the K-Planes kernels are CUDA only")
+@pytest.mark.parametrize("taps", [1, 4])
+def test_kplanes_library_ops_pass_opcheck(taps):
+    lib = torch.ops.kernelhub_cuda_ext
+    pts, rot, planes = torch.rand(9, 3, device="cuda") * 2 - 1, torch.randn(2, 3, 3, device="cuda"), \
+        torch.randn(6, 3, 5, 4, device="cuda")
+    grad = torch.randn(taps, 9, 6, device="cuda")
+    torch.library.opcheck(lib.kplanes_forward.default, (pts, rot, planes, taps, 0.01),
+                          test_utils=("test_schema", "test_faketensor"))
+    for needs in [(True, True, True), (True, False, False), (False, True, True)]:
+        torch.library.opcheck(lib.kplanes_backward.default, (grad, pts, rot, planes, taps, 0.01, *needs),
+                              test_utils=("test_schema", "test_faketensor"))
 
 
 def _corner_weights(points: torch.Tensor) -> torch.Tensor:

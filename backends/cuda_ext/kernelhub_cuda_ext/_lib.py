@@ -62,6 +62,11 @@ def _register_fakes() -> None:
     torch.library.register_fake(f"{NAME}::trilinear_backward")(
         lambda grad, feats, points, need_feats, need_points: (
             like(feats) if need_feats else like(feats, (0,)), like(points) if need_points else like(points, (0,))))
+    torch.library.register_fake(f"{NAME}::kplanes_forward")(
+        lambda pts, rot, planes, taps, h: like(pts, (taps, pts.shape[0], rot.shape[0] * planes.shape[1])))
+    torch.library.register_fake(f"{NAME}::kplanes_backward")(
+        lambda grad, pts, rot, planes, taps, h, need_planes, need_pts, need_rot: tuple(
+            like(t) if need else like(t, (0,)) for t, need in ((planes, need_planes), (pts, need_pts), (rot, need_rot))))
     torch.library.register_fake(f"{NAME}::tikhonov_forward")(lambda M, lam: like(M))
     torch.library.register_fake(f"{NAME}::tikhonov_backward")(lambda grad, M, lam: like(M))
 

@@ -7,7 +7,8 @@ import math
 import torch
 
 __all__ = ["l1_forward", "l1_backward", "sq_forward", "sq_backward", "iso_forward", "iso_backward",
-           "trilinear_forward", "trilinear_backward", "tikhonov_forward", "tikhonov_backward"]
+           "kplanes_forward", "kplanes_backward", "kplanes_ms_forward", "kplanes_ms_backward", "kplanes_taps_forward",
+           "kplanes_taps_backward", "trilinear_forward", "trilinear_backward", "tikhonov_forward", "tikhonov_backward"]
 
 L1, SQ, ISO = 0, 1, 2
 
@@ -48,6 +49,42 @@ def iso_forward(volume, eps):
 
 def iso_backward(grad, volume, eps, needs):
     return _tv_backward(grad, volume, ISO, eps, needs)
+
+
+def _kplanes_backward(grad, pts, rotations, planes, taps, h, needs) -> list:
+    """[pts, rotations, planes] gradients; ``grad`` is [taps, B, T*C] (any strides)."""
+    gpl, gp, gr = _lib().kplanes_backward(grad, pts, rotations, planes, taps, h, bool(needs[2]), bool(needs[0]),
+                                          bool(needs[1]))
+    return [gp if needs[0] else None, gr if needs[1] else None, gpl if needs[2] else None]
+
+
+def kplanes_forward(pts, rotations, planes):
+    return _lib().kplanes_forward(pts, rotations, planes, 1, 0.0)[0]
+
+
+def kplanes_backward(grad, pts, rotations, planes, needs):
+    return _kplanes_backward(grad.unsqueeze(0), pts, rotations, planes, 1, 0.0, needs)
+
+
+def kplanes_taps_forward(pts, rotations, planes, h):
+    return _lib().kplanes_forward(pts, rotations, planes, 4, h)
+
+
+def kplanes_taps_backward(grad, pts, rotations, planes, h, needs):
+    return _kplanes_backward(grad, pts, rotations, planes, 4, h, needs)
+
+
+def kplanes_ms_forward(pts, rotations, planes):
+    return torch.cat([kplanes_forward(pts, rotations, p) for p in planes], dim=-1)
+
+
+def kplanes_ms_backward(grad, pts, rotations, planes, needs):
+    T, col, per_scale = rotations.shape[0], 0, []
+    for p in planes:  # each scale's columns of the upstream gradient, read in place
+        per_scale.append(kplanes_backward(grad[:, col:col + T * p.shape[1]], pts, rotations, p, needs))
+        col += T * p.shape[1]
+    total = (lambda i: torch.stack([g[i] for g in per_scale]).sum(0) if needs[i] else None)  # a fixed order
+    return [total(0), total(1), [g[2] for g in per_scale] if needs[2] else None]
 
 
 def trilinear_forward(feats, points):

@@ -1,4 +1,5 @@
-"""Registers the cuda_ext backend: C++ kernels for the TV family, trilinear and Tikhonov.
+"""Registers the cuda_ext backend: C++ kernels for the TV family, trilinear and Tikhonov (CPU and CUDA), and
+tilted K-Planes (CUDA).
 
 The library is compiled on first use (the first time the selector or `kernelhub list` asks
 whether the backend is available), so importing kernelhub never compiles. A build that fails
@@ -18,16 +19,22 @@ NAME = "cuda_ext"
 REAL = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 CPU_AND_CUDA = ("cpu", "cuda")
+SINGLE_AND_DOUBLE = (torch.float32, torch.float64)
 
 # op -> (forward, backward, dtypes, devices), functions of kernelhub_cuda_ext.ops
 IMPLS = {
     "tv_loss_l1_3d": ("l1_forward", "l1_backward", REAL, CPU_AND_CUDA),
     "tv_loss_sq_3d": ("sq_forward", "sq_backward", REAL, CPU_AND_CUDA),
     "tv_loss_iso_3d": ("iso_forward", "iso_backward", REAL, CPU_AND_CUDA),
+    "kplanes_interp_tilted": ("kplanes_forward", "kplanes_backward", SINGLE_AND_DOUBLE, ("cuda",)),
+    "kplanes_interp_tilted_ms": ("kplanes_ms_forward", "kplanes_ms_backward", SINGLE_AND_DOUBLE, ("cuda",)),
+    "kplanes_interp_tilted_taps": ("kplanes_taps_forward", "kplanes_taps_backward", SINGLE_AND_DOUBLE, ("cuda",)),
     "trilinear_interp": ("trilinear_forward", "trilinear_backward", REAL, CPU_AND_CUDA),
     "tikhonov_inverse_2xn": ("tikhonov_forward", "tikhonov_backward",
                              (torch.complex64, torch.complex128, torch.float32, torch.float64), CPU_AND_CUDA),
 }
+# the planes gradient is added with atomics: its sums may differ in the last bits from run to run
+NOT_DETERMINISTIC = {"kplanes_interp_tilted", "kplanes_interp_tilted_ms", "kplanes_interp_tilted_taps"}
 
 
 def unavailable_reason() -> str | None:
@@ -49,5 +56,6 @@ def kernelhub_register_impls(registry) -> None:
     registry.add_backend(Backend(NAME, __version__, "C++ and CUDA kernels compiled on first use",
                                  unavailable_reason))
     for op, (fwd, bwd, dtypes, devices) in IMPLS.items():
-        registry.add_impl(Impl(op=op, backend=NAME, forward=lazy("kernelhub_cuda_ext.ops", fwd), backward=lazy("kernelhub_cuda_ext.ops", bwd), dtypes=dtypes,
-                               devices=devices, not_supported_reasons=_cuda_built))
+        registry.add_impl(Impl(op=op, backend=NAME, forward=lazy("kernelhub_cuda_ext.ops", fwd),
+                               backward=lazy("kernelhub_cuda_ext.ops", bwd), dtypes=dtypes, devices=devices,
+                               not_supported_reasons=_cuda_built, deterministic=op not in NOT_DETERMINISTIC))

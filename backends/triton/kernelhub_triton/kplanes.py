@@ -134,10 +134,10 @@ def _scatter(gpl_ptr, plane, u, v, H, W, C, c, valid, cmask, gs, ACC: tl.constex
     """Add ``gs`` times each neighbour's weight into the planes gradient (atomics)."""
     a00, a01, a10, a11, m00, m01, m10, m11, wx, wy, _dx, _dy = _corners(gpl_ptr, plane, u, v, H, W, C, c, valid,
                                                                         cmask, ACC)
-    tl.atomic_add(a00, gs * ((1.0 - wx) * (1.0 - wy)), mask=m00)
-    tl.atomic_add(a01, gs * (wx * (1.0 - wy)), mask=m01)
-    tl.atomic_add(a10, gs * ((1.0 - wx) * wy), mask=m10)
-    tl.atomic_add(a11, gs * (wx * wy), mask=m11)
+    tl.atomic_add(a00, gs * ((1.0 - wx) * (1.0 - wy)), mask=m00, sem="relaxed")
+    tl.atomic_add(a01, gs * (wx * (1.0 - wy)), mask=m01, sem="relaxed")
+    tl.atomic_add(a10, gs * ((1.0 - wx) * wy), mask=m10, sem="relaxed")
+    tl.atomic_add(a11, gs * (wx * wy), mask=m11, sem="relaxed")
 
 
 @triton.jit

@@ -452,6 +452,10 @@ TORCH_LIBRARY(kernelhub_cuda_ext, m) {
   m.def("tv_backward(Tensor grad, Tensor x, int mode, float eps) -> Tensor");
   m.def("trilinear_forward(Tensor feats, Tensor points) -> Tensor");
   m.def("trilinear_backward(Tensor grad, Tensor feats, Tensor points, bool need_feats, bool need_points) -> (Tensor, Tensor)");
+  // CUDA only (cuda.cu): pts [B, 3], rotations [T, 3, 3], planes [3T, C, H, W]; taps 1 or 4 -> [taps, B, T*C]
+  m.def("kplanes_forward(Tensor pts, Tensor rotations, Tensor planes, int taps, float h) -> Tensor");
+  m.def("kplanes_backward(Tensor grad, Tensor pts, Tensor rotations, Tensor planes, int taps, float h, "
+        "bool need_planes, bool need_pts, bool need_rot) -> (Tensor, Tensor, Tensor)");
   m.def("tikhonov_forward(Tensor M, float lam) -> Tensor");
   m.def("tikhonov_backward(Tensor grad, Tensor M, float lam) -> Tensor");
 }

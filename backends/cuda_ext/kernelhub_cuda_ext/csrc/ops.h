@@ -3,6 +3,7 @@
 // The Python side (ops.py) flattens the leading dims and makes inputs contiguous:
 //   TV        x [B, D, H, W];   mode 0 = L1 (output [3]), 1 = SQ ([]), 2 = iso ([], the mean)
 //   trilinear feats [N, 8, F], points [N, 3]
+//   K-Planes  pts [B, 3], rotations [T, 3, 3], planes [3T, C, H, W] (CUDA only)
 //   Tikhonov  M [P, 2, Z], real or complex
 // Reductions are deterministic: fixed-size chunks whose partial sums are added in order.
 #pragma once

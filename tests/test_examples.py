@@ -1,0 +1,22 @@
+"""The examples run at their small settings and meet their gates."""
+
+import importlib.util
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_kplanes_tomography_reconstructs_the_phantom_and_writes_the_png(tmp_path):
+    out = tmp_path / "kplanes.png"
+    result = _load("kplanes_tomography").main(["--steps", "60", "--out", str(out), "--device", "cpu"])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # 60 steps: 14.9 dB measured, against 10.9 dB for a flat image at the phantom's mean
+    assert result["psnr"] > result["flat_psnr"] + 2.0
+    assert result["best"] in ("torch_ref", "inductor", "triton", "cuda_ext") and result["step_ms"]["torch_ref"] > 0

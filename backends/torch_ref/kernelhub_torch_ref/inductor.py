@@ -47,8 +47,8 @@ __all__ = ["COMPILE_S", "unavailable_reason", "device_reasons", "compiled_pass",
 
 TUNED_ONLY = "compiles on first use (seconds): chosen only where `kernelhub tune` found it the fastest"
 COMPILE_S: dict[tuple, float] = {}  # (op, pass, device type, dtype, bucket) -> seconds of its first call
-_COMPILED: dict[tuple, Callable] = {}
-_LOCK = threading.Lock()
+_COMPILED: dict[tuple, tuple[Callable, bool]] = {}  # key -> (compiled function, static shapes only)
+_LOCK = threading.RLock()
 
 
 def unavailable_reason() -> str | None:
@@ -102,25 +102,7 @@ def compiled_pass(op: str, which: str, fn: Callable) -> Callable:
     def static(key):
         return torch.compile(_own_code(fn, name(key) + "_static"), dynamic=False)
 
-    def call(*args, **kwargs):
-        tensors = args[1:] if which == "backward" else args  # a backward's first argument is the upstream gradient
-        t = first_tensor(tensors)
-        key = (op, which, t.device.type, str(t.dtype), bucket(tensors))
-        compiled = _COMPILED.get(key)
-        if compiled is None:
-            with _LOCK:
-                if key not in _COMPILED:
-                    start = time.perf_counter()
-                    try:  # static shapes first, dynamic ones from a second size on
-                        compiled = (torch.compile(_own_code(fn, name(key)), dynamic=None), False)
-                        out = compiled[0](*args, **kwargs)
-                    except Exception:  # a graph inductor cannot compile even for static sizes... once more,
-                        compiled = (static(key), True)  # with the dynamic-shape machinery off
-                        out = compiled[0](*args, **kwargs)
-                    COMPILE_S[key] = time.perf_counter() - start
-                    _COMPILED[key] = compiled
-                    return out
-                compiled = _COMPILED[key]
+    def run(key, compiled, args, kwargs):
         try:
             return compiled[0](*args, **kwargs)
         except torch._dynamo.exc.TorchDynamoException:
@@ -131,6 +113,22 @@ def compiled_pass(op: str, which: str, fn: Callable) -> Callable:
             with _LOCK:
                 _COMPILED[key] = compiled = (static(key), True)
             return compiled[0](*args, **kwargs)
+
+    def call(*args, **kwargs):
+        tensors = args[1:] if which == "backward" else args  # a backward's first argument is the upstream gradient
+        t = first_tensor(tensors)
+        key = (op, which, t.device.type, str(t.dtype), bucket(tensors))
+        compiled = _COMPILED.get(key)
+        if compiled is None:
+            with _LOCK:  # the first call of a key compiles it (static shapes; symbolic from a second size on)
+                if key not in _COMPILED:
+                    start = time.perf_counter()
+                    compiled = _COMPILED[key] = (torch.compile(_own_code(fn, name(key)), dynamic=None), False)
+                    out = run(key, compiled, args, kwargs)
+                    COMPILE_S[key] = time.perf_counter() - start
+                    return out
+                compiled = _COMPILED[key]
+        return run(key, compiled, args, kwargs)
 
     call.__name__ = f"inductor_{op}_{which}"
     return call

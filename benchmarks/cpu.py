@@ -28,6 +28,8 @@ SHAPES = {
     "tv_loss_l1_3d": [(128, 128, 128)],
     "tv_loss_sq_3d": [(128, 128, 128)],
     "tv_loss_iso_3d": [(128, 128, 128)],
+    "kplanes_interp_tilted": [(32768, 4, 32, 64)],  # B, T, C, planes of 64 x 64
+    "kplanes_interp_tilted_taps": [(32768, 4, 32, 64)],
     "trilinear_interp": [(65536, 64)],
     "tikhonov_inverse_2xn": [(115000, 2, 21)],
 }
@@ -37,6 +39,11 @@ def make_args(op: str, shape: tuple, gen: torch.Generator) -> tuple:
     if op.startswith("tv_"):
         v = torch.randn(shape, generator=gen)
         return (v,) if op != "tv_loss_iso_3d" else (v, 1e-8)
+    if op.startswith("kplanes_"):
+        B, T, C, R = shape
+        pts, rot = torch.rand((B, 3), generator=gen) * 2.2 - 1.1, torch.randn((T, 3, 3), generator=gen) * 0.6
+        planes = torch.rand((3 * T, C, R, R), generator=gen) + 0.5
+        return (pts, rot, planes, 0.01) if op.endswith("_taps") else (pts, rot, planes)
     if op == "trilinear_interp":
         n, f = shape
         return torch.randn((n, 8, f), generator=gen), torch.rand((n, 3), generator=gen) * 2 - 1

@@ -233,13 +233,13 @@ def test_library_ops_pass_opcheck():
 
 
 @built
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the K-Planes kernels are CUDA only")
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 @pytest.mark.parametrize("taps", [1, 4])
-def test_kplanes_library_ops_pass_opcheck(taps):
+def test_kplanes_library_ops_pass_opcheck(taps, device):
     lib = torch.ops.kernelhub_cuda_ext
-    pts, rot, planes = torch.rand(9, 3, device="cuda") * 2 - 1, torch.randn(2, 3, 3, device="cuda"), \
-        torch.randn(6, 3, 5, 4, device="cuda")
-    grad = torch.randn(taps, 9, 6, device="cuda")
+    pts, rot, planes = torch.rand(9, 3, device=device) * 2 - 1, torch.randn(2, 3, 3, device=device), \
+        torch.randn(6, 3, 5, 4, device=device)
+    grad = torch.randn(taps, 9, 6, device=device)
     torch.library.opcheck(lib.kplanes_forward.default, (pts, rot, planes, taps, 0.01),
                           test_utils=("test_schema", "test_faketensor"))
     for needs in [(True, True, True), (True, False, False), (False, True, True)]:

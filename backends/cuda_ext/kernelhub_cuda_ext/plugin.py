@@ -1,5 +1,4 @@
-"""Registers the cuda_ext backend: C++ kernels for the TV family, trilinear and Tikhonov (CPU and CUDA), and
-tilted K-Planes (CUDA).
+"""Registers the cuda_ext backend: C++ and CUDA kernels for the TV family, tilted K-Planes, trilinear and Tikhonov.
 
 The library is compiled on first use (the first time the selector or `kernelhub list` asks
 whether the backend is available), so importing kernelhub never compiles. A build that fails
@@ -26,9 +25,9 @@ IMPLS = {
     "tv_loss_l1_3d": ("l1_forward", "l1_backward", REAL, CPU_AND_CUDA),
     "tv_loss_sq_3d": ("sq_forward", "sq_backward", REAL, CPU_AND_CUDA),
     "tv_loss_iso_3d": ("iso_forward", "iso_backward", REAL, CPU_AND_CUDA),
-    "kplanes_interp_tilted": ("kplanes_forward", "kplanes_backward", SINGLE_AND_DOUBLE, ("cuda",)),
-    "kplanes_interp_tilted_ms": ("kplanes_ms_forward", "kplanes_ms_backward", SINGLE_AND_DOUBLE, ("cuda",)),
-    "kplanes_interp_tilted_taps": ("kplanes_taps_forward", "kplanes_taps_backward", SINGLE_AND_DOUBLE, ("cuda",)),
+    "kplanes_interp_tilted": ("kplanes_forward", "kplanes_backward", SINGLE_AND_DOUBLE, CPU_AND_CUDA),
+    "kplanes_interp_tilted_ms": ("kplanes_ms_forward", "kplanes_ms_backward", SINGLE_AND_DOUBLE, CPU_AND_CUDA),
+    "kplanes_interp_tilted_taps": ("kplanes_taps_forward", "kplanes_taps_backward", SINGLE_AND_DOUBLE, CPU_AND_CUDA),
     "trilinear_interp": ("trilinear_forward", "trilinear_backward", REAL, CPU_AND_CUDA),
     "tikhonov_inverse_2xn": ("tikhonov_forward", "tikhonov_backward",
                              (torch.complex64, torch.complex128, torch.float32, torch.float64), CPU_AND_CUDA),

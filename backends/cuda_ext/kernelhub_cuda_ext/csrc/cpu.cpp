@@ -1,6 +1,7 @@
 // kernelhub_cuda_ext: operator schemas and the C++ CPU kernels (parallel over the machine's cores
 // with at::parallel_for, OpenMP underneath; inner loops over contiguous rows are SIMD loops).
 #include "ops.h"
+#include "kplanes_point.h"
 #include "tikhonov_pixel.h"
 
 #include <ATen/Dispatch.h>
@@ -445,6 +446,87 @@ at::Tensor tikhonov_backward_cpu(const at::Tensor& grad_, const at::Tensor& M_, 
   return out;
 }
 
+// ---- tilted K-Planes (kplanes_point.h): points in parallel forward; one task per t backward -------------
+// A t's three planes are its own, so its task adds their gradient without atomics, in a fixed order; it
+// writes its own rows of the pts-gradient partials [T, B, 3] and its rotation's gradient, and the partials
+// are summed over t in order afterwards: deterministic.
+
+at::Tensor kplanes_forward_cpu(const at::Tensor& pts_, const at::Tensor& rot_, const at::Tensor& planes_,
+                               int64_t taps, double h) {
+  kp_check("kplanes_forward", pts_, rot_, planes_, taps);
+  const at::Tensor pts = pts_.contiguous(), rot = rot_.contiguous();
+  const at::Tensor planes = planes_.permute({0, 2, 3, 1}).contiguous();  // channels-last
+  const int64_t B = pts.size(0), NT = rot.size(0), C = planes_.size(1);
+  const int H = static_cast<int>(planes_.size(2)), W = static_cast<int>(planes_.size(3));
+  at::Tensor out = at::empty({taps, B, NT * C}, pts.options());
+  if (out.numel() == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES(pts.scalar_type(), "kplanes_forward_cpu", [&] {
+    using A = acc_t<scalar_t>;
+    const scalar_t *pt = pts.data_ptr<scalar_t>(), *r = rot.data_ptr<scalar_t>(), *pl = planes.data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    at::parallel_for(0, B, 256, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const A p[3] = {A(pt[b * 3]), A(pt[b * 3 + 1]), A(pt[b * 3 + 2])};
+        for (int t = 0; t < NT; ++t)
+          for (int tap = 0; tap < taps; ++tap) {
+            A R[9], pp[3];
+            KpCorners<A> k0, k1, k2;
+            kp_tap(p, r, t, tap, A(h), H, W, static_cast<int>(C), R, pp, k0, k1, k2);
+            scalar_t* ob = o + (tap * B + b) * NT * C + t * C;
+            for (int c = 0; c < C; ++c) ob[c] = static_cast<scalar_t>(kp_value(pl, k0, k1, k2, c));
+          }
+      }
+    });
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> kplanes_backward_cpu(
+    const at::Tensor& grad, const at::Tensor& pts_, const at::Tensor& rot_, const at::Tensor& planes_, int64_t taps,
+    double h, bool need_planes, bool need_pts, bool need_rot) {
+  kp_check("kplanes_backward", pts_, rot_, planes_, taps);
+  const at::Tensor pts = pts_.contiguous(), rot = rot_.contiguous();
+  const at::Tensor planes = planes_.permute({0, 2, 3, 1}).contiguous();
+  const int64_t B = pts.size(0), NT = rot.size(0), C = planes_.size(1), H = planes_.size(2), W = planes_.size(3);
+  TORCH_CHECK(grad.dim() == 3 && grad.size(0) == taps && grad.size(1) == B && grad.size(2) == NT * C,
+              "kernelhub_cuda_ext::kplanes_backward: argument 'grad' must be [taps, B, T*C]");
+  const auto acc = pts.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor gpl = at::zeros({need_planes ? 3 * NT : 0, H, W, C}, pts.options().dtype(acc));
+  at::Tensor gp = at::zeros({need_pts ? NT : 0, B, 3}, pts.options().dtype(acc));
+  at::Tensor gr = at::zeros({need_rot ? NT : 0, 9}, pts.options().dtype(acc));
+  if (B > 0 && C > 0 && (need_planes || need_pts || need_rot)) {
+    AT_DISPATCH_FLOATING_TYPES(pts.scalar_type(), "kplanes_backward_cpu", [&] {
+      using A = acc_t<scalar_t>;
+      const scalar_t *pt = pts.data_ptr<scalar_t>(), *r = rot.data_ptr<scalar_t>(), *pl = planes.data_ptr<scalar_t>();
+      const scalar_t* g = grad.data_ptr<scalar_t>();
+      A* gpl_p = need_planes ? gpl.data_ptr<A>() : nullptr;
+      A* gp_p = need_pts ? gp.data_ptr<A>() : nullptr;
+      A* gr_p = need_rot ? gr.data_ptr<A>() : nullptr;
+      const int64_t s0 = grad.stride(0), s1 = grad.stride(1), s2 = grad.stride(2);
+      const auto add = [gpl_p](int64_t offset, A value) { gpl_p[offset] += value; };
+      at::parallel_for(0, NT, 1, [&](int64_t t0, int64_t t1) {
+        for (int t = static_cast<int>(t0); t < t1; ++t)
+          for (int64_t b = 0; b < B; ++b) {
+            const A p[3] = {A(pt[b * 3]), A(pt[b * 3 + 1]), A(pt[b * 3 + 2])};
+            A unused[3] = {0, 0, 0};
+            for (int tap = 0; tap < taps; ++tap) {
+              A R[9], pp[3], dq[3] = {0, 0, 0};
+              KpCorners<A> k0, k1, k2;
+              kp_tap(p, r, t, tap, A(h), static_cast<int>(H), static_cast<int>(W), static_cast<int>(C), R, pp, k0,
+                     k1, k2);
+              const scalar_t* gt = g + tap * s0 + b * s1 + t * C * s2;
+              for (int c = 0; c < C; ++c) kp_channel_backward(pl, k0, k1, k2, c, A(gt[c * s2]), need_planes, dq, add);
+              kp_point_grads(R, pp, dq, need_pts ? gp_p + (t * B + b) * 3 : unused, need_rot ? gr_p + t * 9 : nullptr);
+            }
+          }
+      });
+    });
+  }
+  return {need_planes ? gpl.permute({0, 3, 1, 2}).to(planes_.scalar_type()).contiguous() : at::empty({0}, planes_.options()),
+          need_pts ? gp.sum(0).to(pts.scalar_type()) : at::empty({0}, pts.options()),
+          need_rot ? gr.view({NT, 3, 3}).to(rot.scalar_type()) : at::empty({0}, rot.options())};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(kernelhub_cuda_ext, m) {
@@ -452,7 +534,7 @@ TORCH_LIBRARY(kernelhub_cuda_ext, m) {
   m.def("tv_backward(Tensor grad, Tensor x, int mode, float eps) -> Tensor");
   m.def("trilinear_forward(Tensor feats, Tensor points) -> Tensor");
   m.def("trilinear_backward(Tensor grad, Tensor feats, Tensor points, bool need_feats, bool need_points) -> (Tensor, Tensor)");
-  // CUDA only (cuda.cu): pts [B, 3], rotations [T, 3, 3], planes [3T, C, H, W]; taps 1 or 4 -> [taps, B, T*C]
+  // pts [B, 3], rotations [T, 3, 3], planes [3T, C, H, W]; taps 1 or 4 -> [taps, B, T*C]
   m.def("kplanes_forward(Tensor pts, Tensor rotations, Tensor planes, int taps, float h) -> Tensor");
   m.def("kplanes_backward(Tensor grad, Tensor pts, Tensor rotations, Tensor planes, int taps, float h, "
         "bool need_planes, bool need_pts, bool need_rot) -> (Tensor, Tensor, Tensor)");
@@ -465,6 +547,8 @@ TORCH_LIBRARY_IMPL(kernelhub_cuda_ext, CPU, m) {
   m.impl("tv_backward", &tv_backward_cpu);
   m.impl("trilinear_forward", &trilinear_forward_cpu);
   m.impl("trilinear_backward", &trilinear_backward_cpu);
+  m.impl("kplanes_forward", &kplanes_forward_cpu);
+  m.impl("kplanes_backward", &kplanes_backward_cpu);
   m.impl("tikhonov_forward", &tikhonov_forward_cpu);
   m.impl("tikhonov_backward", &tikhonov_backward_cpu);
 }

@@ -8,6 +8,7 @@
 // result is bitwise identical run to run on a given GPU. Launched on the current stream under a device
 // guard; the upstream gradient is read on the device (no host synchronisation).
 #include "ops.h"
+#include "kplanes_point.h"
 #include "tikhonov_pixel.h"
 
 #include <ATen/Dispatch.h>
@@ -342,88 +343,14 @@ std::tuple<at::Tensor, at::Tensor> trilinear_backward_cuda(const at::Tensor& gra
   return {gf, gp};
 }
 
-// ---- tilted K-Planes: a warp per point, its lanes over the C channels -----------------------------
-// For each t (and tap), q = R_t p (p + h e_i for tap i); plane p of t samples the pair XY = (q0, q1),
-// ZX = (q2, q0), YZ = (q1, q2) as grid_sample(bilinear, border, align_corners): x = (u + 1) / 2 (W - 1)
-// clipped to [0, W - 1], a neighbour beyond the last column / row contributing nothing. The planes are
-// read channels-last ([3T, H, W, C], one copy per call), so a neighbour's channels are one coalesced load.
-// Backward: the planes gradient is added with atomics into a channels-last buffer (not deterministic);
-// the coordinate gradients are reduced over the channels by a fixed butterfly, the pts gradient written
-// once per point, the rotations gradient summed per block in shared memory in a fixed order into one
-// partial row per block (deterministic for a given GPU).
+// ---- tilted K-Planes: a warp per point, its lanes over the C channels (kplanes_point.h) ---------
+// The planes are read channels-last ([3T, H, W, C], one copy per call), so a neighbour's channels are one
+// coalesced load. Backward: the planes gradient is added with atomics into a channels-last buffer (not
+// deterministic); the coordinate gradients are reduced over the channels by a fixed butterfly, the pts
+// gradient written once per point, the rotations gradient summed per block in shared memory in a fixed
+// order into one partial row per block (deterministic for a given GPU).
 
 constexpr int KP_THREADS = 256, KP_WARPS = KP_THREADS / 32;
-
-template <typename A>
-struct KpCorners {
-  int64_t o00, o01, o10, o11;  // offsets of the four neighbours' channel 0 in the plane
-  bool m01, m10, m11;          // whether the right / lower neighbours exist
-  A wx, wy, dx, dy;            // weights of the right / lower neighbours; d(x)/d(u), d(y)/d(v)
-};
-
-template <typename A>
-__device__ __forceinline__ void kp_axis(A u, int n, int& i0, int& i1, A& w, bool& has1, A& d) {
-  A x = (u + A(1)) / A(2) * A(n - 1);
-  const bool inside = x > A(0) && x < A(n - 1);  // torch's rule: no gradient where clipped or on the border
-  x = x > A(0) ? x : A(0);  // (NaN goes to 0)
-  x = x < A(n - 1) ? x : A(n - 1);
-  const A f = floor(x);
-  w = x - f;
-  i0 = static_cast<int>(f);
-  has1 = i0 + 1 < n;
-  i1 = has1 ? i0 + 1 : i0;
-  d = inside ? A(n - 1) / A(2) : A(0);
-}
-
-template <typename A>
-__device__ __forceinline__ KpCorners<A> kp_corners(int64_t plane, A u, A v, int H, int W, int C) {
-  KpCorners<A> k;
-  int x0, x1, y0, y1;
-  bool hx, hy;
-  kp_axis(u, W, x0, x1, k.wx, hx, k.dx);
-  kp_axis(v, H, y0, y1, k.wy, hy, k.dy);
-  const int64_t base = plane * H * W;
-  k.o00 = (base + static_cast<int64_t>(y0) * W + x0) * C;
-  k.o01 = (base + static_cast<int64_t>(y0) * W + x1) * C;
-  k.o10 = (base + static_cast<int64_t>(y1) * W + x0) * C;
-  k.o11 = (base + static_cast<int64_t>(y1) * W + x1) * C;
-  k.m01 = hx;
-  k.m10 = hy;
-  k.m11 = hx && hy;
-  return k;
-}
-
-// the sample of channel c, and its derivatives by u and by v
-template <typename T, typename A>
-__device__ __forceinline__ A kp_sample(const T* __restrict__ pl, const KpCorners<A>& k, int c, A& eu, A& ev) {
-  const A v00 = A(pl[k.o00 + c]);
-  const A v01 = k.m01 ? A(pl[k.o01 + c]) : A(0);
-  const A v10 = k.m10 ? A(pl[k.o10 + c]) : A(0);
-  const A v11 = k.m11 ? A(pl[k.o11 + c]) : A(0);
-  eu = ((1 - k.wy) * (v01 - v00) + k.wy * (v11 - v10)) * k.dx;
-  ev = ((1 - k.wx) * (v10 - v00) + k.wx * (v11 - v01)) * k.dy;
-  return (1 - k.wy) * ((1 - k.wx) * v00 + k.wx * v01) + k.wy * ((1 - k.wx) * v10 + k.wx * v11);
-}
-
-template <typename A>
-__device__ __forceinline__ void kp_point(const A* p, int tap, A h, A* pp) {
-  for (int i = 0; i < 3; ++i) pp[i] = p[i] + (tap == i + 1 ? h : A(0));
-}
-
-// R = R_t, the tap's point pp = p (+ h e_i), q = R pp, and the neighbours of the three planes of t: plane 0
-// reads (q0, q1), plane 1 (q2, q0), plane 2 (q1, q2)
-template <typename T, typename A>
-__device__ __forceinline__ void kp_tap(const A* p, const T* __restrict__ rot, int t, int tap, A h, int H, int W, int C,
-                                       A* R, A* pp, KpCorners<A>& k0, KpCorners<A>& k1, KpCorners<A>& k2) {
-  for (int k = 0; k < 9; ++k) R[k] = A(rot[t * 9 + k]);
-  kp_point(p, tap, h, pp);
-  const A q0 = R[0] * pp[0] + R[1] * pp[1] + R[2] * pp[2];
-  const A q1 = R[3] * pp[0] + R[4] * pp[1] + R[5] * pp[2];
-  const A q2 = R[6] * pp[0] + R[7] * pp[1] + R[8] * pp[2];
-  k0 = kp_corners(t * 3 + 0, q0, q1, H, W, C);
-  k1 = kp_corners(t * 3 + 1, q2, q0, H, W, C);
-  k2 = kp_corners(t * 3 + 2, q1, q2, H, W, C);
-}
 
 template <typename T>
 __global__ void __launch_bounds__(KP_THREADS) kplanes_forward_kernel(
@@ -440,10 +367,7 @@ __global__ void __launch_bounds__(KP_THREADS) kplanes_forward_kernel(
         KpCorners<A> k0, k1, k2;
         kp_tap(p, rot, t, tap, A(h), H, W, C, R, pp, k0, k1, k2);
         T* o = out + (static_cast<int64_t>(tap) * B + b) * NT * C + static_cast<int64_t>(t) * C;
-        for (int c = lane; c < C; c += 32) {
-          A e, f;
-          o[c] = static_cast<T>(kp_sample(pl, k0, c, e, f) * kp_sample(pl, k1, c, e, f) * kp_sample(pl, k2, c, e, f));
-        }
+        for (int c = lane; c < C; c += 32) o[c] = static_cast<T>(kp_value(pl, k0, k1, k2, c));
       }
     }
   }
@@ -456,12 +380,10 @@ __device__ __forceinline__ A kp_warp_sum(A x) {  // a fixed butterfly: every lan
 }
 
 template <typename A>
-__device__ __forceinline__ void kp_scatter(A* __restrict__ gpl, const KpCorners<A>& k, int c, A gs) {
-  atomicAdd(gpl + k.o00 + c, gs * (1 - k.wx) * (1 - k.wy));
-  if (k.m01) atomicAdd(gpl + k.o01 + c, gs * k.wx * (1 - k.wy));
-  if (k.m10) atomicAdd(gpl + k.o10 + c, gs * (1 - k.wx) * k.wy);
-  if (k.m11) atomicAdd(gpl + k.o11 + c, gs * k.wx * k.wy);
-}
+struct KpAtomicAdd {
+  A* gpl;
+  __device__ void operator()(int64_t offset, A value) const { atomicAdd(gpl + offset, value); }
+};
 
 // grad element (tap, b, t*C + c) at tap * gs0 + b * gs1 + (t*C + c) * gs2; gpl [3T, H, W, C], gpts [B, 3],
 // grot [gridDim.x, T, 9] partials, all in the accumulation type A. Dynamic shared memory: KP_WARPS * T * 9 A.
@@ -487,34 +409,13 @@ __global__ void __launch_bounds__(KP_THREADS) kplanes_backward_kernel(
         KpCorners<A> k0, k1, k2;
         kp_tap(p, rot, t, tap, A(h), H, W, C, R, pp, k0, k1, k2);
         const T* g = grad + tap * gs0 + b * gs1 + static_cast<int64_t>(t) * C * gs2;
-        A dq0 = 0, dq1 = 0, dq2 = 0;
-        for (int c = lane; c < C; c += 32) {
-          const A gc = A(g[c * gs2]);
-          A u0, v0, u1, v1, u2, v2;
-          const A s0 = kp_sample(pl, k0, c, u0, v0), s1 = kp_sample(pl, k1, c, u1, v1),
-                  s2 = kp_sample(pl, k2, c, u2, v2);
-          const A g0 = gc * s1 * s2, g1 = gc * s0 * s2, g2 = gc * s0 * s1;
-          if (need_planes) {
-            kp_scatter(gpl, k0, c, g0);
-            kp_scatter(gpl, k1, c, g1);
-            kp_scatter(gpl, k2, c, g2);
-          }
-          // plane 0 reads (q0, q1), plane 1 (q2, q0), plane 2 (q1, q2)
-          dq0 += g0 * u0 + g1 * v1;
-          dq1 += g0 * v0 + g2 * u2;
-          dq2 += g1 * u1 + g2 * v2;
-        }
+        A dq[3] = {0, 0, 0};
+        for (int c = lane; c < C; c += 32)
+          kp_channel_backward(pl, k0, k1, k2, c, A(g[c * gs2]), need_planes, dq, KpAtomicAdd<A>{gpl});
         if (!need_pts && !need_rot) continue;
-        dq0 = kp_warp_sum(dq0);
-        dq1 = kp_warp_sum(dq1);
-        dq2 = kp_warp_sum(dq2);
-        for (int j = 0; j < 3; ++j) gp[j] += R[j] * dq0 + R[3 + j] * dq1 + R[6 + j] * dq2;
-        if (need_rot && lane == 0) {
-          A* d = dR + (warp * NT + t) * 9;
-          const A dq[3] = {dq0, dq1, dq2};
-          for (int i = 0; i < 3; ++i)
-            for (int j = 0; j < 3; ++j) d[i * 3 + j] += dq[i] * pp[j];
-        }
+        for (int i = 0; i < 3; ++i) dq[i] = kp_warp_sum(dq[i]);
+        // every lane holds the sums; lane 0 alone adds the rotations gradient to its warp's row
+        kp_point_grads(R, pp, dq, gp, need_rot && lane == 0 ? dR + (warp * NT + t) * 9 : nullptr);
       }
     }
     if (need_pts && lane == 0)
@@ -535,15 +436,6 @@ int kp_blocks(int64_t B) {
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((B + KP_WARPS - 1) / KP_WARPS, sms * 8)));
-}
-
-void kp_check(const char* fn, const at::Tensor& pts, const at::Tensor& rot, const at::Tensor& planes, int64_t taps) {
-  TORCH_CHECK(pts.dim() == 2 && pts.size(1) == 3, "kernelhub_cuda_ext::", fn, ": argument 'pts' must be [B, 3]");
-  TORCH_CHECK(rot.dim() == 3 && rot.size(1) == 3 && rot.size(2) == 3,
-              "kernelhub_cuda_ext::", fn, ": argument 'rotations' must be [T, 3, 3]");
-  TORCH_CHECK(planes.dim() == 4 && planes.size(0) == 3 * rot.size(0),
-              "kernelhub_cuda_ext::", fn, ": argument 'planes' must be [3T, C, H, W]");
-  TORCH_CHECK(taps == 1 || taps == 4, "kernelhub_cuda_ext::", fn, ": argument 'taps' must be 1 or 4");
 }
 
 at::Tensor kplanes_forward_cuda(const at::Tensor& pts_, const at::Tensor& rot_, const at::Tensor& planes_,

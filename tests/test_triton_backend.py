@@ -167,3 +167,15 @@ def test_kplanes_planes_gradient_uses_atomics_and_says_so(op):
     big = torch.empty(1).expand(2**31)  # one element of memory: only its element count is read
     assert "2^31" in kplanes.not_supported_reasons((None, None, big))[0]
     assert kplanes.not_supported_reasons((None, None, [torch.empty(6, 2, 3, 3)])) == []
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda_ext"])
+def test_kplanes_non_finite_points_read_an_in_range_neighbour_as_torch_does(backend):
+    if backend not in kernelhub.get_hub().registry.impls("kplanes_interp_tilted"):
+        pytest.skip(f"{backend} is not installed")
+    nan, inf = float("nan"), float("inf")
+    pts = torch.tensor([[nan, 0.2, 0.1], [0.3, inf, -inf], [0.1, 0.2, 0.3]], device=DEVICE)
+    rot, planes = torch.eye(3, device=DEVICE).repeat(2, 1, 1), torch.rand(6, 3, 5, 4, device=DEVICE)
+    got = kernelhub.op("kplanes_interp_tilted", backend=backend)(pts, rot, planes)
+    torch.testing.assert_close(got, kernelhub.op("kplanes_interp_tilted", backend="torch_ref")(pts, rot, planes),
+                               equal_nan=True)

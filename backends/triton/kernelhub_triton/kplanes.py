@@ -43,7 +43,8 @@ def _axis(u, n, valid, ACC: tl.constexpr):
     weight, whether the upper neighbour exists, and d(index)/d(u) (0 where clipped or on the border)."""
     x = (u + 1.0) * 0.5 * (n - 1)
     inside = (x > 0.0) & (x < n - 1)
-    x = tl.minimum(tl.maximum(x, 0.0), n - 1.0)
+    x = tl.where(x > 0.0, x, 0.0)  # NaN goes to 0 (an index in range, as in cuda_ext)
+    x = tl.where(x < n - 1, x, n - 1.0)
     x0f = tl.floor(x)
     w = x - x0f
     x0 = x0f.to(tl.int32)

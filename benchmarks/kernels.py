@@ -13,7 +13,7 @@ Tikhonov), in one process:
   GPU time only, as in a captured training step; no L2 flush, the inputs are larger than L2);
 - peak memory allocated by one such call beyond its inputs.
 
-Usage: python benchmarks/kernels.py [--backends triton cuda_ext] [--ops ...] [--json FILE]
+Usage: python benchmarks/kernels.py [--backends triton cuda_ext] [--ops ...] [--shapes ...] [--json FILE]
 (the K-Planes taps rows "4_calls" and "2_calls" use whichever backend the hub picks for those calls)
 """
 
@@ -117,7 +117,7 @@ def bench(step, leaves) -> tuple[float, float, float]:
     return ms, graph_ms, peak
 
 
-def run(ops, backends) -> list[dict]:
+def run(ops, backends, shapes=None) -> list[dict]:
     hub = kernelhub.get_hub()
     bw = copy_bandwidth(torch.device("cuda"))
     print(f"copy bandwidth: {bw / 1e12:.2f} TB/s (read + write, 1 GiB device-to-device)", flush=True)
@@ -128,6 +128,8 @@ def run(ops, backends) -> list[dict]:
         ref_fn = impls[spec.reference_backend].forward
         dtype = torch.complex64 if torch.complex64 in spec.dtypes else torch.float32
         for sample in testing.samples(op, "benchmark", dtype, "cuda", seed=0):
+            if shapes and not any(sub in sample.name for sub in shapes):
+                continue
             args = sample.args
             out, grad, compiled, compile_s = compiled_reference(ref_fn, args, [m and m[0] for m in MODES[op]])
             for m in MODES[op]:
@@ -217,13 +219,15 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", nargs="*", default=["triton", "cuda_ext"])
     parser.add_argument("--ops", nargs="*", default=list(MODES))
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--shapes", nargs="*", help="only the benchmark samples whose name contains one of these "
+                        "(e.g. B614400_T4)")
     parser.add_argument("--sweep", action="store_true", help="first time the TV and Tikhonov launch configurations")
     args = parser.parse_args(argv)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     if args.sweep:
         sweep_tv()
         sweep_tikhonov()
-    write_rows(run(args.ops, args.backends), args.json)
+    write_rows(run(args.ops, args.backends, args.shapes), args.json)
     return 0
 
 

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelhub.ops._checks import accumulation_dtype
 from kernelhub_triton._launch import acc_type, on_device
 
 __all__ = ["forward", "backward", "ms_forward", "ms_backward", "taps_forward", "taps_backward",
@@ -216,10 +217,6 @@ def not_supported_reasons(args) -> list[str]:
     return []
 
 
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _channels_last(planes: torch.Tensor) -> torch.Tensor:
     return planes.permute(0, 2, 3, 1).contiguous()
 
@@ -241,7 +238,7 @@ def _launch_backward(grad, pts, rotations, planes, needs, taps, h, col0):
     """[planes grad, pts grad, rotations grad] (None where not needed) of one planes tensor."""
     B, T = pts.shape[0], rotations.shape[0]
     _, C, H, W = planes.shape
-    acc = _acc_dtype(pts.dtype)
+    acc = accumulation_dtype(pts.dtype)
     need_pl, need_p, need_r = (bool(n) for n in needs)
     programs = triton.cdiv(B, BLOCK_B)
     gpl = torch.zeros((3 * T, H, W, C), dtype=acc, device=pts.device) if need_pl else None

@@ -132,7 +132,7 @@ at::Tensor tv_forward_cpu(const at::Tensor& x_, int64_t mode, double eps) {
   double s[3] = {0, 0, 0};
   for (int64_t c = 0; c < chunks; ++c)
     for (int k = 0; k < 3; ++k) s[k] += partial[c * 3 + k];
-  const auto opts = x.options().dtype(tv_out_dtype(x));
+  const auto opts = x.options().dtype(acc_dtype(x));
   if (mode == TV_L1) return at::tensor({s[0], s[1], s[2]}, opts.dtype(at::kDouble)).to(opts.dtype());
   double total = s[0] + s[1] + s[2];
   if (mode == TV_ISO) {
@@ -451,28 +451,27 @@ at::Tensor tikhonov_backward_cpu(const at::Tensor& grad_, const at::Tensor& M_, 
 // writes its own rows of the pts-gradient partials [T, B, 3] and its rotation's gradient, and the partials
 // are summed over t in order afterwards: deterministic.
 
-at::Tensor kplanes_forward_cpu(const at::Tensor& pts_, const at::Tensor& rot_, const at::Tensor& planes_,
+at::Tensor kplanes_forward_cpu(const at::Tensor& pts, const at::Tensor& rot, const at::Tensor& planes,
                                int64_t taps, double h) {
-  kp_check("kplanes_forward", pts_, rot_, planes_, taps);
-  const at::Tensor pts = pts_.contiguous(), rot = rot_.contiguous();
-  const at::Tensor planes = planes_.permute({0, 2, 3, 1}).contiguous();  // channels-last
-  const int64_t B = pts.size(0), NT = rot.size(0), C = planes_.size(1);
-  const int H = static_cast<int>(planes_.size(2)), W = static_cast<int>(planes_.size(3));
-  at::Tensor out = at::empty({taps, B, NT * C}, pts.options());
+  const KpArgs a = kp_args("kplanes_forward", pts, rot, planes, taps);
+  const int64_t B = a.B, T = a.T, C = a.C;
+  at::Tensor out = at::empty({taps, B, T * C}, a.pts.options());
   if (out.numel() == 0) return out;
-  AT_DISPATCH_FLOATING_TYPES(pts.scalar_type(), "kplanes_forward_cpu", [&] {
+  AT_DISPATCH_FLOATING_TYPES(a.pts.scalar_type(), "kplanes_forward_cpu", [&] {
     using A = acc_t<scalar_t>;
-    const scalar_t *pt = pts.data_ptr<scalar_t>(), *r = rot.data_ptr<scalar_t>(), *pl = planes.data_ptr<scalar_t>();
+    const scalar_t *pt = a.pts.data_ptr<scalar_t>(), *r = a.rot.data_ptr<scalar_t>();
+    const scalar_t* pl = a.planes.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
     at::parallel_for(0, B, 256, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
         const A p[3] = {A(pt[b * 3]), A(pt[b * 3 + 1]), A(pt[b * 3 + 2])};
-        for (int t = 0; t < NT; ++t)
+        for (int t = 0; t < T; ++t)
           for (int tap = 0; tap < taps; ++tap) {
             A R[9], pp[3];
             KpCorners<A> k0, k1, k2;
-            kp_tap(p, r, t, tap, A(h), H, W, static_cast<int>(C), R, pp, k0, k1, k2);
-            scalar_t* ob = o + (tap * B + b) * NT * C + t * C;
+            kp_tap(p, r, t, tap, A(h), static_cast<int>(a.H), static_cast<int>(a.W), static_cast<int>(C), R, pp, k0,
+                   k1, k2);
+            scalar_t* ob = o + (tap * B + b) * T * C + t * C;
             for (int c = 0; c < C; ++c) ob[c] = static_cast<scalar_t>(kp_value(pl, k0, k1, k2, c));
           }
       }
@@ -482,29 +481,25 @@ at::Tensor kplanes_forward_cpu(const at::Tensor& pts_, const at::Tensor& rot_, c
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> kplanes_backward_cpu(
-    const at::Tensor& grad, const at::Tensor& pts_, const at::Tensor& rot_, const at::Tensor& planes_, int64_t taps,
+    const at::Tensor& grad, const at::Tensor& pts, const at::Tensor& rot, const at::Tensor& planes, int64_t taps,
     double h, bool need_planes, bool need_pts, bool need_rot) {
-  kp_check("kplanes_backward", pts_, rot_, planes_, taps);
-  const at::Tensor pts = pts_.contiguous(), rot = rot_.contiguous();
-  const at::Tensor planes = planes_.permute({0, 2, 3, 1}).contiguous();
-  const int64_t B = pts.size(0), NT = rot.size(0), C = planes_.size(1), H = planes_.size(2), W = planes_.size(3);
-  TORCH_CHECK(grad.dim() == 3 && grad.size(0) == taps && grad.size(1) == B && grad.size(2) == NT * C,
-              "kernelhub_cuda_ext::kplanes_backward: argument 'grad' must be [taps, B, T*C]");
-  const auto acc = pts.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor gpl = at::zeros({need_planes ? 3 * NT : 0, H, W, C}, pts.options().dtype(acc));
-  at::Tensor gp = at::zeros({need_pts ? NT : 0, B, 3}, pts.options().dtype(acc));
-  at::Tensor gr = at::zeros({need_rot ? NT : 0, 9}, pts.options().dtype(acc));
+  const KpArgs a = kp_args("kplanes_backward", pts, rot, planes, taps, &grad);
+  const int64_t B = a.B, T = a.T, C = a.C;
+  const auto opts = a.pts.options().dtype(acc_dtype(a.pts));
+  at::Tensor gpl = at::zeros({need_planes ? 3 * T : 0, a.H, a.W, C}, opts);
+  at::Tensor gp = at::zeros({need_pts ? T : 0, B, 3}, opts);  // one partial per t
+  at::Tensor gr = at::zeros({need_rot ? T : 0, 9}, opts);
   if (B > 0 && C > 0 && (need_planes || need_pts || need_rot)) {
-    AT_DISPATCH_FLOATING_TYPES(pts.scalar_type(), "kplanes_backward_cpu", [&] {
+    AT_DISPATCH_FLOATING_TYPES(a.pts.scalar_type(), "kplanes_backward_cpu", [&] {
       using A = acc_t<scalar_t>;
-      const scalar_t *pt = pts.data_ptr<scalar_t>(), *r = rot.data_ptr<scalar_t>(), *pl = planes.data_ptr<scalar_t>();
-      const scalar_t* g = grad.data_ptr<scalar_t>();
+      const scalar_t *pt = a.pts.data_ptr<scalar_t>(), *r = a.rot.data_ptr<scalar_t>();
+      const scalar_t *pl = a.planes.data_ptr<scalar_t>(), *g = grad.data_ptr<scalar_t>();
       A* gpl_p = need_planes ? gpl.data_ptr<A>() : nullptr;
       A* gp_p = need_pts ? gp.data_ptr<A>() : nullptr;
       A* gr_p = need_rot ? gr.data_ptr<A>() : nullptr;
       const int64_t s0 = grad.stride(0), s1 = grad.stride(1), s2 = grad.stride(2);
       const auto add = [gpl_p](int64_t offset, A value) { gpl_p[offset] += value; };
-      at::parallel_for(0, NT, 1, [&](int64_t t0, int64_t t1) {
+      at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
         for (int t = static_cast<int>(t0); t < t1; ++t)
           for (int64_t b = 0; b < B; ++b) {
             const A p[3] = {A(pt[b * 3]), A(pt[b * 3 + 1]), A(pt[b * 3 + 2])};
@@ -512,8 +507,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> kplanes_backward_cpu(
             for (int tap = 0; tap < taps; ++tap) {
               A R[9], pp[3], dq[3] = {0, 0, 0};
               KpCorners<A> k0, k1, k2;
-              kp_tap(p, r, t, tap, A(h), static_cast<int>(H), static_cast<int>(W), static_cast<int>(C), R, pp, k0,
-                     k1, k2);
+              kp_tap(p, r, t, tap, A(h), static_cast<int>(a.H), static_cast<int>(a.W), static_cast<int>(C), R, pp,
+                     k0, k1, k2);
               const scalar_t* gt = g + tap * s0 + b * s1 + t * C * s2;
               for (int c = 0; c < C; ++c) kp_channel_backward(pl, k0, k1, k2, c, A(gt[c * s2]), need_planes, dq, add);
               kp_point_grads(R, pp, dq, need_pts ? gp_p + (t * B + b) * 3 : unused, need_rot ? gr_p + t * 9 : nullptr);
@@ -522,9 +517,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> kplanes_backward_cpu(
       });
     });
   }
-  return {need_planes ? gpl.permute({0, 3, 1, 2}).to(planes_.scalar_type()).contiguous() : at::empty({0}, planes_.options()),
-          need_pts ? gp.sum(0).to(pts.scalar_type()) : at::empty({0}, pts.options()),
-          need_rot ? gr.view({NT, 3, 3}).to(rot.scalar_type()) : at::empty({0}, rot.options())};
+  return kp_grads(planes, pts, rot, gpl, need_pts ? gp.sum(0) : gp, gr, need_planes, need_pts, need_rot);
 }
 
 }  // namespace

@@ -189,7 +189,7 @@ at::Tensor tv_forward_cuda(const at::Tensor& x_, int64_t mode, double eps) {
   c10::cuda::CUDAGuard guard(x_.device());
   const at::Tensor x = x_.contiguous();
   const int64_t B = x.size(0), D = x.size(1), H = x.size(2), W = x.size(3);
-  const auto out_dtype = tv_out_dtype(x);
+  const auto out_dtype = acc_dtype(x);
   if (x.numel() == 0) return mode == TV_L1 ? at::zeros({3}, x.options().dtype(out_dtype)) : at::zeros({}, x.options().dtype(out_dtype));
   const Layout l = layout(x);
   const int64_t blocks = l.blocks();
@@ -438,55 +438,46 @@ int kp_blocks(int64_t B) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((B + KP_WARPS - 1) / KP_WARPS, sms * 8)));
 }
 
-at::Tensor kplanes_forward_cuda(const at::Tensor& pts_, const at::Tensor& rot_, const at::Tensor& planes_,
+at::Tensor kplanes_forward_cuda(const at::Tensor& pts, const at::Tensor& rot, const at::Tensor& planes,
                                 int64_t taps, double h) {
-  kp_check("kplanes_forward", pts_, rot_, planes_, taps);
-  c10::cuda::CUDAGuard guard(pts_.device());
-  const at::Tensor pts = pts_.contiguous(), rot = rot_.contiguous();
-  const at::Tensor pl = planes_.permute({0, 2, 3, 1}).contiguous();  // channels-last
-  const int64_t B = pts.size(0), NT = rot.size(0), C = planes_.size(1), H = planes_.size(2), W = planes_.size(3);
-  at::Tensor out = at::empty({taps, B, NT * C}, pts.options());
+  c10::cuda::CUDAGuard guard(pts.device());
+  const KpArgs a = kp_args("kplanes_forward", pts, rot, planes, taps);
+  at::Tensor out = at::empty({taps, a.B, a.T * a.C}, a.pts.options());
   if (out.numel() == 0) return out;
-  AT_DISPATCH_FLOATING_TYPES(pts.scalar_type(), "kplanes_forward_cuda", [&] {
-    kplanes_forward_kernel<scalar_t><<<kp_blocks(B), KP_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
-        pts.data_ptr<scalar_t>(), rot.data_ptr<scalar_t>(), pl.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), B,
-        static_cast<int>(NT), static_cast<int>(C), static_cast<int>(H), static_cast<int>(W), static_cast<int>(taps), h);
+  AT_DISPATCH_FLOATING_TYPES(a.pts.scalar_type(), "kplanes_forward_cuda", [&] {
+    kplanes_forward_kernel<scalar_t><<<kp_blocks(a.B), KP_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        a.pts.data_ptr<scalar_t>(), a.rot.data_ptr<scalar_t>(), a.planes.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+        a.B, static_cast<int>(a.T), static_cast<int>(a.C), static_cast<int>(a.H), static_cast<int>(a.W),
+        static_cast<int>(taps), h);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> kplanes_backward_cuda(
-    const at::Tensor& grad, const at::Tensor& pts_, const at::Tensor& rot_, const at::Tensor& planes_, int64_t taps,
+    const at::Tensor& grad, const at::Tensor& pts, const at::Tensor& rot, const at::Tensor& planes, int64_t taps,
     double h, bool need_planes, bool need_pts, bool need_rot) {
-  kp_check("kplanes_backward", pts_, rot_, planes_, taps);
-  c10::cuda::CUDAGuard guard(pts_.device());
-  const at::Tensor pts = pts_.contiguous(), rot = rot_.contiguous();
-  const at::Tensor pl = planes_.permute({0, 2, 3, 1}).contiguous();
-  const int64_t B = pts.size(0), NT = rot.size(0), C = planes_.size(1), H = planes_.size(2), W = planes_.size(3);
-  TORCH_CHECK(grad.dim() == 3 && grad.size(0) == taps && grad.size(1) == B && grad.size(2) == NT * C,
-              "kernelhub_cuda_ext::kplanes_backward: argument 'grad' must be [taps, B, T*C]");
-  const auto acc = pts.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const int blocks = kp_blocks(B);
-  at::Tensor gpl = at::zeros({need_planes ? 3 * NT : 0, H, W, C}, pts.options().dtype(acc));
-  at::Tensor gp = at::zeros({need_pts ? B : 0, 3}, pts.options().dtype(acc));
-  at::Tensor gr = at::zeros({need_rot ? blocks : 0, NT, 9}, pts.options().dtype(acc));
-  if (B > 0 && C > 0 && (need_planes || need_pts || need_rot)) {
-    AT_DISPATCH_FLOATING_TYPES(pts.scalar_type(), "kplanes_backward_cuda", [&] {
+  c10::cuda::CUDAGuard guard(pts.device());
+  const KpArgs a = kp_args("kplanes_backward", pts, rot, planes, taps, &grad);
+  const auto opts = a.pts.options().dtype(acc_dtype(a.pts));
+  const int blocks = kp_blocks(a.B);
+  at::Tensor gpl = at::zeros({need_planes ? 3 * a.T : 0, a.H, a.W, a.C}, opts);
+  at::Tensor gp = at::zeros({need_pts ? a.B : 0, 3}, opts);
+  at::Tensor gr = at::zeros({need_rot ? blocks : 0, a.T, 9}, opts);  // one partial per block
+  if (a.B > 0 && a.C > 0 && (need_planes || need_pts || need_rot)) {
+    AT_DISPATCH_FLOATING_TYPES(a.pts.scalar_type(), "kplanes_backward_cuda", [&] {
       using A = at::opmath_type<scalar_t>;
-      const size_t smem = static_cast<size_t>(KP_WARPS) * NT * 9 * sizeof(A);
+      const size_t smem = static_cast<size_t>(KP_WARPS) * a.T * 9 * sizeof(A);
       kplanes_backward_kernel<scalar_t><<<blocks, KP_THREADS, smem, c10::cuda::getCurrentCUDAStream()>>>(
-          grad.data_ptr<scalar_t>(), pts.data_ptr<scalar_t>(), rot.data_ptr<scalar_t>(), pl.data_ptr<scalar_t>(),
-          need_planes ? gpl.data_ptr<A>() : nullptr, need_pts ? gp.data_ptr<A>() : nullptr,
-          need_rot ? gr.data_ptr<A>() : nullptr, B, static_cast<int>(NT), static_cast<int>(C), static_cast<int>(H),
-          static_cast<int>(W), static_cast<int>(taps), h, grad.stride(0), grad.stride(1), grad.stride(2), need_planes,
-          need_pts, need_rot);
+          grad.data_ptr<scalar_t>(), a.pts.data_ptr<scalar_t>(), a.rot.data_ptr<scalar_t>(),
+          a.planes.data_ptr<scalar_t>(), need_planes ? gpl.data_ptr<A>() : nullptr,
+          need_pts ? gp.data_ptr<A>() : nullptr, need_rot ? gr.data_ptr<A>() : nullptr, a.B, static_cast<int>(a.T),
+          static_cast<int>(a.C), static_cast<int>(a.H), static_cast<int>(a.W), static_cast<int>(taps), h,
+          grad.stride(0), grad.stride(1), grad.stride(2), need_planes, need_pts, need_rot);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   }
-  return {need_planes ? gpl.permute({0, 3, 1, 2}).to(planes_.scalar_type()).contiguous() : at::empty({0}, planes_.options()),
-          need_pts ? gp.to(pts.scalar_type()) : at::empty({0}, pts.options()),
-          need_rot ? gr.sum(0).view({NT, 3, 3}).to(rot.scalar_type()) : at::empty({0}, rot.options())};
+  return kp_grads(planes, pts, rot, gpl, gp, need_rot ? gr.sum(0) : gr, need_planes, need_pts, need_rot);
 }
 
 // ---- Tikhonov: 8 lanes of a warp per pixel, each with tikhonov_pixel.h (shared with the CPU kernel) ----

@@ -85,9 +85,10 @@ def make_step(fn, args, grads_of, grad):
         return (lambda: fn(*args)), []
     leaves = []
     call = list(args)
-    for i in grads_of:
-        call[i] = args[i].detach().requires_grad_()
-        leaves.append(call[i])
+    for i in grads_of:  # a list argument (the multiscale planes): each of its tensors
+        call[i] = [t.detach().requires_grad_() for t in args[i]] if isinstance(args[i], list) else \
+            args[i].detach().requires_grad_()
+        leaves += call[i] if isinstance(call[i], list) else [call[i]]
 
     def step():
         out = fn(*call)

@@ -88,8 +88,9 @@ def compiled_reference(ref_fn: Callable, args: Sequence[Any], passes: Sequence[S
 
 
 def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str = "cpu",
-        quick: bool = False, log: Callable[[str], None] = print) -> dict:
-    """The rows of the table, and the copy bandwidth."""
+        quick: bool = False, log: Callable[[str], None] = print, shapes: Sequence[str] | None = None) -> dict:
+    """The rows of the table, and the copy bandwidth. ``shapes``: only the samples whose name contains one of
+    these strings (one benchmark shape per run where compiles are long)."""
     hub = kernelhub.get_hub()
     dev = torch.device(device)
     bw = copy_bandwidth(dev)
@@ -103,6 +104,8 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
                  and b != spec.reference_backend and hub.registry.unavailable_reason(b) is None
                  and not impls[b].static_reasons(dev.type, dtype) and not impls[b].forced_only]
         for sample in testing.samples(op, "medium" if quick else "benchmark", dtype, device, seed=0):
+            if shapes and not any(sub in sample.name for sub in shapes):
+                continue
             args = sample.args
             try:
                 out, grad, compiled, compile_s = compiled_reference(ref_fn, args, (None, spec.differentiable))

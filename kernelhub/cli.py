@@ -245,7 +245,7 @@ def cmd_bench(args: argparse.Namespace) -> dict:
     ops = args.ops or sorted(hub.registry.specs)
     for op in ops:
         hub.registry.spec(op)  # an unknown op is an error before any timing
-    data = bench.run(ops, args.backends, device, quick=args.quick, log=Console(stderr=True).print)
+    data = bench.run(ops, args.backends, device, quick=args.quick, log=Console(stderr=True).print, shapes=args.shapes)
     if args.plot:
         bench.plot(data, args.plot)
         data["plot"] = args.plot
@@ -358,6 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--backends", nargs="+", help="backends to time besides the reference (default: all that serve the device)")
             p.add_argument("--device", help="cpu or cuda[:N] (default: cuda if present, else cpu)")
             p.add_argument("--quick", action="store_true", help="the spec's medium samples and short timings")
+            p.add_argument("--shapes", nargs="+", metavar="SUBSTRING",
+                           help="only the samples whose name contains one of these, e.g. B614400_T4")
             p.add_argument("--plot", metavar="FILE.png", help="also draw the table (needs matplotlib: kernelhub[plot])")
     return parser
 

@@ -124,3 +124,17 @@ def test_a_key_whose_symbolic_recompile_fails_goes_on_with_static_shapes(monkeyp
         torch.testing.assert_close(fn(v), kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(v))
     assert compiles == [None, False]
     assert [static for _, static in inductor._COMPILED.values()] == [True]
+
+
+def test_calls_whose_compiled_code_was_measured_wrong_are_rejected_on_cuda_only(monkeypatch):
+    import torch.utils._triton
+
+    norm = kernelhub.get_hub().registry.spec("semiconv").normalize
+    img, ker = torch.rand(1, 2, 6, 6), torch.rand(2, 1, 3, 3)
+    root, tropical = norm(img, ker, "root:2", 1, 1, 1, 2, "corr"), norm(img, ker, "tropical_max", 1, 1, 1, 2, "corr")
+    reasons = inductor.reasons("semiconv")
+    assert reasons(root) == [] and reasons(tropical) == []  # the CPU's code was right (the parity matrix)
+    monkeypatch.setattr(torch.utils._triton, "has_triton", lambda: True)
+    monkeypatch.setattr(inductor, "first_tensor", lambda args: types.SimpleNamespace(device=torch.device("cuda")))
+    assert "wrong img gradient for the root semifield" in " ".join(reasons(root))
+    assert reasons(tropical) == [] and inductor.reasons("tv_loss_l1_3d")([torch.rand(3, 3, 3)]) == []

@@ -67,3 +67,36 @@ def test_duplicate_op_name_is_rejected():
     with pytest.raises(PluginValidationError, match="dup"):
         from kernelhub.registry import Registry
         Registry().load([("dup", _plugin(dataclasses.replace(SPEC, name="tv_loss_l1_3d")))], strict=True)
+
+
+def test_the_kit_checks_the_samples_an_impl_accepts_and_that_forcing_a_rejected_one_names_the_reason():
+    import dataclasses
+
+    two = dataclasses.replace(SPEC, samples=lambda size, dtype, device, gen: [
+        SampleInput("x", (torch.randn(7, 5, generator=gen, device=device, dtype=dtype),)),
+        SampleInput("big", (torch.randn(20, 5, generator=gen, device=device, dtype=dtype),))])
+
+    def plugin(rejects: bool):
+        p = _plugin(two)
+
+        @hookimpl
+        def kernelhub_register_impls(registry):
+            registry.add_backend(Backend("cube_fast", "1.0"))
+            # right below 11 rows, wrong above: it covers only part of the inputs, and says so (or not)
+            registry.add_impl(Impl(op="cube_sum", backend="cube_fast",
+                                   forward=lambda x: x.pow(3).sum() * (1 if x.shape[0] <= 10 else 0),
+                                   backward=lambda g, x, needs: [3 * x.square() * g], dtypes=two.dtypes,
+                                   not_supported_reasons=lambda args: ["more than 10 rows"] * (
+                                       rejects and args[0].shape[0] > 10)))
+        p.fast = types.SimpleNamespace(kernelhub_register_impls=kernelhub_register_impls)
+        return [("cube_plugin", p), ("cube_fast", p.fast)]
+
+    kernelhub.reload(extra_plugins=plugin(rejects=True))
+    case = next(c for c in testing.cases(ops=["cube_sum"], sizes=["small"]) if c.backend == "cube_fast")
+    assert [s.name for s in testing.supported("cube_sum", "cube_fast", testing.samples("cube_sum", "small",
+                                                                                       case.dtype, "cpu"))] == ["x"]
+    testing.check_parity(case)  # "big" is refused with its reason, not compared
+    kernelhub.reload(extra_plugins=plugin(rejects=False))
+    with pytest.raises(AssertionError, match="big"):
+        testing.check_parity(case)
+    kernelhub.reload()

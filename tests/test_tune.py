@@ -237,3 +237,15 @@ def test_bench_goes_on_without_the_compiled_row_where_compiling_the_reference_fa
     assert {r["impl"] for r in data["rows"]} == {"torch_ref", "cuda_ext"}
     assert all(math.isnan(r["vs_compiled"]) for r in data["rows"])
     assert "compiled: OutOfMemoryError" in logged[0]
+
+
+def test_bench_shapes_keeps_only_the_samples_named(monkeypatch):
+    from kernelhub import bench
+
+    monkeypatch.setattr(bench, "compiled_reference", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("skip")))
+    names = [s.name for s in kernelhub.testing.samples("semiconv", "medium", torch.float32, "cpu")]
+    assert len(names) > 1
+    data = bench.run(["semiconv"], [], "cpu", quick=True, log=lambda m: None, shapes=[names[-1]])
+    assert {r["shape"] for r in data["rows"]} == {names[-1]} and {r["pass"] for r in data["rows"]} == {"fwd", "fwd+bwd"}
+    args = cli.build_parser().parse_args(["bench", "tv_loss_sq_3d", "--shapes", "B614400_T4", "T8"])
+    assert args.shapes == ["B614400_T4", "T8"]

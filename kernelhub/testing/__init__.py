@@ -25,12 +25,13 @@ from typing import Any
 import torch
 
 import kernelhub
+from kernelhub.errors import NoImplementationError
 from kernelhub.spec import OpSpec, SampleInput
 
 __all__ = [
     "Case", "cases", "samples", "parity_error", "reference", "run", "check_parity", "check_opcheck",
     "check_gradcheck", "check_noncontiguous", "check_bad_inputs", "noncontiguous", "to_dtype", "leaves",
-    "with_grad",
+    "with_grad", "supported",
 ]
 
 
@@ -193,11 +194,32 @@ def measure(op: str, backend: str, args: Sequence[Any], seed: int = 1) -> tuple[
     return parity_error(out, ref_out), bwd
 
 
+def supported(op: str, backend: str, sample_list: Iterable[SampleInput]) -> list[SampleInput]:
+    """The samples the impl accepts. One it rejects (``not_supported_reasons``: a part of the parameter space it
+    does not cover, or a call it is known to get wrong) must be refused by a forced call, naming the reason;
+    an unforced call falls back (the selector's tests)."""
+    impl = kernelhub.get_hub().registry.impls(op)[backend]
+    out = []
+    for sample in sample_list:
+        reasons = impl.not_supported_reasons(sample.args)
+        if not reasons:
+            out.append(sample)
+            continue
+        try:
+            run(op, backend, sample.args)
+        except NoImplementationError as exc:
+            assert reasons[0] in str(exc), f"{op} on {backend} [{sample.name}]: the refusal does not name {reasons}"
+        else:
+            raise AssertionError(f"{op} on {backend} [{sample.name}]: rejected ({reasons}) but a forced call ran")
+    return out
+
+
 def check_parity(case: Case, seed: int = 0) -> None:
-    """Forward and backward of every sample of ``case`` within the spec's tolerance."""
+    """Forward and backward of every sample of ``case`` within the spec's tolerance (the samples the impl
+    rejects with a reason: refused when forced, see `supported`)."""
     spec = _spec(case.op)
     tol = spec.tolerances[case.dtype]
-    for sample in samples(case.op, case.size, case.dtype, case.device, seed):
+    for sample in supported(case.op, case.backend, samples(case.op, case.size, case.dtype, case.device, seed)):
         fwd, bwd = measure(case.op, case.backend, sample.args)
         assert fwd <= tol.forward, f"{case} [{sample.name}]: forward error {fwd:.3g} > {tol.forward:.3g}"
         assert bwd <= tol.backward, f"{case} [{sample.name}]: backward error {bwd:.3g} > {tol.backward:.3g}"
@@ -207,7 +229,7 @@ def check_noncontiguous(case: Case, seed: int = 0) -> None:
     """Non-contiguous inputs give the result of their contiguous copies, within the dtype's tolerance
     (forward and gradients)."""
     spec = _spec(case.op)
-    for sample in samples(case.op, case.size, case.dtype, case.device, seed):
+    for sample in supported(case.op, case.backend, samples(case.op, case.size, case.dtype, case.device, seed)):
         ref_out, _ = run(case.op, case.backend, sample.args)
         grad = upstream_grad(ref_out)
         want, want_g = run(case.op, case.backend, sample.args, grad)
@@ -234,7 +256,7 @@ def check_gradcheck(op: str, backend: str, device: str = "cpu", fast_mode: bool 
     spec = _spec(op)
     overload = getattr(torch.ops.kernelhub, op).default
     fn = lambda *a: overload(*a, backend)  # noqa: E731
-    for sample in samples(op, "small", torch.float64, device):
+    for sample in supported(op, backend, samples(op, "small", torch.float64, device)):
         args = list(sample.args)
         diff = spec.differentiable
 

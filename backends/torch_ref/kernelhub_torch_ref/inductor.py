@@ -43,7 +43,7 @@ import torch
 
 from kernelhub.tune import bucket, first_tensor
 
-__all__ = ["COMPILE_S", "unavailable_reason", "device_reasons", "compiled_pass", "graphs"]
+__all__ = ["COMPILE_S", "unavailable_reason", "device_reasons", "reasons", "wrong_code_reasons", "compiled_pass", "graphs"]
 
 TUNED_ONLY = "compiles on first use (seconds): chosen only where `kernelhub tune` found it the fastest"
 COMPILE_S: dict[tuple, float] = {}  # (op, pass, device type, dtype, bucket) -> seconds of its first call
@@ -74,6 +74,27 @@ def device_reasons(args: Sequence[Any]) -> list[str]:
         return [] if has_triton() else ["torch.compile on CUDA needs Triton (not importable, or the GPU is older "
                                         "than inductor supports)"]
     return [f"torch.compile's inductor does not generate code for {t.device.type!r} here"]
+
+
+# calls where torch.compile's code was measured wrong: rejected with the measurement, so they fall back
+# (benchmarks/inductor_semiconv_root.py re-measures the semiconv one)
+_WRONG_ON_CUDA = {
+    "semiconv": (lambda args: str(args[2]).startswith("root"),
+                 "torch.compile's CUDA code gives a wrong img gradient for the root semifield (relative error "
+                 "0.68-0.84 at p=2 against float64 in float32 and float64, every padding and dilation tried; "
+                 "forward and kernel gradient right; torch 2.11, H200, 2026-11-22)"),
+}
+
+
+def wrong_code_reasons(op: str, device_type: str, args: Sequence[Any]) -> list[str]:
+    """The measured reason torch.compile's code is wrong for this call, or []."""
+    match, why = _WRONG_ON_CUDA.get(op, (None, ""))
+    return [why] if device_type == "cuda" and match is not None and match(args) else []
+
+
+def reasons(op: str) -> Callable[[Sequence[Any]], list[str]]:
+    """The inductor impl's not_supported_reasons for ``op``."""
+    return lambda args: device_reasons(args) or wrong_code_reasons(op, first_tensor(args).device.type, args)
 
 
 def _own_code(fn: Callable, name: str) -> Callable:

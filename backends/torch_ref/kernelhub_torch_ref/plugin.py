@@ -76,5 +76,5 @@ def kernelhub_register_impls(registry) -> None:
         registry.add_impl(Impl(op=op, backend="inductor",
                                forward=inductor.compiled_pass(op, "forward", compiled_forward),
                                backward=inductor.compiled_pass(op, "backward", backward), dtypes=spec.dtypes,
-                               devices=("cpu", "cuda"), not_supported_reasons=inductor.device_reasons,
+                               devices=("cpu", "cuda"), not_supported_reasons=inductor.reasons(op),
                                deterministic=op not in SCATTERING_BACKWARD, tuned_only=inductor.TUNED_ONLY))

@@ -343,50 +343,23 @@ std::tuple<at::Tensor, at::Tensor> trilinear_backward_cuda(const at::Tensor& gra
   return {gf, gp};
 }
 
-// ---- tilted K-Planes: a group of G lanes per point, each lane over every G-th channel (kplanes_point.h) ----
-// G is about C / 4 (8 for C = 32), so a warp works on 32 / G points at once and each lane has several
-// independent gathers in flight (a warp per point left the H200 latency-bound: 3.6x slower forward).
-// The planes are read channels-last ([3T, H, W, C], one copy per call), so a neighbour's channels are
-// contiguous across a group. Backward: the planes gradient is added with atomics into a channels-last buffer
-// (not deterministic); the coordinate gradients are reduced over a group's channels by a fixed butterfly,
-// the pts gradient written once per point, the rotations gradient summed over the warp's groups by a fixed
-// butterfly and per block in shared memory in a fixed order into one partial row per block.
+// ---- tilted K-Planes: a warp per point, its lanes over the C channels (kplanes_point.h) ---------
+// The planes are read channels-last ([3T, H, W, C], one copy per call), so a neighbour's channels are one
+// coalesced load. Backward: the planes gradient is added with atomics into a channels-last buffer (not
+// deterministic); the coordinate gradients are reduced over the channels by a fixed butterfly, the pts
+// gradient written once per point, the rotations gradient summed per block in shared memory in a fixed
+// order into one partial row per block (deterministic for a given GPU).
 
-constexpr int KP_THREADS = 128, KP_WARPS = KP_THREADS / 32;
-
-int kp_group(int64_t C) {  // lanes per point: a power of two, about four channels per lane
-  int g = 1;
-  while (g < 32 && g * 4 < C) g *= 2;
-  return g;
-}
-
-template <typename A>
-__device__ __forceinline__ A kp_group_sum(A x, int G) {  // within each group of G lanes, every lane gets the sum
-  for (int m = G / 2; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
-  return x;
-}
-
-template <typename A>
-__device__ __forceinline__ A kp_across_groups(A x, int G) {  // the sum over the warp's groups (equal in a group)
-  for (int m = 16; m >= G; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
-  return x;
-}
-
-// the warp-uniform loop over the points: every lane of a warp runs the same iterations (the shuffles need
-// them all); point b = b0 + lane / G, inactive past B
-#define KP_FOR_POINTS(G)                                                                                      \
-  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, sub = lane & ((G) - 1);                        \
-  const int64_t per_warp = 32 / (G), stride = static_cast<int64_t>(gridDim.x) * KP_WARPS * per_warp;        \
-  for (int64_t b0 = (static_cast<int64_t>(blockIdx.x) * KP_WARPS + warp) * per_warp, b = b0 + lane / (G);   \
-       b0 < B; b0 += stride, b += stride)
+constexpr int KP_THREADS = 256, KP_WARPS = KP_THREADS / 32;
 
 template <typename T>
 __global__ void __launch_bounds__(KP_THREADS) kplanes_forward_kernel(
     const T* __restrict__ pts, const T* __restrict__ rot, const T* __restrict__ pl, T* __restrict__ out,
-    int64_t B, int NT, int C, int H, int W, int taps, double h, int G) {
+    int64_t B, int NT, int C, int H, int W, int taps, double h) {
   using A = at::opmath_type<T>;
-  KP_FOR_POINTS(G) {
-    if (b >= B) continue;  // no shuffles in the forward
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * KP_WARPS;
+  for (int64_t b = (static_cast<int64_t>(blockIdx.x) * KP_THREADS + threadIdx.x) / 32; b < B; b += warps) {
     const A p[3] = {A(pts[b * 3]), A(pts[b * 3 + 1]), A(pts[b * 3 + 2])};
     for (int t = 0; t < NT; ++t) {
       for (int tap = 0; tap < taps; ++tap) {
@@ -394,12 +367,16 @@ __global__ void __launch_bounds__(KP_THREADS) kplanes_forward_kernel(
         KpCorners<A> k0, k1, k2;
         kp_tap(p, rot, t, tap, A(h), H, W, C, R, pp, k0, k1, k2);
         T* o = out + (static_cast<int64_t>(tap) * B + b) * NT * C + static_cast<int64_t>(t) * C;
-#pragma unroll 2
-        for (int c = sub; c < C; c += G) o[c] = static_cast<T>(kp_value(pl, k0, k1, k2, c));
+        for (int c = lane; c < C; c += 32) o[c] = static_cast<T>(kp_value(pl, k0, k1, k2, c));
       }
     }
   }
-  (void)warp;
+}
+
+template <typename A>
+__device__ __forceinline__ A kp_warp_sum(A x) {  // a fixed butterfly: every lane gets the same sum
+  for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
+  return x;
 }
 
 template <typename A>
@@ -415,41 +392,33 @@ __global__ void __launch_bounds__(KP_THREADS) kplanes_backward_kernel(
     const T* __restrict__ grad, const T* __restrict__ pts, const T* __restrict__ rot, const T* __restrict__ pl,
     at::opmath_type<T>* __restrict__ gpl, at::opmath_type<T>* __restrict__ gpts, at::opmath_type<T>* __restrict__ grot,
     int64_t B, int NT, int C, int H, int W, int taps, double h, int64_t gs0, int64_t gs1, int64_t gs2,
-    bool need_planes, bool need_pts, bool need_rot, int G) {
+    bool need_planes, bool need_pts, bool need_rot) {
   using A = at::opmath_type<T>;
   extern __shared__ unsigned char kp_smem[];
   A* dR = reinterpret_cast<A*>(kp_smem);  // [KP_WARPS][NT * 9]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   for (int i = threadIdx.x; i < KP_WARPS * NT * 9; i += KP_THREADS) dR[i] = A(0);
   __syncthreads();
-  KP_FOR_POINTS(G) {
-    const bool active = b < B;
-    const A p[3] = {active ? A(pts[b * 3]) : A(0), active ? A(pts[b * 3 + 1]) : A(0),
-                    active ? A(pts[b * 3 + 2]) : A(0)};
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * KP_WARPS;
+  for (int64_t b = static_cast<int64_t>(blockIdx.x) * KP_WARPS + warp; b < B; b += warps) {
+    const A p[3] = {A(pts[b * 3]), A(pts[b * 3 + 1]), A(pts[b * 3 + 2])};
     A gp[3] = {0, 0, 0};
     for (int t = 0; t < NT; ++t) {
       for (int tap = 0; tap < taps; ++tap) {
         A R[9], pp[3];
         KpCorners<A> k0, k1, k2;
         kp_tap(p, rot, t, tap, A(h), H, W, C, R, pp, k0, k1, k2);
-        A dq[3] = {0, 0, 0};  // stays 0 for an inactive point
-        if (active) {
-          const T* g = grad + tap * gs0 + b * gs1 + static_cast<int64_t>(t) * C * gs2;
-#pragma unroll 4
-          for (int c = sub; c < C; c += G)
-            kp_channel_backward(pl, k0, k1, k2, c, A(g[c * gs2]), need_planes, dq, KpAtomicAdd<A>{gpl});
-        }
+        const T* g = grad + tap * gs0 + b * gs1 + static_cast<int64_t>(t) * C * gs2;
+        A dq[3] = {0, 0, 0};
+        for (int c = lane; c < C; c += 32)
+          kp_channel_backward(pl, k0, k1, k2, c, A(g[c * gs2]), need_planes, dq, KpAtomicAdd<A>{gpl});
         if (!need_pts && !need_rot) continue;
-        for (int i = 0; i < 3; ++i) dq[i] = kp_group_sum(dq[i], G);
-        kp_point_grads(R, pp, dq, gp, static_cast<A*>(nullptr));
-        if (need_rot)  // lane 0 adds the warp's sum to its row
-          for (int i = 0; i < 3; ++i)
-            for (int j = 0; j < 3; ++j) {
-              const A v = kp_across_groups(dq[i] * pp[j], G);
-              if (lane == 0) dR[(warp * NT + t) * 9 + i * 3 + j] += v;
-            }
+        for (int i = 0; i < 3; ++i) dq[i] = kp_warp_sum(dq[i]);
+        // every lane holds the sums; lane 0 alone adds the rotations gradient to its warp's row
+        kp_point_grads(R, pp, dq, gp, need_rot && lane == 0 ? dR + (warp * NT + t) * 9 : nullptr);
       }
     }
-    if (need_pts && active && sub == 0)
+    if (need_pts && lane == 0)
       for (int j = 0; j < 3; ++j) gpts[b * 3 + j] = gp[j];
   }
   if (!need_rot) return;
@@ -461,13 +430,12 @@ __global__ void __launch_bounds__(KP_THREADS) kplanes_backward_kernel(
   }
 }
 
-int kp_blocks(int64_t B, int G) {
+int kp_blocks(int64_t B) {
   // a fixed grid per GPU (the warps stride over the points), so the rotations partials are few
   int device = 0, sms = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t per_block = KP_THREADS / G;
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((B + per_block - 1) / per_block, sms * 8)));
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((B + KP_WARPS - 1) / KP_WARPS, sms * 8)));
 }
 
 at::Tensor kplanes_forward_cuda(const at::Tensor& pts, const at::Tensor& rot, const at::Tensor& planes,
@@ -476,12 +444,11 @@ at::Tensor kplanes_forward_cuda(const at::Tensor& pts, const at::Tensor& rot, co
   const KpArgs a = kp_args("kplanes_forward", pts, rot, planes, taps);
   at::Tensor out = at::empty({taps, a.B, a.T * a.C}, a.pts.options());
   if (out.numel() == 0) return out;
-  const int G = kp_group(a.C);
   AT_DISPATCH_FLOATING_TYPES(a.pts.scalar_type(), "kplanes_forward_cuda", [&] {
-    kplanes_forward_kernel<scalar_t><<<kp_blocks(a.B, G), KP_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
+    kplanes_forward_kernel<scalar_t><<<kp_blocks(a.B), KP_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
         a.pts.data_ptr<scalar_t>(), a.rot.data_ptr<scalar_t>(), a.planes.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
         a.B, static_cast<int>(a.T), static_cast<int>(a.C), static_cast<int>(a.H), static_cast<int>(a.W),
-        static_cast<int>(taps), h, G);
+        static_cast<int>(taps), h);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;
@@ -493,7 +460,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> kplanes_backward_cuda(
   c10::cuda::CUDAGuard guard(pts.device());
   const KpArgs a = kp_args("kplanes_backward", pts, rot, planes, taps, &grad);
   const auto opts = a.pts.options().dtype(acc_dtype(a.pts));
-  const int G = kp_group(a.C), blocks = kp_blocks(a.B, G);
+  const int blocks = kp_blocks(a.B);
   at::Tensor gpl = at::zeros({need_planes ? 3 * a.T : 0, a.H, a.W, a.C}, opts);
   at::Tensor gp = at::zeros({need_pts ? a.B : 0, 3}, opts);
   at::Tensor gr = at::zeros({need_rot ? blocks : 0, a.T, 9}, opts);  // one partial per block
@@ -506,7 +473,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> kplanes_backward_cuda(
           a.planes.data_ptr<scalar_t>(), need_planes ? gpl.data_ptr<A>() : nullptr,
           need_pts ? gp.data_ptr<A>() : nullptr, need_rot ? gr.data_ptr<A>() : nullptr, a.B, static_cast<int>(a.T),
           static_cast<int>(a.C), static_cast<int>(a.H), static_cast<int>(a.W), static_cast<int>(taps), h,
-          grad.stride(0), grad.stride(1), grad.stride(2), need_planes, need_pts, need_rot, G);
+          grad.stride(0), grad.stride(1), grad.stride(2), need_planes, need_pts, need_rot);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   }

@@ -100,3 +100,20 @@ def test_the_kit_checks_the_samples_an_impl_accepts_and_that_forcing_a_rejected_
     with pytest.raises(AssertionError, match="big"):
         testing.check_parity(case)
     kernelhub.reload()
+
+
+def test_a_case_whose_samples_are_all_rejected_is_skipped_not_passed():
+    plugin = _plugin(SPEC)
+
+    @hookimpl
+    def kernelhub_register_impls(registry):
+        registry.add_backend(Backend("cube_none", "1.0"))
+        registry.add_impl(Impl(op="cube_sum", backend="cube_none", forward=lambda x: x.sum(),
+                               backward=lambda g, x, needs: [g.expand_as(x)], dtypes=SPEC.dtypes,
+                               not_supported_reasons=lambda args: ["covers nothing"]))
+    kernelhub.reload(extra_plugins=[("cube_plugin", plugin),
+                                    ("cube_none", types.SimpleNamespace(kernelhub_register_impls=kernelhub_register_impls))])
+    case = next(c for c in testing.cases(ops=["cube_sum"], sizes=["small"]) if c.backend == "cube_none")
+    with pytest.raises(pytest.skip.Exception, match="rejects every sample"):
+        testing.check_parity(case)
+    kernelhub.reload()

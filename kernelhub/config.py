@@ -28,10 +28,15 @@ from pathlib import Path
 
 from kernelhub.errors import ConfigError
 
-__all__ = ["Config", "OpConfig", "TuneConfig", "load_config", "find_config_file", "DEFAULT_PRIORITY",
+__all__ = ["Config", "OpConfig", "TuneConfig", "load_config", "find_config_file", "DEFAULT_PRIORITY", "DEFAULT_OP_PRIORITY",
            "ENV_VARS", "TUNE_MODES"]
 
 DEFAULT_PRIORITY = ("cuda_ext", "triton", "inductor", "torch_ref")
+# Per-op defaults, from measurements: on an H200, triton's K-Planes kernels are 1.2-2x faster than cuda_ext's
+# (docs/benchmarks.md). On the CPU triton serves no call, so cuda_ext's C++ kernels still come first there.
+# A configuration's own [ops.<op>] priority replaces these.
+DEFAULT_OP_PRIORITY = {op: ("triton",) for op in
+                       ("kplanes_interp_tilted", "kplanes_interp_tilted_ms", "kplanes_interp_tilted_taps")}
 ENV_VARS = ("KERNELHUB_CONFIG", "KERNELHUB_KILL_SWITCH", "KERNELHUB_DISABLE")
 REFERENCE_BACKEND = "torch_ref"
 TUNE_MODES = ("off", "cached", "online")
@@ -154,6 +159,10 @@ def parse_config(data: Mapping, source: str, known_backends: frozenset[str]) -> 
         if pin and pin not in known_backends:
             raise ConfigError(f"{where}.pin: unknown backend {pin!r}; allowed: {sorted(known_backends)}")
         ops[name] = OpConfig(priority=_names(table.get("priority", []), f"{where}.priority", known_backends), pin=pin)
+    for name, default in DEFAULT_OP_PRIORITY.items():
+        if "priority" not in data.get("ops", {}).get(name, {}):
+            ops[name] = OpConfig(priority=tuple(b for b in default if b in known_backends),
+                                 pin=ops[name].pin if name in ops else "")
     tune = data.get("tune", {})
     _check_keys(tune, _TUNE_KEYS, f"{source}: [tune]")
     if tune.get("mode", "cached") not in TUNE_MODES:

@@ -26,6 +26,24 @@ def test_defaults_match_the_shipped_file():
            (default.kill_switch, default.strict, default.disabled, default.priority, default.tune)
     assert shipped.priority == DEFAULT_PRIORITY
     assert shipped.op("tv_loss_l1_3d").pin == "" and shipped.op("tv_loss_l1_3d").priority == ()
+    assert {k: v for k, v in shipped.as_dict()["ops"].items() if k != "tv_loss_l1_3d"} == default.as_dict()["ops"]
+    assert default.op("kplanes_interp_tilted_taps").priority == ("triton",)
+
+
+def test_a_files_own_op_priority_replaces_the_built_in_one_and_a_pin_alone_keeps_it(tmp_path):
+    write(tmp_path / "kernelhub.toml", """
+        priority = ["cuda_ext", "torch_ref"]
+        [ops.kplanes_interp_tilted]
+        priority = ["cuda_ext"]
+        [ops.kplanes_interp_tilted_ms]
+        pin = "torch_ref"
+    """)
+    cfg = load_config(KNOWN, tmp_path / "kernelhub.toml")
+    assert cfg.op("kplanes_interp_tilted").priority == ("cuda_ext",)
+    assert cfg.op("kplanes_interp_tilted_ms") == kernelhub.config.OpConfig(priority=("triton",), pin="torch_ref")
+    assert cfg.op("kplanes_interp_tilted_taps").priority == ("triton",)  # the global list alone does not replace it
+    assert cfg.priority_for("kplanes_interp_tilted_taps", ["torch_ref", "cuda_ext", "triton"]) == \
+        ["triton", "cuda_ext", "torch_ref"]
 
 
 def test_lookup_order(tmp_path, monkeypatch):

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kernelhub.errors import ConfigError
+from kernelhub.ops.kplanes import KPLANES_OPS
 
 __all__ = ["Config", "OpConfig", "TuneConfig", "load_config", "find_config_file", "DEFAULT_PRIORITY", "DEFAULT_OP_PRIORITY",
            "ENV_VARS", "TUNE_MODES"]
@@ -35,8 +36,7 @@ DEFAULT_PRIORITY = ("cuda_ext", "triton", "inductor", "torch_ref")
 # Per-op defaults, from measurements: on an H200, triton's K-Planes kernels are 1.2-2x faster than cuda_ext's
 # (docs/benchmarks.md). On the CPU triton serves no call, so cuda_ext's C++ kernels still come first there.
 # A configuration's own [ops.<op>] priority replaces these.
-DEFAULT_OP_PRIORITY = {op: ("triton",) for op in
-                       ("kplanes_interp_tilted", "kplanes_interp_tilted_ms", "kplanes_interp_tilted_taps")}
+DEFAULT_OP_PRIORITY = {op: ("triton",) for op in KPLANES_OPS}
 ENV_VARS = ("KERNELHUB_CONFIG", "KERNELHUB_KILL_SWITCH", "KERNELHUB_DISABLE")
 REFERENCE_BACKEND = "torch_ref"
 TUNE_MODES = ("off", "cached", "online")

@@ -8,7 +8,7 @@ from kernelhub.ops import _checks as c
 from kernelhub.ops.tolerances import TOLERANCES
 from kernelhub.spec import Arg, OpSpec, SampleInput
 
-__all__ = ["KPLANES", "KPLANES_MS", "KPLANES_TAPS"]
+__all__ = ["KPLANES", "KPLANES_MS", "KPLANES_TAPS", "KPLANES_OPS"]
 
 DTYPES = (torch.float32, torch.float64)
 PTS = Arg("pts", "tensor", differentiable=True, doc="[B, 3] in [-1, 1]^3 (outside reads the border)")
@@ -164,3 +164,5 @@ KPLANES_TAPS = OpSpec(
     samples=_samples("taps"),
     bad_inputs=_bad_inputs("taps"),
 )
+
+KPLANES_OPS = tuple(spec.name for spec in (KPLANES, KPLANES_MS, KPLANES_TAPS))  # for backends that treat all three alike

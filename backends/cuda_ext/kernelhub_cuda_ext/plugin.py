@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from kernelhub import hookimpl
+from kernelhub.ops.kplanes import KPLANES_OPS
 from kernelhub.spec import Backend, Impl, lazy
 from kernelhub_cuda_ext import __version__
 
@@ -33,7 +34,7 @@ IMPLS = {
                              (torch.complex64, torch.complex128, torch.float32, torch.float64), CPU_AND_CUDA),
 }
 # the planes gradient is added with atomics: its sums may differ in the last bits from run to run
-NOT_DETERMINISTIC = {"kplanes_interp_tilted", "kplanes_interp_tilted_ms", "kplanes_interp_tilted_taps"}
+NOT_DETERMINISTIC = set(KPLANES_OPS)
 
 
 def unavailable_reason() -> str | None:

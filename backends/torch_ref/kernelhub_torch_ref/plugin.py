@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from kernelhub import hookimpl
+from kernelhub.ops.kplanes import KPLANES_OPS
 from kernelhub.spec import Backend, Impl
 from kernelhub_torch_ref import __version__, inductor, kplanes, semiconv, tikhonov, trilinear, tv
 
@@ -29,7 +30,7 @@ DIFFERENTIATE: dict[str, Callable[..., torch.Tensor]] = {
 }
 # Ops whose backward scatters into gathered positions (grid_sample's, the unfolded products'): on a GPU
 # the compiled backward adds with atomics, so its sums may differ in the last bits from run to run.
-SCATTERING_BACKWARD = {"kplanes_interp_tilted", "kplanes_interp_tilted_ms", "kplanes_interp_tilted_taps", "semiconv"}
+SCATTERING_BACKWARD = {*KPLANES_OPS, "semiconv"}
 
 
 def vjp_backward(forward: Callable[..., torch.Tensor], diff: Sequence[int]) -> Callable:

@@ -14,6 +14,7 @@ import os
 import torch
 
 from kernelhub import hookimpl
+from kernelhub.ops.kplanes import KPLANES_OPS
 from kernelhub.spec import Backend, Impl, lazy
 from kernelhub_triton import __version__
 
@@ -34,7 +35,7 @@ IMPLS = {
                              (torch.complex64, torch.complex128, torch.float32, torch.float64), None),
 }
 # the planes gradient is added with atomics: its sums may differ in the last bits from run to run
-NOT_DETERMINISTIC = {"kplanes_interp_tilted", "kplanes_interp_tilted_ms", "kplanes_interp_tilted_taps"}
+NOT_DETERMINISTIC = set(KPLANES_OPS)
 
 
 def interpret_mode() -> bool:

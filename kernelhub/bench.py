@@ -132,6 +132,8 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
                             torch.cuda.synchronize(dev)
                         first[label] = time.perf_counter() - start
                         times[label] = time_ms(step, dev, quick)
+                        log(f"{op} {sample.name} {passname} {label}: {times[label]:.4f} ms "
+                            f"(first call {first[label]:.2f} s)")  # progress: a long run shows each row as it lands
                     except Exception as exc:  # a backend that cannot serve this sample, out of memory...
                         log(f"{op} {sample.name} {passname} {label}: {type(exc).__name__}: {exc}"[:300])
                 for label, ms in times.items():

@@ -237,6 +237,16 @@ def test_bench_goes_on_without_the_compiled_row_where_compiling_the_reference_fa
     assert {r["impl"] for r in data["rows"]} == {"torch_ref", "cuda_ext"}
     assert all(math.isnan(r["vs_compiled"]) for r in data["rows"])
     assert "compiled: OutOfMemoryError" in logged[0]
+    # each row is logged as it lands, so a run stopped by a time limit still shows what it measured
+    assert len([m for m in logged[1:] if " cuda_ext: " in m and " ms (first call " in m]) == 2
+
+
+@pytest.mark.parametrize("op", kernelhub.op_names())
+def test_sample_names_are_unique_so_bench_shapes_can_pick_each(op):
+    sizes = ["small", "medium", "edge"] + ["benchmark"] * (op == "semiconv")  # semiconv's two used to share one
+    for size in sizes:
+        names = [s.name for s in kernelhub.testing.samples(op, size, torch.float32, "cpu")]
+        assert len(names) == len(set(names)), f"{op} {size}: {names}"
 
 
 def test_bench_shapes_keeps_only_the_samples_named(monkeypatch):

@@ -169,7 +169,7 @@ def _samples(size: str, dtype: torch.dtype, device: torch.device, gen: torch.Gen
         else:
             img, ker = c.randn(ishape, dtype, device, gen), c.randn(kshape, dtype, device, gen)
         args = _normalize(img, ker, sf, stride, pad, dil, groups, kind)
-        out.append(SampleInput(f"{sf}_{'x'.join(map(str, ishape))}_k{'x'.join(map(str, kshape[2:]))}", args))
+        out.append(SampleInput(f"{sf}_{'x'.join(map(str, ishape))}_k{'x'.join(map(str, kshape[2:]))}_g{groups}", args))
     if size == "edge":
         # integer values: many exact ties, the winner must be the first in (c, tap) order
         img = torch.randint(0, 3, (2, 4, 6, 6), generator=gen, device=device).to(dtype)

@@ -83,12 +83,7 @@ def make_step(fn, args, grads_of, grad):
     """A closure running fn forward (and backward into the chosen inputs)."""
     if grads_of is None:
         return (lambda: fn(*args)), []
-    leaves = []
-    call = list(args)
-    for i in grads_of:  # a list argument (the multiscale planes): each of its tensors
-        call[i] = [t.detach().requires_grad_() for t in args[i]] if isinstance(args[i], list) else \
-            args[i].detach().requires_grad_()
-        leaves += call[i] if isinstance(call[i], list) else [call[i]]
+    call, leaves = testing.fresh_leaves(args, grads_of)  # a list argument (the multiscale planes): each tensor
 
     def step():
         out = fn(*call)

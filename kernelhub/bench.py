@@ -58,12 +58,7 @@ def make_step(fn: Callable, args: Sequence[Any], grads_of: Sequence[int] | None,
     """A closure running ``fn`` forward, and backward into ``grads_of`` (None: forward only)."""
     if grads_of is None:
         return lambda: fn(*args)
-    call = list(args)
-    leaves = []
-    for i in grads_of:
-        call[i] = [t.detach().requires_grad_() for t in args[i]] if isinstance(args[i], list) else \
-            args[i].detach().requires_grad_()
-        leaves += call[i] if isinstance(call[i], list) else [call[i]]
+    call, leaves = testing.fresh_leaves(args, grads_of)
 
     def step():
         for t in leaves:  # a fresh gradient each time: accumulating into .grad would add a pass

@@ -31,7 +31,7 @@ from kernelhub.spec import OpSpec, SampleInput
 __all__ = [
     "Case", "cases", "samples", "parity_error", "reference", "run", "check_parity", "check_opcheck",
     "check_gradcheck", "check_noncontiguous", "check_bad_inputs", "noncontiguous", "to_dtype", "leaves",
-    "with_grad", "supported",
+    "with_grad", "fresh_leaves", "supported",
 ]
 
 
@@ -117,13 +117,20 @@ def leaves(op: str, args: Sequence[Any]) -> list[torch.Tensor]:
     return [t for i in _spec(op).differentiable for t in (args[i] if isinstance(args[i], list) else [args[i]])]
 
 
-def with_grad(op: str, args: Sequence[Any]) -> tuple:
-    """``args`` with detached copies of the differentiable tensors that require grad (fresh autograd leaves)."""
-    out = list(args)
-    for i in _spec(op).differentiable:
+def fresh_leaves(args: Sequence[Any], indices: Iterable[int]) -> tuple[tuple, list[torch.Tensor]]:
+    """``args`` with detached copies that require grad of the tensors at ``indices`` (a list argument: each of
+    its tensors), and those new autograd leaves in order."""
+    out, new = list(args), []
+    for i in indices:
         a = args[i]
         out[i] = [t.detach().requires_grad_() for t in a] if isinstance(a, list) else a.detach().requires_grad_()
-    return tuple(out)
+        new += out[i] if isinstance(out[i], list) else [out[i]]
+    return tuple(out), new
+
+
+def with_grad(op: str, args: Sequence[Any]) -> tuple:
+    """``args`` with detached copies of the differentiable tensors that require grad (fresh autograd leaves)."""
+    return fresh_leaves(args, _spec(op).differentiable)[0]
 
 
 def upstream_grad(out: torch.Tensor, seed: int = 1) -> torch.Tensor:

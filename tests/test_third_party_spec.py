@@ -114,6 +114,8 @@ def test_a_case_whose_samples_are_all_rejected_is_skipped_not_passed():
     kernelhub.reload(extra_plugins=[("cube_plugin", plugin),
                                     ("cube_none", types.SimpleNamespace(kernelhub_register_impls=kernelhub_register_impls))])
     case = next(c for c in testing.cases(ops=["cube_sum"], sizes=["small"]) if c.backend == "cube_none")
-    with pytest.raises(pytest.skip.Exception, match="rejects every sample"):
-        testing.check_parity(case)
+    for check in (testing.check_parity, testing.check_noncontiguous,
+                  lambda case: testing.check_gradcheck(case.op, case.backend)):
+        with pytest.raises(pytest.skip.Exception, match="rejects every sample"):
+            check(case)
     kernelhub.reload()

@@ -221,17 +221,22 @@ def supported(op: str, backend: str, sample_list: Iterable[SampleInput]) -> list
     return out
 
 
+def _to_check(op: str, backend: str, every: list[SampleInput], what: str) -> list[SampleInput]:
+    """`supported` samples; where the impl rejects all of them, a pytest skip: nothing compared is not a pass."""
+    checked = supported(op, backend, every)
+    if every and not checked:
+        import pytest
+        pytest.skip(f"{what}: the impl rejects every sample of this size")
+    return checked
+
+
 def check_parity(case: Case, seed: int = 0) -> None:
     """Forward and backward of every sample of ``case`` within the spec's tolerance (the samples the impl
     rejects with a reason: refused when forced, see `supported`)."""
     spec = _spec(case.op)
     tol = spec.tolerances[case.dtype]
-    every = samples(case.op, case.size, case.dtype, case.device, seed)
-    checked = supported(case.op, case.backend, every)
-    if every and not checked:  # nothing compared: say so rather than pass
-        import pytest
-        pytest.skip(f"{case}: the impl rejects every sample of this size")
-    for sample in checked:
+    for sample in _to_check(case.op, case.backend, samples(case.op, case.size, case.dtype, case.device, seed),
+                            str(case)):
         fwd, bwd = measure(case.op, case.backend, sample.args)
         assert fwd <= tol.forward, f"{case} [{sample.name}]: forward error {fwd:.3g} > {tol.forward:.3g}"
         assert bwd <= tol.backward, f"{case} [{sample.name}]: backward error {bwd:.3g} > {tol.backward:.3g}"
@@ -241,7 +246,8 @@ def check_noncontiguous(case: Case, seed: int = 0) -> None:
     """Non-contiguous inputs give the result of their contiguous copies, within the dtype's tolerance
     (forward and gradients)."""
     spec = _spec(case.op)
-    for sample in supported(case.op, case.backend, samples(case.op, case.size, case.dtype, case.device, seed)):
+    for sample in _to_check(case.op, case.backend, samples(case.op, case.size, case.dtype, case.device, seed),
+                            str(case)):
         ref_out, _ = run(case.op, case.backend, sample.args)
         grad = upstream_grad(ref_out)
         want, want_g = run(case.op, case.backend, sample.args, grad)
@@ -270,7 +276,7 @@ def check_gradcheck(op: str, backend: str, device: str = "cpu", fast_mode: bool 
     fn = lambda *a: overload(*a, backend)  # noqa: E731
     # an impl that adds with atomics gives backwards that differ in the last bits from run to run
     nondet_tol = 0.0 if kernelhub.get_hub().registry.impls(op)[backend].deterministic else 1e-12
-    for sample in supported(op, backend, samples(op, "small", torch.float64, device)):
+    for sample in _to_check(op, backend, samples(op, "small", torch.float64, device), f"gradcheck of {op} on {backend}"):
         args = list(sample.args)
         diff = spec.differentiable
 

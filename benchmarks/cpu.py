@@ -32,6 +32,7 @@ SHAPES = {
     "kplanes_interp_tilted_taps": [(32768, 4, 32, 64)],
     "trilinear_interp": [(65536, 64)],
     "tikhonov_inverse_2xn": [(115000, 2, 21)],
+    "semiconv": [("tropical_max", 4, 16, 128, 128, 3), ("tropical_min", 4, 16, 128, 128, 3)],  # 3x3 depthwise
 }
 
 
@@ -47,6 +48,11 @@ def make_args(op: str, shape: tuple, gen: torch.Generator) -> tuple:
     if op == "trilinear_interp":
         n, f = shape
         return torch.randn((n, 8, f), generator=gen), torch.rand((n, 3), generator=gen) * 2 - 1
+    if op == "semiconv":
+        from kernelhub.ops.semiconv import SEMICONV
+        sf, B, C, H, W, k = shape
+        img, ker = torch.randn((B, C, H, W), generator=gen), torch.randn((C, 1, k, k), generator=gen)
+        return SEMICONV.normalize(img, ker, sf, 1, k // 2, 1, C, "conv")
     return torch.randn(shape, generator=gen, dtype=torch.complex64), 0.3
 
 
@@ -72,6 +78,8 @@ def run(ops, backends, repeat: int) -> list[dict]:
         ref = impls[hub.registry.spec(op).reference_backend].forward
         for shape in SHAPES[op]:
             args = make_args(op, shape, gen)
+            name = f"{shape[0]}_{'x'.join(map(str, shape[1:5]))}_k{shape[5]}x{shape[5]}_g{shape[2]}" if op == "semiconv" \
+                else "x".join(map(str, shape))
             out = ref(*args)
             grad = torch.randn(out.shape, generator=gen, dtype=out.dtype)
             torch._dynamo.reset()
@@ -85,7 +93,7 @@ def run(ops, backends, repeat: int) -> list[dict]:
                     step, leaves = make_step(fn, args, grads_of, grad)
                     times[label] = timed(step, leaves, repeat)
                 for label, ms in times.items():
-                    row = {"op": op, "shape": "x".join(map(str, shape)), "mode": mode, "impl": label, "ms": ms,
+                    row = {"op": op, "shape": name, "mode": mode, "impl": label, "ms": ms,
                            "speedup_vs_eager": times["eager"] / ms, "speedup_vs_compiled": times["compiled"] / ms}
                     rows.append(row)
                     print(f"{op:22s} {row['shape']:12s} {mode:16s} {label:9s} {ms:9.2f} ms  "

@@ -41,6 +41,7 @@ MODES = {
     "kplanes_interp_tilted_taps": [None, ((2,), (0, 1, 2)), ((0, 1, 2), (0, 1, 2))],
     "trilinear_interp": [None, ((0,), (1,)), ((0, 1), (0, 1))],
     "tikhonov_inverse_2xn": [None, ((0,), (0,))],
+    "semiconv": [None, ((0, 1), (0, 1))],
 }
 
 
@@ -63,9 +64,16 @@ def _two_calls(pts, rotations, planes, h):
     return torch.cat([base[None], taps[1:]])
 
 
+def _max_pool(img, kernel, semifield, stride, padding, dilation, groups, kind):
+    """Max pooling over semiconv's window (F.max_pool2d for 2-D): the speed a dilation layer replaces."""
+    pool = (torch.nn.functional.max_pool1d, torch.nn.functional.max_pool2d,
+            torch.nn.functional.max_pool3d)[img.ndim - 3]
+    return pool(img, kernel.shape[2:], stride, padding[0::2], dilation)
+
+
 # further baselines worth a row: Tikhonov's closed form in plain torch (the reference is an SVD); the K-Planes
-# taps as four calls, and as a base call plus a taps call
-EXTRA = {"tikhonov_inverse_2xn": [("closed_form", _closed_form)],
+# taps as four calls, and as a base call plus a taps call; max pooling beside semiconv
+EXTRA = {"tikhonov_inverse_2xn": [("closed_form", _closed_form)], "semiconv": [("max_pool", _max_pool)],
          "kplanes_interp_tilted_taps": [("4_calls", _four_calls), ("2_calls", _two_calls)]}
 
 

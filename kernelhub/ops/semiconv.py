@@ -7,6 +7,7 @@ pairs, dilation[n], groups, kind)`` with n the number of spatial dims.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -14,7 +15,7 @@ from kernelhub.ops import _checks as c
 from kernelhub.ops.tolerances import TOLERANCES
 from kernelhub.spec import Arg, OpSpec, SampleInput
 
-__all__ = ["SEMICONV", "parse_semifield", "output_size"]
+__all__ = ["SEMICONV", "parse_semifield", "output_size", "Lifted", "lift_3d"]
 
 OP = "semiconv"
 SEMIFIELDS = ("tropical_max", "tropical_min", "linear", "root:p", "log:mu")
@@ -49,6 +50,45 @@ def semifield_zero(semifield: str) -> float:
 
 def output_size(n: int, k: int, stride: int, pad_begin: int, pad_end: int, dilation: int) -> int:
     return (n + pad_begin + pad_end - dilation * (k - 1) - 1) // stride + 1
+
+
+class Lifted(NamedTuple):
+    """A call in the 3-spatial-dim form kernels take: 1-D and 2-D get leading size-1 dims, the kernel is
+    flipped for kind="conv", and only the begin padding is kept (the end padding is in the output size)."""
+    img: torch.Tensor          # [B, C, D, H, W] (a view of the caller's img where strides allow)
+    kernel: torch.Tensor       # [O, Cg, KD, KH, KW], flipped for "conv"
+    semifield: str             # tropical_max | tropical_min | linear | root | log
+    code: int                  # its index in SEMIFIELD_CODES
+    param: float               # p (root) or mu (log), else 0
+    stride: list[int]
+    pad_begin: list[int]
+    dilation: list[int]
+    out_size: list[int]
+    kind: str                  # conv | corr
+
+    def output_shape(self, img: torch.Tensor, kernel: torch.Tensor) -> tuple[int, ...]:
+        """The op's output shape for the caller's (un-lifted) arguments."""
+        return (img.shape[0], kernel.shape[0], *self.out_size[3 - (img.ndim - 2):])
+
+    def kernel_grad(self, gk: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+        """The lifted kernel's gradient back to the caller's kernel (un-flipped for "conv")."""
+        gk = gk.reshape(kernel.shape)
+        return gk.flip(list(range(2, kernel.ndim))) if self.kind == "conv" else gk
+
+
+SEMIFIELD_CODES = {"tropical_max": 0, "tropical_min": 1, "linear": 2, "root": 3, "log": 4}
+
+
+def lift_3d(img, kernel, semifield, stride, padding, dilation, kind) -> Lifted:
+    nd = img.ndim - 2
+    one = [1] * (3 - nd)
+    name, param = parse_semifield(semifield)
+    k = kernel.flip(list(range(2, 2 + nd))) if kind == "conv" else kernel
+    sizes = [output_size(img.shape[2 + i], kernel.shape[2 + i], stride[i], padding[2 * i], padding[2 * i + 1],
+                         dilation[i]) for i in range(nd)]
+    return Lifted(img.reshape(*img.shape[:2], *one, *img.shape[2:]), k.reshape(*k.shape[:2], *one, *k.shape[2:]),
+                  name, SEMIFIELD_CODES[name], param, one + list(stride), [0] * (3 - nd) + list(padding[0::2]),
+                  one + list(dilation), one + sizes, kind)
 
 
 def _ints(name: str, value, nd: int, minimum: int) -> list[int]:
@@ -152,9 +192,12 @@ _CASES = {
         ((0, 2, 5, 5), (2, 2, 3, 3), "linear", 1, 0, 1, 1, "conv"),        # empty batch
         ((1, 1, 4), (1, 1, 1), "log:3", 1, 0, 1, 1, "corr"),
     ],
-    "benchmark": [
+    "benchmark": [  # issue 8: 3x3 depthwise dilation against F.max_pool2d; dense, 5x5, 3-D and log beside it
         ((16, 32, 256, 256), (32, 1, 3, 3), "tropical_max", 1, 1, 1, 32, "conv"),
         ((16, 32, 256, 256), (32, 32, 3, 3), "tropical_max", 1, 1, 1, 1, "conv"),
+        ((16, 32, 256, 256), (32, 1, 5, 5), "tropical_max", 1, 2, 1, 32, "conv"),
+        ((16, 32, 256, 256), (32, 1, 3, 3), "log:1", 1, 1, 1, 32, "conv"),
+        ((8, 16, 64, 64, 64), (16, 1, 3, 3, 3), "tropical_max", 1, 1, 1, 16, "conv"),
     ],
 }
 

@@ -6,9 +6,12 @@ import math
 
 import torch
 
+from kernelhub.ops.semiconv import lift_3d
+
 __all__ = ["l1_forward", "l1_backward", "sq_forward", "sq_backward", "iso_forward", "iso_backward",
            "kplanes_forward", "kplanes_backward", "kplanes_ms_forward", "kplanes_ms_backward", "kplanes_taps_forward",
-           "kplanes_taps_backward", "trilinear_forward", "trilinear_backward", "tikhonov_forward", "tikhonov_backward"]
+           "kplanes_taps_backward", "trilinear_forward", "trilinear_backward", "tikhonov_forward", "tikhonov_backward",
+           "semiconv_forward", "semiconv_backward"]
 
 L1, SQ, ISO = 0, 1, 2
 
@@ -108,3 +111,18 @@ def tikhonov_backward(grad, M, lam, needs):
     if not needs[0]:
         return [None]
     return [_lib().tikhonov_backward(_pixels(grad), _pixels(M), lam).view(M.shape)]
+
+
+def semiconv_forward(img, kernel, semifield, stride, padding, dilation, groups, kind):
+    a = lift_3d(img, kernel, semifield, stride, padding, dilation, kind)
+    out = _lib().semiconv_forward(a.img, a.kernel, a.code, a.param, groups, a.stride, a.pad_begin, a.dilation,
+                                  a.out_size)
+    return out.view(a.output_shape(img, kernel))
+
+
+def semiconv_backward(grad, img, kernel, semifield, stride, padding, dilation, groups, kind, needs):
+    a = lift_3d(img, kernel, semifield, stride, padding, dilation, kind)
+    gx, gk = _lib().semiconv_backward(grad.reshape(grad.shape[0], grad.shape[1], *a.out_size), a.img, a.kernel,
+                                      a.code, a.param, groups, a.stride, a.pad_begin, a.dilation, bool(needs[0]),
+                                      bool(needs[1]))
+    return [gx.view(img.shape) if needs[0] else None, a.kernel_grad(gk, kernel) if needs[1] else None]

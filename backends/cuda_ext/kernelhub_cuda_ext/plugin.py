@@ -1,4 +1,4 @@
-"""Registers the cuda_ext backend: C++ and CUDA kernels for the TV family, tilted K-Planes, trilinear and Tikhonov.
+"""Registers the cuda_ext backend: C++ and CUDA kernels for the TV family, tilted K-Planes, trilinear, Tikhonov and semiconv.
 
 The library is compiled on first use (the first time the selector or `kernelhub list` asks
 whether the backend is available), so importing kernelhub never compiles. A build that fails
@@ -32,9 +32,11 @@ IMPLS = {
     "trilinear_interp": ("trilinear_forward", "trilinear_backward", REAL, CPU_AND_CUDA),
     "tikhonov_inverse_2xn": ("tikhonov_forward", "tikhonov_backward",
                              (torch.complex64, torch.complex128, torch.float32, torch.float64), CPU_AND_CUDA),
+    "semiconv": ("semiconv_forward", "semiconv_backward", REAL, CPU_AND_CUDA),
 }
-# the planes gradient is added with atomics: its sums may differ in the last bits from run to run
-NOT_DETERMINISTIC = set(KPLANES_OPS)
+# the planes gradient (semiconv on CUDA: img and kernel gradients) is added with atomics: its sums may differ
+# in the last bits from run to run
+NOT_DETERMINISTIC = set(KPLANES_OPS) | {"semiconv"}
 
 
 def unavailable_reason() -> str | None:

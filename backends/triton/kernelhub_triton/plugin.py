@@ -1,4 +1,4 @@
-"""Registers the triton backend: fused kernels for the TV family, tilted K-Planes, trilinear and Tikhonov.
+"""Registers the triton backend: fused kernels for the TV family, tilted K-Planes, trilinear, Tikhonov and semiconv.
 
 The kernel modules import triton, so they are imported on first use: without triton (or
 without a GPU) the backend still registers, and ``kernelhub list`` shows it unavailable
@@ -33,9 +33,11 @@ IMPLS = {
     "trilinear_interp": ("trilinear", "forward", "backward", HALF_AND_UP, None),
     "tikhonov_inverse_2xn": ("tikhonov", "forward", "backward",
                              (torch.complex64, torch.complex128, torch.float32, torch.float64), None),
+    "semiconv": ("semiconv", "forward", "backward", HALF_AND_UP, None),
 }
-# the planes gradient is added with atomics: its sums may differ in the last bits from run to run
-NOT_DETERMINISTIC = set(KPLANES_OPS)
+# the planes gradient (semiconv: img and kernel gradients) is added with atomics: its sums may differ in the
+# last bits from run to run
+NOT_DETERMINISTIC = set(KPLANES_OPS) | {"semiconv"}
 
 
 def interpret_mode() -> bool:

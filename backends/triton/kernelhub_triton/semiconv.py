@@ -1,0 +1,233 @@
+"""Semifield convolution (OPS.md op 7) in Triton: forward and analytic backward, no unfolded products.
+
+The call is lifted to 3 spatial dims (``kernelhub.ops.semiconv.lift_3d``: the kernel flipped for
+"conv", 1-D and 2-D with leading size-1 dims). A program serves BLOCK outputs of one (b, oc); each
+lane walks its window in (c, tap) row-major order, reading the image through the cache and the
+semifield's zero where a tap falls in the padding. One loop nest, ``_walk``, does every pass:
+
+- STATS: the window's max (max/min; log: of mu*a, the shift), its sums (linear, root) and whether a
+  NaN was seen; for max/min also the first winner's (c, tap) index, by a strict comparison in order;
+- LOGSUM: log's sum of exp(mu*a - shift), a second walk;
+- GRAD: the backward's walk (the statistics recomputed first; nothing is saved by the forward): max/min
+  give the whole upstream gradient to the first winner, the smooth semifields give every tap its
+  share. img's gradient is added with atomics (windows overlap), the kernel's as one atomic per
+  program and tap after a sum over the program's outputs, so its last bits vary run to run.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelhub.ops.semiconv import lift_3d, semifield_zero
+from kernelhub_triton._launch import acc_type, on_device
+
+__all__ = ["forward", "backward"]
+
+BLOCK = 256
+NUM_WARPS = 4
+MAX, MIN, LINEAR, ROOT, LOG = 0, 1, 2, 3, 4  # SEMIFIELD_CODES
+STATS, LOGSUM, GRAD = 0, 1, 2
+
+
+@triton.jit
+def _product(xv, kv, SF: tl.constexpr):
+    if SF == 1:
+        a = xv - kv
+    elif SF == 0 or SF == 4:
+        a = xv + kv
+    else:
+        a = xv * kv
+    return a
+
+
+@triton.jit
+def _pow(a, e):
+    # a ** e for a >= 0 (root semifields take inputs >= 0), as exp(e log a); a ** 0 = 1 as in torch. libdevice's pow
+    # is not in Triton's interpreter, which CI runs
+    return tl.where(e == 0.0, 1.0, tl.exp(e * tl.log(a)))
+
+
+@triton.jit
+def _finite(v):
+    return v - v == 0.0  # False for +-inf and NaN
+
+
+@triton.jit
+def _walk(x_ptr, k_ptr, gx_ptr, gk_ptr, b, oc, od, oh, ow, mask,
+          C, D, H, W, Cg, Og, KD, KH, KW, s0, s1, s2, p0, p1, p2, d0, d1, d2,
+          zero, prm, best, acc, nan, win, g, lse,
+          SF: tl.constexpr, PASS: tl.constexpr, NEED_IMG: tl.constexpr, NEED_KERNEL: tl.constexpr):
+    taps = KD * KH * KW
+    kbase = oc * Cg * taps
+    grp = oc // Og
+    shift = tl.where(_finite(best), best, 0.0)  # logsumexp's shift: 0 where the max is infinite
+    for c in range(0, Cg):
+        plane = (b * C + grp * Cg + c).to(tl.int64) * D
+        for kd in range(0, KD):
+            z = od * s0 - p0 + kd * d0
+            for kh in range(0, KH):
+                y = oh * s1 - p1 + kh * d1
+                row_in = mask & (z >= 0) & (z < D) & (y >= 0) & (y < H)
+                row = ((plane + z) * H + y) * W
+                for kw in range(0, KW):
+                    t = ((c * KD + kd) * KH + kh) * KW + kw
+                    xx = ow * s2 - p2 + kw * d2
+                    inb = row_in & (xx >= 0) & (xx < W)
+                    xv = tl.load(x_ptr + row + xx, mask=inb, other=0.0).to(best.dtype)
+                    xv = tl.where(inb, xv, zero)
+                    kv = tl.load(k_ptr + kbase + t).to(best.dtype)
+                    a = _product(xv, kv, SF)
+                    if PASS == 0:
+                        if SF == 0 or SF == 1:
+                            nan = nan | (a != a)
+                            if SF == 0:
+                                take = (win < 0) | (a > best)
+                            else:
+                                take = (win < 0) | (a < best)
+                            best = tl.where(take, a, best)
+                            win = tl.where(take, t, win)
+                        elif SF == 2:
+                            acc += a
+                        elif SF == 3:
+                            acc += _pow(a, prm)
+                        else:
+                            v = prm * a
+                            nan = nan | (v != v)
+                            best = tl.maximum(best, v)
+                    elif PASS == 1:
+                        acc += tl.exp(prm * a - shift)
+                    else:
+                        if SF == 0 or SF == 1:
+                            hit = mask & (win == t) & (nan == 0)
+                            dx = tl.where(hit, g, 0.0)
+                            if SF == 1:
+                                dk = -dx
+                            else:
+                                dk = dx
+                            img_mask = inb & hit
+                        else:
+                            if SF == 2:
+                                w = g
+                            elif SF == 3:
+                                w = g * (prm * _pow(a, prm - 1.0))
+                            else:
+                                w = g * tl.exp(prm * a - lse)
+                            if SF == 4:
+                                dx = w
+                                dk = w
+                            else:
+                                dx = w * kv
+                                dk = w * xv
+                            img_mask = inb
+                        if NEED_IMG:
+                            tl.atomic_add(gx_ptr + row + xx, dx, mask=img_mask, sem="relaxed")
+                        if NEED_KERNEL:
+                            tl.atomic_add(gk_ptr + kbase + t, tl.sum(tl.where(mask, dk, 0.0), axis=0), sem="relaxed")
+    return best, acc, nan, win
+
+
+@triton.jit
+def _stats(x_ptr, k_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og, KD, KH, KW, s0, s1, s2, p0, p1, p2, d0, d1,
+           d2, zero, prm, start, SF: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr):
+    best = tl.zeros([BLOCK], ACC) + start
+    acc = tl.zeros([BLOCK], ACC)
+    nan = tl.zeros([BLOCK], tl.int1)
+    win = tl.full([BLOCK], -1, tl.int32)
+    best, acc, nan, win = _walk(x_ptr, k_ptr, x_ptr, x_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og, KD, KH, KW,
+                                s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, best, acc, nan, win, acc, acc,
+                                SF, 0, False, False)
+    if SF == 4:
+        best, acc, nan, win = _walk(x_ptr, k_ptr, x_ptr, x_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og, KD, KH,
+                                    KW, s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, best, acc, nan, win, acc, acc,
+                                    SF, 1, False, False)
+    return best, acc, nan, win
+
+
+@triton.jit
+def _position(O, per, OH, OW, BLOCK: tl.constexpr):
+    chunks = tl.cdiv(per, BLOCK)
+    pid = tl.program_id(0)
+    bo = pid // chunks
+    r = (pid % chunks) * BLOCK + tl.arange(0, BLOCK)
+    mask = r < per
+    return bo // O, bo % O, bo.to(tl.int64) * per + r, r // (OH * OW), (r // OW) % OH, r % OW, mask
+
+
+@triton.jit
+def _semiconv_forward_kernel(x_ptr, k_ptr, o_ptr, C, D, H, W, O, Cg, Og, KD, KH, KW, OD, OH, OW,
+                             s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_: tl.float64, prm_: tl.float64,
+                             start_: tl.float64, SF: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr):
+    zero, prm, start = tl.cast(zero_, ACC), tl.cast(prm_, ACC), tl.cast(start_, ACC)
+    b, oc, out, od, oh, ow, mask = _position(O, OD * OH * OW, OH, OW, BLOCK)
+    best, acc, nan, win = _stats(x_ptr, k_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og, KD, KH, KW,
+                                 s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, start, SF, BLOCK, ACC)
+    if SF == 0 or SF == 1:
+        val = tl.where(nan, float("nan"), best)
+    elif SF == 2:
+        val = acc
+    elif SF == 3:
+        val = _pow(acc, 1.0 / prm)
+    else:
+        val = tl.where(nan, float("nan"), (tl.log(acc) + tl.where(_finite(best), best, 0.0)) / prm)
+    tl.store(o_ptr + out, val.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _semiconv_backward_kernel(g_ptr, x_ptr, k_ptr, gx_ptr, gk_ptr, C, D, H, W, O, Cg, Og, KD, KH, KW, OD, OH, OW,
+                              s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_: tl.float64, prm_: tl.float64,
+                              start_: tl.float64, SF: tl.constexpr, NEED_IMG: tl.constexpr,
+                              NEED_KERNEL: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr):
+    zero, prm, start = tl.cast(zero_, ACC), tl.cast(prm_, ACC), tl.cast(start_, ACC)
+    b, oc, out, od, oh, ow, mask = _position(O, OD * OH * OW, OH, OW, BLOCK)
+    best, acc, nan, win = _stats(x_ptr, k_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og, KD, KH, KW,
+                                 s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, start, SF, BLOCK, ACC)
+    g = tl.load(g_ptr + out, mask=mask, other=0.0).to(ACC)
+    lse = acc
+    if SF == 3:  # d out / d sum of a^p, times the upstream gradient
+        g = g * ((1.0 / prm) * _pow(acc, 1.0 / prm - 1.0))
+    if SF == 4:
+        lse = tl.where(nan, float("nan"), tl.log(acc) + tl.where(_finite(best), best, 0.0))
+    _walk(x_ptr, k_ptr, gx_ptr, gk_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og, KD, KH, KW,
+          s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, best, acc, nan, win, g, lse,
+          SF, 2, NEED_IMG, NEED_KERNEL)
+
+
+def _launch_args(a, semifield: str, groups: int):
+    """The grid and the kernels' scalar arguments for a lifted call."""
+    (B, C, D, H, W), (O, Cg, KD, KH, KW) = a.img.shape, a.kernel.shape
+    OD, OH, OW = a.out_size
+    start = float("inf") if a.code == MIN else float("-inf")  # the max/min's start
+    grid = (B * O * triton.cdiv(OD * OH * OW, BLOCK),)
+    return grid, (C, D, H, W, O, Cg, O // groups, KD, KH, KW, OD, OH, OW, *a.stride, *a.pad_begin, *a.dilation,
+                  semifield_zero(semifield), a.param, start)
+
+
+def forward(img, kernel, semifield, stride, padding, dilation, groups, kind):
+    a = lift_3d(img, kernel, semifield, stride, padding, dilation, kind)
+    x, k = a.img.contiguous(), a.kernel.contiguous()
+    out = img.new_empty(a.output_shape(img, kernel))
+    if out.numel() == 0:
+        return out
+    grid, scalars = _launch_args(a, semifield, groups)
+    with on_device(x):
+        _semiconv_forward_kernel[grid](x, k, out, *scalars, SF=a.code, BLOCK=BLOCK, ACC=acc_type(img.dtype),
+                                       num_warps=NUM_WARPS)
+    return out
+
+
+def backward(grad, img, kernel, semifield, stride, padding, dilation, groups, kind, needs):
+    a = lift_3d(img, kernel, semifield, stride, padding, dilation, kind)
+    x, k, g = a.img.contiguous(), a.kernel.contiguous(), grad.contiguous()
+    acc = torch.float64 if img.dtype == torch.float64 else torch.float32
+    gx = torch.zeros(x.shape, dtype=acc, device=x.device)
+    gk = torch.zeros(k.shape, dtype=acc, device=x.device)
+    if g.numel() and (needs[0] or needs[1]):
+        grid, scalars = _launch_args(a, semifield, groups)
+        with on_device(x):
+            _semiconv_backward_kernel[grid](g, x, k, gx, gk, *scalars, SF=a.code, NEED_IMG=bool(needs[0]),
+                                            NEED_KERNEL=bool(needs[1]), BLOCK=BLOCK, ACC=acc_type(img.dtype),
+                                            num_warps=NUM_WARPS)
+    return [gx.to(img.dtype).view(img.shape) if needs[0] else None,
+            a.kernel_grad(gk.to(kernel.dtype), kernel) if needs[1] else None]

@@ -33,10 +33,10 @@ __all__ = ["Config", "OpConfig", "TuneConfig", "load_config", "find_config_file"
            "ENV_VARS", "TUNE_MODES"]
 
 DEFAULT_PRIORITY = ("cuda_ext", "triton", "inductor", "torch_ref")
-# Per-op defaults, from measurements: on an H200, triton's K-Planes kernels are 1.2-2.4x faster than cuda_ext's
-# (docs/benchmarks.md). On the CPU triton serves no call, so cuda_ext's C++ kernels still come first there.
-# A configuration's own [ops.<op>] priority replaces these.
-DEFAULT_OP_PRIORITY = {op: ("triton",) for op in KPLANES_OPS}
+# Per-op defaults, from measurements: on an H200, triton's K-Planes kernels are 1.2-2.4x faster than cuda_ext's,
+# its semiconv kernels 1.6-4.1x (docs/benchmarks.md). On the CPU triton serves no call, so cuda_ext's C++ kernels
+# still come first there. A configuration's own [ops.<op>] priority replaces these.
+DEFAULT_OP_PRIORITY = {op: ("triton",) for op in (*KPLANES_OPS, "semiconv")}
 ENV_VARS = ("KERNELHUB_CONFIG", "KERNELHUB_KILL_SWITCH", "KERNELHUB_DISABLE")
 REFERENCE_BACKEND = "torch_ref"
 TUNE_MODES = ("off", "cached", "online")

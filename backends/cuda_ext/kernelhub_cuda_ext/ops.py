@@ -116,7 +116,7 @@ def tikhonov_backward(grad, M, lam, needs):
 def semiconv_forward(img, kernel, semifield, stride, padding, dilation, groups, kind):
     a = lift_3d(img, kernel, semifield, stride, padding, dilation, kind)
     out = _lib().semiconv_forward(a.img, a.kernel, a.code, a.param, groups, a.stride, a.pad_begin, a.dilation,
-                                  a.out_size)
+                                  a.out_size, a.flip)
     return out.view(a.output_shape(img, kernel))
 
 
@@ -124,5 +124,5 @@ def semiconv_backward(grad, img, kernel, semifield, stride, padding, dilation, g
     a = lift_3d(img, kernel, semifield, stride, padding, dilation, kind)
     gx, gk = _lib().semiconv_backward(grad.reshape(grad.shape[0], grad.shape[1], *a.out_size), a.img, a.kernel,
                                       a.code, a.param, groups, a.stride, a.pad_begin, a.dilation, bool(needs[0]),
-                                      bool(needs[1]))
-    return [gx.view(img.shape) if needs[0] else None, a.kernel_grad(gk, kernel) if needs[1] else None]
+                                      bool(needs[1]), a.flip)
+    return [gx.view(img.shape) if needs[0] else None, gk.view(kernel.shape) if needs[1] else None]

@@ -7,6 +7,7 @@ or times out makes the backend unavailable with the compiler's reason.
 
 from __future__ import annotations
 
+import math
 
 import torch
 
@@ -53,6 +54,16 @@ def _cuda_built(args) -> list[str]:
     return []
 
 
+def _semiconv_reasons(args) -> list[str]:
+    reasons = _cuda_built(args)
+    if args[0].is_cuda and math.prod(args[0].shape[2:]) >= 2**31:
+        reasons.append("an image channel of 2^31 elements or more (positions within a channel are 32-bit on CUDA)")
+    return reasons
+
+
+REASONS = {"semiconv": _semiconv_reasons}  # beyond _cuda_built
+
+
 @hookimpl
 def kernelhub_register_impls(registry) -> None:
     registry.add_backend(Backend(NAME, __version__, "C++ and CUDA kernels compiled on first use",
@@ -60,4 +71,4 @@ def kernelhub_register_impls(registry) -> None:
     for op, (fwd, bwd, dtypes, devices) in IMPLS.items():
         registry.add_impl(Impl(op=op, backend=NAME, forward=lazy("kernelhub_cuda_ext.ops", fwd),
                                backward=lazy("kernelhub_cuda_ext.ops", bwd), dtypes=dtypes, devices=devices,
-                               not_supported_reasons=_cuda_built, deterministic=op not in NOT_DETERMINISTIC))
+                               not_supported_reasons=REASONS.get(op, _cuda_built), deterministic=op not in NOT_DETERMINISTIC))

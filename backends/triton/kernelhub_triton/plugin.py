@@ -33,7 +33,7 @@ IMPLS = {
     "trilinear_interp": ("trilinear", "forward", "backward", HALF_AND_UP, None),
     "tikhonov_inverse_2xn": ("tikhonov", "forward", "backward",
                              (torch.complex64, torch.complex128, torch.float32, torch.float64), None),
-    "semiconv": ("semiconv", "forward", "backward", HALF_AND_UP, None),
+    "semiconv": ("semiconv", "forward", "backward", HALF_AND_UP, "not_supported_reasons"),
 }
 # the planes gradient (semiconv: img and kernel gradients) is added with atomics: its sums may differ in the
 # last bits from run to run

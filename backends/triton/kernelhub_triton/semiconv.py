@@ -1,20 +1,28 @@
 """Semifield convolution (OPS.md op 7) in Triton: forward and analytic backward, no unfolded products.
 
-The call is lifted to 3 spatial dims (``kernelhub.ops.semiconv.lift_3d``: the kernel flipped for
-"conv", 1-D and 2-D with leading size-1 dims). A program serves BLOCK outputs of one (b, oc); each
+The call is lifted to 3 spatial dims (``kernelhub.ops.semiconv.lift_3d``: 1-D and 2-D with leading
+size-1 dims; for "conv" window tap t reads kernel tap taps-1-t, FLIP). A program serves BLOCK outputs of one (b, oc); each
 lane walks its window in (c, tap) row-major order, reading the image through the cache and the
-semifield's zero where a tap falls in the padding. One loop nest, ``_walk``, does every pass:
+semifield's zero where a tap falls in the padding. The kernel's spatial sizes are compile-time
+constants (the taps unroll); offsets within one image channel are 32-bit (larger channels are
+rejected and fall back). One loop nest, ``_walk``, does every walk over the taps:
 
 - STATS: the window's max (max/min; log: of mu*a, the shift), its sums (linear, root) and whether a
   NaN was seen; for max/min also the first winner's (c, tap) index, by a strict comparison in order;
 - LOGSUM: log's sum of exp(mu*a - shift), a second walk;
-- GRAD: the backward's walk (the statistics recomputed first; nothing is saved by the forward): max/min
-  give the whole upstream gradient to the first winner, the smooth semifields give every tap its
-  share. img's gradient is added with atomics (windows overlap), the kernel's as one atomic per
-  program and tap after a sum over the program's outputs, so its last bits vary run to run.
+- GRAD (log, root, linear): every tap's share of the upstream gradient.
+
+The backward recomputes the statistics (the forward saves nothing). For max/min the first winner
+takes the whole gradient: one atomic add into img's gradient at its position, and the kernel's
+gradient as a per-program sum for each (c, tap), one atomic per program and tap. The smooth
+semifields add each tap's share to img's gradient with atomics (windows overlap) and to the
+kernel's with one atomic per program and tap. The atomics make the gradients' last bits vary run
+to run.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -23,9 +31,9 @@ import triton.language as tl
 from kernelhub.ops.semiconv import lift_3d, semifield_zero
 from kernelhub_triton._launch import acc_type, on_device
 
-__all__ = ["forward", "backward"]
+__all__ = ["forward", "backward", "not_supported_reasons"]
 
-BLOCK = 256
+BLOCK = 512
 NUM_WARPS = 4
 MAX, MIN, LINEAR, ROOT, LOG = 0, 1, 2, 3, 4  # SEMIFIELD_CODES
 STATS, LOGSUM, GRAD = 0, 1, 2
@@ -55,29 +63,42 @@ def _finite(v):
 
 
 @triton.jit
+def _tap(x_c, row_in, zz, yy, ow, s2, p2, d2, H, W, kw, zero):
+    """The image value a tap reads (the semifield's zero in the padding), its in-image mask and offset."""
+    xx = ow * s2 - p2 + kw * d2
+    inb = row_in & (xx >= 0) & (xx < W)
+    off = (zz * H + yy) * W + xx  # within one channel: 32-bit (larger images are rejected)
+    xv = tl.load(x_c + off, mask=inb, other=0.0)
+    return tl.where(inb, xv.to(zero.dtype), zero), inb, off
+
+
+@triton.jit
 def _walk(x_ptr, k_ptr, gx_ptr, gk_ptr, b, oc, od, oh, ow, mask,
-          C, D, H, W, Cg, Og, KD, KH, KW, s0, s1, s2, p0, p1, p2, d0, d1, d2,
+          C, D, H, W, Cg, Og, s0, s1, s2, p0, p1, p2, d0, d1, d2,
           zero, prm, best, acc, nan, win, g, lse,
-          SF: tl.constexpr, PASS: tl.constexpr, NEED_IMG: tl.constexpr, NEED_KERNEL: tl.constexpr):
+          SF: tl.constexpr, PASS: tl.constexpr, NEED_IMG: tl.constexpr, NEED_KERNEL: tl.constexpr,
+          KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, FLIP: tl.constexpr):
     taps = KD * KH * KW
     kbase = oc * Cg * taps
     grp = oc // Og
     shift = tl.where(_finite(best), best, 0.0)  # logsumexp's shift: 0 where the max is infinite
     for c in range(0, Cg):
-        plane = (b * C + grp * Cg + c).to(tl.int64) * D
-        for kd in range(0, KD):
-            z = od * s0 - p0 + kd * d0
-            for kh in range(0, KH):
-                y = oh * s1 - p1 + kh * d1
-                row_in = mask & (z >= 0) & (z < D) & (y >= 0) & (y < H)
-                row = ((plane + z) * H + y) * W
-                for kw in range(0, KW):
-                    t = ((c * KD + kd) * KH + kh) * KW + kw
-                    xx = ow * s2 - p2 + kw * d2
-                    inb = row_in & (xx >= 0) & (xx < W)
-                    xv = tl.load(x_ptr + row + xx, mask=inb, other=0.0).to(best.dtype)
-                    xv = tl.where(inb, xv, zero)
-                    kv = tl.load(k_ptr + kbase + t).to(best.dtype)
+        chan = (b * C + grp * Cg + c).to(tl.int64) * D * H * W
+        x_c = x_ptr + chan
+        for kd in tl.static_range(KD):
+            zz = od * s0 - p0 + kd * d0
+            for kh in tl.static_range(KH):
+                yy = oh * s1 - p1 + kh * d1
+                row_in = mask & (zz >= 0) & (zz < D) & (yy >= 0) & (yy < H)
+                for kw in tl.static_range(KW):
+                    tap = (kd * KH + kh) * KW + kw
+                    t = c * taps + tap  # (c, tap) in window order
+                    if FLIP:
+                        kt = c * taps + (taps - 1 - tap)  # the kernel's index for this tap
+                    else:
+                        kt = t
+                    xv, inb, off = _tap(x_c, row_in, zz, yy, ow, s2, p2, d2, H, W, kw, zero)
+                    kv = tl.load(k_ptr + kbase + kt).to(best.dtype)
                     a = _product(xv, kv, SF)
                     if PASS == 0:
                         if SF == 0 or SF == 1:
@@ -98,50 +119,41 @@ def _walk(x_ptr, k_ptr, gx_ptr, gk_ptr, b, oc, od, oh, ow, mask,
                             best = tl.maximum(best, v)
                     elif PASS == 1:
                         acc += tl.exp(prm * a - shift)
-                    else:
-                        if SF == 0 or SF == 1:
-                            hit = mask & (win == t) & (nan == 0)
-                            dx = tl.where(hit, g, 0.0)
-                            if SF == 1:
-                                dk = -dx
-                            else:
-                                dk = dx
-                            img_mask = inb & hit
+                    else:  # the smooth semifields' gradient: every tap its share
+                        if SF == 2:
+                            w = g
+                        elif SF == 3:
+                            w = g * (prm * _pow(a, prm - 1.0))
                         else:
-                            if SF == 2:
-                                w = g
-                            elif SF == 3:
-                                w = g * (prm * _pow(a, prm - 1.0))
-                            else:
-                                w = g * tl.exp(prm * a - lse)
-                            if SF == 4:
-                                dx = w
-                                dk = w
-                            else:
-                                dx = w * kv
-                                dk = w * xv
-                            img_mask = inb
+                            w = g * tl.exp(prm * a - lse)
+                        if SF == 4:
+                            dx = w
+                            dk = w
+                        else:
+                            dx = w * kv
+                            dk = w * xv
                         if NEED_IMG:
-                            tl.atomic_add(gx_ptr + row + xx, dx, mask=img_mask, sem="relaxed")
+                            tl.atomic_add(gx_ptr + chan + off, dx, mask=inb, sem="relaxed")
                         if NEED_KERNEL:
-                            tl.atomic_add(gk_ptr + kbase + t, tl.sum(tl.where(mask, dk, 0.0), axis=0), sem="relaxed")
+                            tl.atomic_add(gk_ptr + kbase + kt, tl.sum(tl.where(mask, dk, 0.0), axis=0), sem="relaxed")
     return best, acc, nan, win
 
 
 @triton.jit
-def _stats(x_ptr, k_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og, KD, KH, KW, s0, s1, s2, p0, p1, p2, d0, d1,
-           d2, zero, prm, start, SF: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr):
+def _stats(x_ptr, k_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og, s0, s1, s2, p0, p1, p2, d0, d1,
+           d2, zero, prm, start, SF: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr,
+           KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, FLIP: tl.constexpr):
     best = tl.zeros([BLOCK], ACC) + start
     acc = tl.zeros([BLOCK], ACC)
     nan = tl.zeros([BLOCK], tl.int1)
     win = tl.full([BLOCK], -1, tl.int32)
-    best, acc, nan, win = _walk(x_ptr, k_ptr, x_ptr, x_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og, KD, KH, KW,
+    best, acc, nan, win = _walk(x_ptr, k_ptr, x_ptr, x_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og,
                                 s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, best, acc, nan, win, acc, acc,
-                                SF, 0, False, False)
+                                SF, 0, False, False, KD, KH, KW, FLIP)
     if SF == 4:
-        best, acc, nan, win = _walk(x_ptr, k_ptr, x_ptr, x_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og, KD, KH,
-                                    KW, s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, best, acc, nan, win, acc, acc,
-                                    SF, 1, False, False)
+        best, acc, nan, win = _walk(x_ptr, k_ptr, x_ptr, x_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og,
+                                    s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, best, acc, nan, win, acc, acc,
+                                    SF, 1, False, False, KD, KH, KW, FLIP)
     return best, acc, nan, win
 
 
@@ -156,13 +168,15 @@ def _position(O, per, OH, OW, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _semiconv_forward_kernel(x_ptr, k_ptr, o_ptr, C, D, H, W, O, Cg, Og, KD, KH, KW, OD, OH, OW,
+def _semiconv_forward_kernel(x_ptr, k_ptr, o_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW,
                              s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_: tl.float64, prm_: tl.float64,
-                             start_: tl.float64, SF: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr):
+                             start_: tl.float64, SF: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr,
+                             KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, TP2: tl.constexpr,
+                             FLIP: tl.constexpr):
     zero, prm, start = tl.cast(zero_, ACC), tl.cast(prm_, ACC), tl.cast(start_, ACC)
     b, oc, out, od, oh, ow, mask = _position(O, OD * OH * OW, OH, OW, BLOCK)
-    best, acc, nan, win = _stats(x_ptr, k_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og, KD, KH, KW,
-                                 s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, start, SF, BLOCK, ACC)
+    best, acc, nan, win = _stats(x_ptr, k_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og,
+                                 s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, start, SF, BLOCK, ACC, KD, KH, KW, FLIP)
     if SF == 0 or SF == 1:
         val = tl.where(nan, float("nan"), best)
     elif SF == 2:
@@ -175,33 +189,67 @@ def _semiconv_forward_kernel(x_ptr, k_ptr, o_ptr, C, D, H, W, O, Cg, Og, KD, KH,
 
 
 @triton.jit
-def _semiconv_backward_kernel(g_ptr, x_ptr, k_ptr, gx_ptr, gk_ptr, C, D, H, W, O, Cg, Og, KD, KH, KW, OD, OH, OW,
+def _semiconv_backward_kernel(g_ptr, x_ptr, k_ptr, gx_ptr, gk_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW,
                               s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_: tl.float64, prm_: tl.float64,
                               start_: tl.float64, SF: tl.constexpr, NEED_IMG: tl.constexpr,
-                              NEED_KERNEL: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr):
+                              NEED_KERNEL: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr,
+                              KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, TP2: tl.constexpr,
+                             FLIP: tl.constexpr):
     zero, prm, start = tl.cast(zero_, ACC), tl.cast(prm_, ACC), tl.cast(start_, ACC)
     b, oc, out, od, oh, ow, mask = _position(O, OD * OH * OW, OH, OW, BLOCK)
-    best, acc, nan, win = _stats(x_ptr, k_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og, KD, KH, KW,
-                                 s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, start, SF, BLOCK, ACC)
+    best, acc, nan, win = _stats(x_ptr, k_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og,
+                                 s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, start, SF, BLOCK, ACC, KD, KH, KW, FLIP)
     g = tl.load(g_ptr + out, mask=mask, other=0.0).to(ACC)
-    lse = acc
-    if SF == 3:  # d out / d sum of a^p, times the upstream gradient
-        g = g * ((1.0 / prm) * _pow(acc, 1.0 / prm - 1.0))
-    if SF == 4:
-        lse = tl.where(nan, float("nan"), tl.log(acc) + tl.where(_finite(best), best, 0.0))
-    _walk(x_ptr, k_ptr, gx_ptr, gk_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og, KD, KH, KW,
-          s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, best, acc, nan, win, g, lse,
-          SF, 2, NEED_IMG, NEED_KERNEL)
+    if SF == 0 or SF == 1:  # the whole gradient to the first winner: no second walk
+        g = tl.where(mask & (nan == 0), g, 0.0)  # a NaN in the window: no gradient
+        taps = KD * KH * KW
+        if NEED_IMG:
+            c = win // taps
+            t = win % taps
+            zz = od * s0 - p0 + (t // (KH * KW)) * d0
+            yy = oh * s1 - p1 + ((t // KW) % KH) * d1
+            xx = ow * s2 - p2 + (t % KW) * d2
+            inb = mask & (nan == 0) & (zz >= 0) & (zz < D) & (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
+            chan = (b * C + (oc // Og) * Cg + c).to(tl.int64) * D * H * W
+            tl.atomic_add(gx_ptr + chan + (zz * H + yy) * W + xx, g, mask=inb, sem="relaxed")
+        if NEED_KERNEL:  # per channel c: the program's sum for each tap, one atomic per tap
+            if SF == 1:
+                g = -g
+            tt = tl.arange(0, TP2)
+            if FLIP:
+                kt = taps - 1 - tt
+            else:
+                kt = tt
+            for c in range(0, Cg):
+                hits = tl.where(win[:, None] == c * taps + tt[None, :], g[:, None], 0.0)
+                tl.atomic_add(gk_ptr + oc * Cg * taps + c * taps + kt, tl.sum(hits, axis=0), mask=tt < taps,
+                              sem="relaxed")
+    else:
+        lse = acc
+        if SF == 3:  # d out / d sum of a^p, times the upstream gradient
+            g = g * ((1.0 / prm) * _pow(acc, 1.0 / prm - 1.0))
+        if SF == 4:
+            lse = tl.where(nan, float("nan"), tl.log(acc) + tl.where(_finite(best), best, 0.0))
+        _walk(x_ptr, k_ptr, gx_ptr, gk_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og,
+              s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, best, acc, nan, win, g, lse,
+              SF, 2, NEED_IMG, NEED_KERNEL, KD, KH, KW, FLIP)
+
+
+def not_supported_reasons(args) -> list[str]:
+    if math.prod(args[0].shape[2:]) >= 2**31:
+        return ["an image channel of 2^31 elements or more (offsets within a channel are 32-bit here)"]
+    return []
 
 
 def _launch_args(a, semifield: str, groups: int):
-    """The grid and the kernels' scalar arguments for a lifted call."""
+    """The grid, the kernels' scalar arguments and their compile-time kernel sizes for a lifted call."""
     (B, C, D, H, W), (O, Cg, KD, KH, KW) = a.img.shape, a.kernel.shape
     OD, OH, OW = a.out_size
     start = float("inf") if a.code == MIN else float("-inf")  # the max/min's start
     grid = (B * O * triton.cdiv(OD * OH * OW, BLOCK),)
-    return grid, (C, D, H, W, O, Cg, O // groups, KD, KH, KW, OD, OH, OW, *a.stride, *a.pad_begin, *a.dilation,
-                  semifield_zero(semifield), a.param, start)
+    sizes = {"KD": KD, "KH": KH, "KW": KW, "TP2": triton.next_power_of_2(KD * KH * KW), "FLIP": a.flip}
+    return grid, (C, D, H, W, O, Cg, O // groups, OD, OH, OW, *a.stride, *a.pad_begin, *a.dilation,
+                  semifield_zero(semifield), a.param, start), sizes
 
 
 def forward(img, kernel, semifield, stride, padding, dilation, groups, kind):
@@ -210,9 +258,9 @@ def forward(img, kernel, semifield, stride, padding, dilation, groups, kind):
     out = img.new_empty(a.output_shape(img, kernel))
     if out.numel() == 0:
         return out
-    grid, scalars = _launch_args(a, semifield, groups)
+    grid, scalars, sizes = _launch_args(a, semifield, groups)
     with on_device(x):
-        _semiconv_forward_kernel[grid](x, k, out, *scalars, SF=a.code, BLOCK=BLOCK, ACC=acc_type(img.dtype),
+        _semiconv_forward_kernel[grid](x, k, out, *scalars, **sizes, SF=a.code, BLOCK=BLOCK, ACC=acc_type(img.dtype),
                                        num_warps=NUM_WARPS)
     return out
 
@@ -224,10 +272,10 @@ def backward(grad, img, kernel, semifield, stride, padding, dilation, groups, ki
     gx = torch.zeros(x.shape, dtype=acc, device=x.device)
     gk = torch.zeros(k.shape, dtype=acc, device=x.device)
     if g.numel() and (needs[0] or needs[1]):
-        grid, scalars = _launch_args(a, semifield, groups)
+        grid, scalars, sizes = _launch_args(a, semifield, groups)
         with on_device(x):
-            _semiconv_backward_kernel[grid](g, x, k, gx, gk, *scalars, SF=a.code, NEED_IMG=bool(needs[0]),
+            _semiconv_backward_kernel[grid](g, x, k, gx, gk, *scalars, **sizes, SF=a.code, NEED_IMG=bool(needs[0]),
                                             NEED_KERNEL=bool(needs[1]), BLOCK=BLOCK, ACC=acc_type(img.dtype),
                                             num_warps=NUM_WARPS)
     return [gx.to(img.dtype).view(img.shape) if needs[0] else None,
-            a.kernel_grad(gk.to(kernel.dtype), kernel) if needs[1] else None]
+            gk.to(kernel.dtype).view(kernel.shape) if needs[1] else None]

@@ -534,9 +534,9 @@ TORCH_LIBRARY(kernelhub_cuda_ext, m) {
   m.def("tikhonov_forward(Tensor M, float lam) -> Tensor");
   m.def("tikhonov_backward(Tensor grad, Tensor M, float lam) -> Tensor");
   m.def("semiconv_forward(Tensor img, Tensor kernel, int semifield, float param, int groups, int[] stride, "
-        "int[] padding, int[] dilation, int[] out_size) -> Tensor");
+        "int[] padding, int[] dilation, int[] out_size, bool flip) -> Tensor");
   m.def("semiconv_backward(Tensor grad, Tensor img, Tensor kernel, int semifield, float param, int groups, "
-        "int[] stride, int[] padding, int[] dilation, bool need_img, bool need_kernel) -> (Tensor, Tensor)");
+        "int[] stride, int[] padding, int[] dilation, bool need_img, bool need_kernel, bool flip) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(kernelhub_cuda_ext, CPU, m) {

@@ -3,7 +3,8 @@
 // the outputs of one (b, oc), so the kernel's gradient for that oc is summed in shared memory and added to
 // global memory once per block. The backward recomputes each window (nothing is saved by the forward): for
 // max/min the first winner gets the whole gradient (one atomic add to img, one to the kernel), for the
-// smooth semifields every tap gets its share. The atomics make the gradients' last bits vary run to run.
+// smooth semifields every tap gets its share (the kernel's summed over a warp first). The atomics make the
+// gradients' last bits vary run to run.
 // Launched on the current stream under a device guard; no host synchronisation.
 #include "ops.h"
 #include "semiconv.h"
@@ -23,27 +24,39 @@ constexpr int SC_THREADS = 256;
 constexpr int64_t SC_CHUNK = 8 * SC_THREADS;  // outputs of one (b, oc) per block
 constexpr int64_t SC_SHARED_BYTES = 48 * 1024;  // the kernel gradient of one oc in shared memory up to this size
 
-// f(img index or -1 where the tap reads padding, kernel index) for the window of output (b, oc, od, oh, ow)
+// f(img index or -1 where the tap reads padding, kernel index) for the window of output (b, oc, od, oh, ow).
+// Positions within one image channel are 32-bit (ops.py rejects larger channels); the channel's offset is 64-bit.
 template <typename F>
 __device__ __forceinline__ void window_taps(const ScGeo& g, int64_t b, int64_t oc, int64_t od, int64_t oh,
                                             int64_t ow, F&& f) {
+  const int D = int(g.D), H = int(g.H), W = int(g.W), KD = int(g.KD), KH = int(g.KH), KW = int(g.KW);
+  const int z0 = int(od * g.s[0] - g.p[0]), y0 = int(oh * g.s[1] - g.p[1]), x0 = int(ow * g.s[2] - g.p[2]);
+  const int dz = int(g.d[0]), dy = int(g.d[1]), dx = int(g.d[2]);
   const int64_t grp = oc / g.Og;
-  int64_t koff = oc * g.Cg * g.taps();
   for (int64_t c = 0; c < g.Cg; ++c) {
-    const int64_t plane = (b * g.C + grp * g.Cg + c) * g.D;
-    for (int64_t kd = 0; kd < g.KD; ++kd) {
-      const int64_t z = od * g.s[0] - g.p[0] + kd * g.d[0];
-      for (int64_t kh = 0; kh < g.KH; ++kh) {
-        const int64_t y = oh * g.s[1] - g.p[1] + kh * g.d[1];
-        const bool row_in = z >= 0 && z < g.D && y >= 0 && y < g.H;
-        const int64_t row = ((plane + z) * g.H + y) * g.W;
-        for (int64_t kw = 0; kw < g.KW; ++kw, ++koff) {
-          const int64_t xx = ow * g.s[2] - g.p[2] + kw * g.d[2];
-          f(row_in && xx >= 0 && xx < g.W ? row + xx : int64_t(-1), koff);
+    const int64_t kc = (oc * g.Cg + c) * g.taps();
+    int64_t t = 0;  // the tap in window order
+    const int64_t chan = (b * g.C + grp * g.Cg + c) * g.D * g.H * g.W;
+    for (int kd = 0; kd < KD; ++kd) {
+      const int z = z0 + kd * dz;
+      for (int kh = 0; kh < KH; ++kh) {
+        const int y = y0 + kh * dy;
+        const bool row_in = z >= 0 && z < D && y >= 0 && y < H;
+        const int row = (z * H + y) * W;
+        for (int kw = 0; kw < KW; ++kw, ++t) {
+          const int xx = x0 + kw * dx;
+          f(row_in && xx >= 0 && xx < W ? chan + row + xx : int64_t(-1), kc + g.ktap(t));
         }
       }
     }
   }
+}
+
+// the sum over a warp's 32 lanes (every lane must call it)
+template <typename A>
+__device__ __forceinline__ A warp_sum(A v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
 }
 
 // one output's window statistics: best (max/min; log: the max of mu*a), acc (sums), nan; for max/min the
@@ -117,12 +130,16 @@ __global__ void __launch_bounds__(SC_THREADS) semiconv_backward_kernel(
       for (int64_t i = threadIdx.x; i < ktaps; i += SC_THREADS) sgk[i] = A(0);
       __syncthreads();
     }
-    for (int64_t r = blockIdx.x * SC_CHUNK + threadIdx.x; r < end; r += SC_THREADS) {
+    // every lane of a warp runs every step (a lane past the chunk's end takes a valid position with no gradient),
+    // so the smooth semifields can sum each tap's kernel gradient over the warp before one shared atomic
+    for (int64_t base = blockIdx.x * SC_CHUNK; base < end; base += SC_THREADS) {
+      const bool active = base + threadIdx.x < end;
+      const int64_t r = active ? base + threadIdx.x : base;
       const int64_t ow = r % g.OW, oh = (r / g.OW) % g.OH, od = r / (g.OW * g.OH);
-      const A gv = static_cast<A>(go[bo * per + r]);
+      const A gv = active ? static_cast<A>(go[bo * per + r]) : A(0);
       const Window<A> w = window_stats<SF, T, A>(g, x, k, b, oc, od, oh, ow, zero, prm);
       if constexpr (SF == SC_MAX || SF == SC_MIN) {
-        if (w.nan) continue;  // a NaN in the window: no gradient
+        if (w.nan || !active) continue;  // a NaN in the window: no gradient
         if (need_img && w.win_x >= 0) atomicAdd(gx + w.win_x, gv);
         if (need_kernel) atomicAdd(shared_gk ? sgk + (w.win_k - kbase) : gk + w.win_k, SF == SC_MIN ? -gv : gv);
       } else {
@@ -132,8 +149,11 @@ __global__ void __launch_bounds__(SC_THREADS) semiconv_backward_kernel(
           const A xv = xi >= 0 ? static_cast<A>(x[xi]) : zero, kv = static_cast<A>(k[ki]);
           const A wt = sc_smooth_weight<SF>(sc_combine<SF>(xv, kv), gs, prm, lse);
           const A dx = SF == SC_LOG ? wt : wt * kv, dk = SF == SC_LOG ? wt : wt * xv;
-          if (need_img && xi >= 0) atomicAdd(gx + xi, dx);
-          if (need_kernel) atomicAdd(shared_gk ? sgk + (ki - kbase) : gk + ki, dk);
+          if (need_img && xi >= 0 && active) atomicAdd(gx + xi, dx);
+          if (need_kernel) {
+            const A dk_warp = warp_sum(active ? dk : A(0));
+            if (threadIdx.x % 32 == 0) atomicAdd(shared_gk ? sgk + (ki - kbase) : gk + ki, dk_warp);
+          }
         });
       }
     }
@@ -152,10 +172,12 @@ dim3 sc_grid(const ScGeo& g) {
 
 at::Tensor semiconv_forward_cuda(const at::Tensor& img_, const at::Tensor& ker_, int64_t sf, double param,
                                  int64_t groups, at::IntArrayRef stride, at::IntArrayRef pad, at::IntArrayRef dil,
-                                 at::IntArrayRef out_size) {
+                                 at::IntArrayRef out_size, bool flip) {
   c10::cuda::CUDAGuard guard(img_.device());
   const at::Tensor img = img_.contiguous(), ker = ker_.contiguous();
-  const ScGeo g = sc_geo("semiconv_forward", img, ker, groups, stride, pad, dil, out_size);
+  const ScGeo g = sc_geo("semiconv_forward", img, ker, groups, stride, pad, dil, out_size, flip);
+  TORCH_CHECK(g.D * g.H * g.W < (int64_t(1) << 31), "kernelhub_cuda_ext::semiconv_forward: an image channel of 2^31 "
+              "elements or more (positions within a channel are 32-bit on CUDA)");
   auto out = at::empty({g.B, g.O, g.OD, g.OH, g.OW}, img.options());
   if (out.numel() == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, img.scalar_type(), "semiconv_forward_cuda", [&] {
@@ -174,12 +196,15 @@ at::Tensor semiconv_forward_cuda(const at::Tensor& img_, const at::Tensor& ker_,
 std::tuple<at::Tensor, at::Tensor> semiconv_backward_cuda(const at::Tensor& grad_, const at::Tensor& img_,
                                                           const at::Tensor& ker_, int64_t sf, double param,
                                                           int64_t groups, at::IntArrayRef stride, at::IntArrayRef pad,
-                                                          at::IntArrayRef dil, bool need_img, bool need_kernel) {
+                                                          at::IntArrayRef dil, bool need_img, bool need_kernel,
+                                                          bool flip) {
   c10::cuda::CUDAGuard guard(img_.device());
   const at::Tensor img = img_.contiguous(), ker = ker_.contiguous(), grad = grad_.contiguous();
   TORCH_CHECK(grad.dim() == 5 && grad.size(0) == img.size(0) && grad.size(1) == ker.size(0),
               "kernelhub_cuda_ext::semiconv_backward: argument 'grad' must be [B, O, OD, OH, OW]");
-  const ScGeo g = sc_geo("semiconv_backward", img, ker, groups, stride, pad, dil, grad.sizes().slice(2));
+  const ScGeo g = sc_geo("semiconv_backward", img, ker, groups, stride, pad, dil, grad.sizes().slice(2), flip);
+  TORCH_CHECK(g.D * g.H * g.W < (int64_t(1) << 31), "kernelhub_cuda_ext::semiconv_backward: an image channel of "
+              "2^31 elements or more (positions within a channel are 32-bit on CUDA)");
   auto gx = at::zeros(need_img ? img.sizes() : at::IntArrayRef{0}, img.options().dtype(acc_dtype(img)));
   auto gk = at::zeros(need_kernel ? ker.sizes() : at::IntArrayRef{0}, img.options().dtype(acc_dtype(img)));
   if (grad.numel() > 0 && (need_img || need_kernel)) {

@@ -1,7 +1,7 @@
 // semiconv (OPS.md op 7): what the CPU (semiconv_cpu.cpp) and CUDA (semiconv.cu) kernels share.
 //
-// ops.py hands the kernels 3 spatial dims (1-D and 2-D get leading size-1 dims), the kernel already
-// flipped for kind="conv", and the output size; only the begin padding is needed here. The reduction
+// ops.py hands the kernels 3 spatial dims (1-D and 2-D get leading size-1 dims), the kernel as given (for
+// kind="conv" the kernels read it flipped: `flip`), and the output size; only the begin padding is needed here. The reduction
 // runs over (c, tap) in row-major order: c, then kd, kh, kw. A tap outside the image reads the
 // semifield's zero. For max/min the first winner in that order takes the whole gradient of an output;
 // a NaN in the window gives a NaN output and no gradient. log and root follow torch's chain rule
@@ -23,7 +23,9 @@ struct ScGeo {
   int64_t O, Cg, KD, KH, KW;    // kernel [O, Cg, KD, KH, KW]
   int64_t OD, OH, OW, Og;       // output spatial sizes; output channels per group
   int64_t s[3], p[3], d[3];     // stride, begin padding, dilation
+  bool flip;                    // kind="conv": window tap t reads kernel tap taps-1-t (every spatial dim reversed)
   C10_HOST_DEVICE int64_t taps() const { return KD * KH * KW; }
+  C10_HOST_DEVICE int64_t ktap(int64_t t) const { return flip ? KD * KH * KW - 1 - t : t; }
 };
 
 // the semifield's zero (the padding value)
@@ -81,7 +83,8 @@ inline auto sc_dispatch(int64_t sf, F&& f) {
 
 // the operators' arguments checked and laid out: img [B, C, D, H, W] and kernel [O, Cg, KD, KH, KW] contiguous
 inline ScGeo sc_geo(const char* fn, const at::Tensor& img, const at::Tensor& ker, int64_t groups,
-                    at::IntArrayRef stride, at::IntArrayRef pad, at::IntArrayRef dil, at::IntArrayRef out_size) {
+                    at::IntArrayRef stride, at::IntArrayRef pad, at::IntArrayRef dil, at::IntArrayRef out_size,
+                    bool flip) {
   TORCH_CHECK(img.dim() == 5 && ker.dim() == 5, "kernelhub_cuda_ext::", fn,
               ": arguments 'img' and 'kernel' must be 5-D (ops.py lifts 1-D and 2-D)");
   TORCH_CHECK(stride.size() == 3 && pad.size() == 3 && dil.size() == 3 && out_size.size() == 3,
@@ -93,7 +96,7 @@ inline ScGeo sc_geo(const char* fn, const at::Tensor& img, const at::Tensor& ker
   return ScGeo{img.size(0), img.size(1), img.size(2), img.size(3), img.size(4),
                ker.size(0), ker.size(1), ker.size(2), ker.size(3), ker.size(4),
                out_size[0], out_size[1], out_size[2], ker.size(0) / groups,
-               {stride[0], stride[1], stride[2]}, {pad[0], pad[1], pad[2]}, {dil[0], dil[1], dil[2]}};
+               {stride[0], stride[1], stride[2]}, {pad[0], pad[1], pad[2]}, {dil[0], dil[1], dil[2]}, flip};
 }
 
 }  // namespace kernelhub_cuda_ext

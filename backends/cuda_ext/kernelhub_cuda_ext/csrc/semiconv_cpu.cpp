@@ -23,22 +23,23 @@ namespace {
 template <typename F>
 inline void row_taps(const ScGeo& g, int64_t b, int64_t oc, int64_t od, int64_t oh, F&& f) {
   const int64_t grp = oc / g.Og, s2 = g.s[2];
-  int64_t koff = oc * g.Cg * g.taps();
   for (int64_t c = 0; c < g.Cg; ++c) {
+    const int64_t kc = (oc * g.Cg + c) * g.taps();
+    int64_t t = 0;  // the tap in window order
     for (int64_t kd = 0; kd < g.KD; ++kd) {
       const int64_t z = od * g.s[0] - g.p[0] + kd * g.d[0];
       for (int64_t kh = 0; kh < g.KH; ++kh) {
         const int64_t y = oh * g.s[1] - g.p[1] + kh * g.d[1];
         const bool in = z >= 0 && z < g.D && y >= 0 && y < g.H;
         const int64_t xrow = in ? (((b * g.C + grp * g.Cg + c) * g.D + z) * g.H + y) * g.W : 0;
-        for (int64_t kw = 0; kw < g.KW; ++kw, ++koff) {
+        for (int64_t kw = 0; kw < g.KW; ++kw, ++t) {
           const int64_t off = kw * g.d[2] - g.p[2];
           int64_t lo = 0, hi = 0;
           if (in) {
             lo = std::min(off >= 0 ? int64_t(0) : (-off + s2 - 1) / s2, g.OW);
             hi = std::max(lo, std::min(g.W - off <= 0 ? int64_t(0) : (g.W - off + s2 - 1) / s2, g.OW));
           }
-          f(xrow, off, lo, hi, koff);
+          f(xrow, off, lo, hi, kc + g.ktap(t));
         }
       }
     }
@@ -192,9 +193,9 @@ void backward_impl(const ScGeo& g, const T* x, const T* k, const T* go, at::opma
 
 at::Tensor semiconv_forward_cpu(const at::Tensor& img_, const at::Tensor& ker_, int64_t sf, double param,
                                 int64_t groups, at::IntArrayRef stride, at::IntArrayRef pad, at::IntArrayRef dil,
-                                at::IntArrayRef out_size) {
+                                at::IntArrayRef out_size, bool flip) {
   const at::Tensor img = img_.contiguous(), ker = ker_.contiguous();
-  const ScGeo g = sc_geo("semiconv_forward", img, ker, groups, stride, pad, dil, out_size);
+  const ScGeo g = sc_geo("semiconv_forward", img, ker, groups, stride, pad, dil, out_size, flip);
   auto out = at::empty({g.B, g.O, g.OD, g.OH, g.OW}, img.options());
   if (out.numel() == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, img.scalar_type(), "semiconv_forward_cpu", [&] {
@@ -209,11 +210,12 @@ at::Tensor semiconv_forward_cpu(const at::Tensor& img_, const at::Tensor& ker_, 
 std::tuple<at::Tensor, at::Tensor> semiconv_backward_cpu(const at::Tensor& grad_, const at::Tensor& img_,
                                                          const at::Tensor& ker_, int64_t sf, double param,
                                                          int64_t groups, at::IntArrayRef stride, at::IntArrayRef pad,
-                                                         at::IntArrayRef dil, bool need_img, bool need_kernel) {
+                                                         at::IntArrayRef dil, bool need_img, bool need_kernel,
+                                                         bool flip) {
   const at::Tensor img = img_.contiguous(), ker = ker_.contiguous(), grad = grad_.contiguous();
   TORCH_CHECK(grad.dim() == 5 && grad.size(0) == img.size(0) && grad.size(1) == ker.size(0),
               "kernelhub_cuda_ext::semiconv_backward: argument 'grad' must be [B, O, OD, OH, OW]");
-  const ScGeo g = sc_geo("semiconv_backward", img, ker, groups, stride, pad, dil, grad.sizes().slice(2));
+  const ScGeo g = sc_geo("semiconv_backward", img, ker, groups, stride, pad, dil, grad.sizes().slice(2), flip);
   auto gx = at::zeros(img.sizes(), img.options().dtype(acc_dtype(img)));
   auto gkp = at::zeros({g.B, g.O, g.Cg, g.KD, g.KH, g.KW}, img.options().dtype(acc_dtype(img)));
   if (grad.numel() > 0) {

@@ -318,6 +318,66 @@ def render_doctor(data: dict, console: Console) -> None:
         console.print(f"[red]plugin {e['plugin']!r} failed at {e['stage']}:[/] {e['error']}")
 
 
+# -- check ------------------------------------------------------------------
+def _outcome(check) -> tuple[str, str]:
+    try:
+        check()
+    except BaseException as exc:  # noqa: BLE001 - a check's every way to fail is a row, not a crash
+        if testing.is_skip(exc):
+            return "skip", str(exc)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return "fail", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    return "pass", ""
+
+
+def cmd_check(args: argparse.Namespace) -> dict:
+    """The conformance kit for one backend: every check of `kernelhub.testing` on every impl it registers."""
+    hub = kernelhub.get_hub()
+    name, device = args.backend, args.device
+    if name not in hub.registry.backends:
+        raise KernelhubError(f"unknown backend {name!r}; installed: {sorted(hub.registry.backends)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise KernelhubError("--device cuda: no CUDA device here")
+    rows = []
+    reason = hub.registry.unavailable_reason(name)
+    if reason is not None:
+        rows.append({"op": "-", "check": "available", "status": "fail", "detail": reason})
+    ops = [op for op in sorted(hub.registry.specs) if name in hub.registry.impls(op)] if reason is None else []
+    for op in ops:
+        impl = hub.registry.impls(op)[name]
+        if impl.devices is not None and device not in impl.devices:
+            rows.append({"op": op, "check": "-", "status": "skip", "detail": f"serves {list(impl.devices)} only"})
+            continue
+        cases = testing.cases(name, device, ops=[op])
+        checks = [(f"parity {_short(c.dtype)} {c.size}", lambda c=c: testing.check_parity(c)) for c in cases]
+        checks += [(f"non-contiguous {_short(c.dtype)}", lambda c=c: testing.check_noncontiguous(c))
+                   for c in cases if c.size == "small"]
+        if torch.float64 in impl.dtypes:
+            checks += [("opcheck float64", lambda: testing.check_opcheck(op, name, "small", device)),
+                       ("gradcheck float64", lambda: testing.check_gradcheck(op, name, device))]
+        checks.append(("bad inputs", lambda: testing.check_bad_inputs(op, name)))
+        if device == "cuda":
+            checks += [("no host sync", lambda: testing.check_no_host_sync(op, name)),
+                       ("CUDA graph replay", lambda: testing.check_cuda_graph_replay(op, name))]
+        for label, check in checks:
+            status, detail = _outcome(check)
+            rows.append({"op": op, "check": label, "status": status, "detail": detail})
+    counts = {k: sum(r["status"] == k for r in rows) for k in ("pass", "fail", "skip")}
+    return {"backend": name, "device": device, "rows": rows, **counts, "failed": counts["fail"]}
+
+
+def render_check(data: dict, console: Console) -> None:
+    t = Table(title=f"kernelhub check {data['backend']} on {data['device']}: {data['pass']} passed, "
+                    f"{data['fail']} failed, {data['skip']} skipped")
+    for col in ("op", "check", "status", "detail"):
+        t.add_column(col)
+    style = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]", "skip": "[yellow]skip[/]"}
+    for r in data["rows"]:
+        t.add_row(r["op"], r["check"], style[r["status"]], r["detail"])
+    console.print(t)
+
+
 # -- main -------------------------------------------------------------------
 COMMANDS = {
     "list": (cmd_list, render_list, "ops x backends: available or why not, devices, dtypes"),
@@ -325,6 +385,8 @@ COMMANDS = {
     "doctor": (cmd_doctor, render_doctor, "versions, devices, compilers, plugin errors, config in force"),
     "tune": (cmd_tune, render_tune, "time every eligible backend per op and shape bucket; keep the fastest correct one"),
     "bench": (cmd_bench, render_bench, "each backend against torch_ref, torch.compile of it, and the memory floor"),
+    "check": (cmd_check, render_check, "a backend's conformance: parity, non-contiguous inputs, opcheck, gradcheck, "
+                                       "bad inputs, and on CUDA no host sync and graph replay; exits 1 on a failure"),
 }
 
 
@@ -361,6 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--shapes", nargs="+", metavar="SUBSTRING",
                            help="only the samples whose name contains one of these, e.g. B614400_T4")
             p.add_argument("--plot", metavar="FILE.png", help="also draw the table (needs matplotlib: kernelhub[plot])")
+        if name == "check":
+            p.add_argument("backend", help="a backend name, e.g. cuda_ext or your plugin's")
+            p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     return parser
 
 
@@ -377,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(data, indent=2, default=str))
     else:
         render(data, console)
-    return 0
+    return 1 if data.get("failed") else 0  # `check`: a failed check
 
 
 if __name__ == "__main__":

@@ -16,19 +16,7 @@ CASES = sorted({(c.op, c.backend) for c in testing.cases(device="cuda", sizes=("
                 if c.backend != "torch_ref"}) if torch.cuda.is_available() else []
 
 
-def _args(op, device="cuda", seed=0):
-    spec = kernelhub.get_hub().registry.spec(op)
-    dtype = torch.float32 if torch.float32 in spec.dtypes else spec.dtypes[0]
-    return testing.samples(op, "medium", dtype, device, seed)[0].args
-
-
-def _copy_into(args, fresh):
-    """New values into the captured inputs, lists of tensors (multiscale planes) included."""
-    with torch.no_grad():
-        for a, b in zip(args, fresh):
-            for x, y in (zip(a, b) if isinstance(a, (list, tuple)) else [(a, b)]):
-                if isinstance(x, torch.Tensor):
-                    x.copy_(y)
+_args = testing.cuda_args
 
 
 def _step(op, backend, args, grad):
@@ -39,34 +27,12 @@ def _step(op, backend, args, grad):
 
 @pytest.mark.parametrize("op,backend", CASES)
 def test_no_host_sync(op, backend):
-    args = _args(op)
-    out, _ = testing.run(op, backend, args)
-    grad = testing.upstream_grad(out)
-    _step(op, backend, args, grad)  # warm-up: compilation and first-use allocations
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        _step(op, backend, args, grad)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    testing.check_no_host_sync(op, backend)
 
 
 @pytest.mark.parametrize("op,backend", CASES)
 def test_cuda_graph_replay(op, backend):
-    args = _args(op)
-    fn = getattr(torch.ops.kernelhub, op).default
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn(*args, backend)  # warm-up outside capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = fn(*args, backend)
-    _copy_into(args, _args(op, seed=1))  # new values into the captured inputs, then replay
-    graph.replay()
-    torch.cuda.synchronize()
-    torch.testing.assert_close(static_out, fn(*args, backend), rtol=0, atol=0)
+    testing.check_cuda_graph_replay(op, backend)
 
 
 @pytest.mark.parametrize("op,backend", CASES)
@@ -90,7 +56,7 @@ def test_cuda_graph_replay_forward_backward(op, backend):
         static_out.backward(grad)
     static_grads = [t.grad for t in leaves]
     fresh = _args(op, seed=1)
-    _copy_into(args, fresh)
+    testing.copy_into(args, fresh)
     graph.replay()
     torch.cuda.synchronize()
     want_out, want_grads = testing.run(op, backend, fresh, grad)

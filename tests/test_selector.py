@@ -306,3 +306,46 @@ def test_cli_explain(capsys, install, tmp_path):
     assert "rejected" in out and "dtype torch.float64 not in" in out
     assert cli.main(["explain", "semiconv", "--shape", "1,2,8,8", "--shape", "2,1,3,3"]) == 2
     assert "groups" in capsys.readouterr().out
+
+
+WRONG = '''
+import torch
+from kernelhub import hookimpl
+from kernelhub.spec import Backend, Impl
+from kernelhub_torch_ref import plugin
+
+def forward(volume):
+    return plugin.FORWARDS["tv_loss_l1_3d"](volume) * 1.01  # 1% off: far outside float32's tolerance
+
+@hookimpl
+def kernelhub_register_impls(registry):
+    registry.add_backend(Backend("wrong", "0.1"))
+    registry.add_impl(Impl(op="tv_loss_l1_3d", backend="wrong", forward=forward,
+                           backward=plugin.vjp_backward(plugin.FORWARDS["tv_loss_l1_3d"], (0,)),
+                           dtypes=(torch.float32,)))
+'''
+
+
+def test_cli_check_passes_a_correct_backend_and_fails_a_wrong_one(capsys, install):
+    install("atomic", ATOMIC)
+    install("wrong", WRONG)
+    kernelhub.reload()
+    assert cli.main(["check", "atomic", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    checks = {r["check"] for r in data["rows"]}
+    # every check the kit has for a float32-only CPU impl ran and passed; no float64, so no opcheck/gradcheck
+    assert {"parity float32 small", "parity float32 edge", "parity float32 medium", "non-contiguous float32",
+            "bad inputs"} == checks and data["fail"] == 0 and data["pass"] == len(data["rows"]) == 5
+    assert cli.main(["check", "wrong"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "forward error" in out
+    assert cli.main(["check", "no_such_backend"]) == 2
+    assert "unknown backend" in capsys.readouterr().out
+
+
+def test_cli_check_runs_opcheck_and_gradcheck_where_float64_is_declared(capsys):
+    assert cli.main(["check", "torch_ref", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    checks = {(r["op"], r["check"]) for r in data["rows"]}
+    assert ("tv_loss_l1_3d", "opcheck float64") in checks and ("semiconv", "gradcheck float64") in checks
+    assert data["fail"] == 0 and data["pass"] > 100

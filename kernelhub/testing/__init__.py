@@ -31,7 +31,8 @@ from kernelhub.spec import OpSpec, SampleInput
 __all__ = [
     "Case", "cases", "samples", "parity_error", "reference", "run", "check_parity", "check_opcheck",
     "check_gradcheck", "check_noncontiguous", "check_bad_inputs", "noncontiguous", "to_dtype", "leaves",
-    "with_grad", "fresh_leaves", "supported",
+    "with_grad", "fresh_leaves", "supported", "NothingChecked", "is_skip", "cuda_args", "copy_into",
+    "check_no_host_sync", "check_cuda_graph_replay",
 ]
 
 
@@ -221,12 +222,32 @@ def supported(op: str, backend: str, sample_list: Iterable[SampleInput]) -> list
     return out
 
 
+class NothingChecked(Exception):
+    """The impl rejects every sample of a check (with its reasons): nothing was compared, which is not a pass.
+    Under pytest the check skips instead (pytest's own skip exception)."""
+
+
+def is_skip(exc: BaseException) -> bool:
+    """Whether ``exc`` is a check's "nothing to compare" (NothingChecked, or pytest's skip)."""
+    if isinstance(exc, NothingChecked):
+        return True
+    try:
+        import pytest
+    except ImportError:
+        return False
+    return isinstance(exc, pytest.skip.Exception)
+
+
 def _to_check(op: str, backend: str, every: list[SampleInput], what: str) -> list[SampleInput]:
-    """`supported` samples; where the impl rejects all of them, a pytest skip: nothing compared is not a pass."""
+    """`supported` samples; where the impl rejects all of them, a skip: nothing compared is not a pass."""
     checked = supported(op, backend, every)
     if every and not checked:
-        import pytest
-        pytest.skip(f"{what}: the impl rejects every sample of this size")
+        msg = f"{what}: the impl rejects every sample of this size"
+        try:
+            import pytest
+        except ImportError:
+            raise NothingChecked(msg) from None
+        pytest.skip(msg)
     return checked
 
 
@@ -309,3 +330,52 @@ def check_bad_inputs(op: str, backend: str | None = None) -> None:
             assert op in msg and fragment in msg, f"{op}: error {msg!r} should name the op and {fragment!r}"
         else:
             raise AssertionError(f"{op}: bad input {args!r} {kwargs!r} did not raise {exc_type.__name__}")
+
+
+# -- CUDA safety: what a real program does with a GPU kernel ---------------------------------------------------
+def cuda_args(op: str, device: str = "cuda", seed: int = 0) -> tuple:
+    """The first medium sample of ``op`` on ``device`` in float32 (the spec's first dtype where it has none)."""
+    spec = _spec(op)
+    dtype = torch.float32 if torch.float32 in spec.dtypes else spec.dtypes[0]
+    return samples(op, "medium", dtype, device, seed)[0].args
+
+
+def copy_into(args: Sequence[Any], fresh: Sequence[Any]) -> None:
+    """New values into captured inputs (lists of tensors, the multiscale planes, included)."""
+    with torch.no_grad():
+        for a, b in zip(args, fresh):
+            for x, y in (zip(a, b) if isinstance(a, (list, tuple)) else [(a, b)]):
+                if isinstance(x, torch.Tensor):
+                    x.copy_(y)
+
+
+def check_no_host_sync(op: str, backend: str) -> None:
+    """A forward and backward after warm-up make no host synchronisation (torch's sync debug mode raises)."""
+    args = cuda_args(op)
+    out, _ = run(op, backend, args)
+    grad = upstream_grad(out)
+    run(op, backend, args, grad)  # warm-up: compilation and first-use allocations
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run(op, backend, args, grad)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def check_cuda_graph_replay(op: str, backend: str) -> None:
+    """The forward captured in a CUDA graph and replayed on new input values gives what an eager call gives."""
+    args = cuda_args(op)
+    fn = getattr(torch.ops.kernelhub, op).default
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn(*args, backend)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = fn(*args, backend)
+    copy_into(args, cuda_args(op, seed=1))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(static_out, fn(*args, backend), rtol=0, atol=0)

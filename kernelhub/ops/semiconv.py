@@ -73,11 +73,11 @@ class Lifted(NamedTuple):
         return (img.shape[0], kernel.shape[0], *self.out_size[3 - (img.ndim - 2):])
 
 
-
 SEMIFIELD_CODES = {"tropical_max": 0, "tropical_min": 1, "linear": 2, "root": 3, "log": 4}
 
 
 def lift_3d(img, kernel, semifield, stride, padding, dilation, kind) -> Lifted:
+    """A call's canonical arguments (after the spec's normalize) in the form the kernels take (`Lifted`)."""
     nd = img.ndim - 2
     one = [1] * (3 - nd)
     name, param = parse_semifield(semifield)

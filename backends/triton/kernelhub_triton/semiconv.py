@@ -58,8 +58,15 @@ def _pow(a, e):
 
 
 @triton.jit
-def _finite(v):
-    return v - v == 0.0  # False for +-inf and NaN
+def _shift(m):
+    """logsumexp's shift: the max, or 0 where it is infinite (torch's rule)."""
+    return tl.where(m - m == 0.0, m, 0.0)  # m - m is NaN for +-inf (and NaN)
+
+
+@triton.jit
+def _lse(acc, best, nan):
+    """log's log-sum-exp from its statistics (NaN where the window held a NaN)."""
+    return tl.where(nan, float("nan"), tl.log(acc) + _shift(best))
 
 
 @triton.jit
@@ -81,7 +88,7 @@ def _walk(x_ptr, k_ptr, gx_ptr, gk_ptr, b, oc, od, oh, ow, mask,
     taps = KD * KH * KW
     kbase = oc * Cg * taps
     grp = oc // Og
-    shift = tl.where(_finite(best), best, 0.0)  # logsumexp's shift: 0 where the max is infinite
+    shift = _shift(best)
     for c in range(0, Cg):
         chan = (b * C + grp * Cg + c).to(tl.int64) * D * H * W
         x_c = x_ptr + chan
@@ -168,15 +175,26 @@ def _position(O, per, OH, OW, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _prologue(x_ptr, k_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW, s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_, prm_, start_,
+              SF: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr, KD: tl.constexpr, KH: tl.constexpr,
+              KW: tl.constexpr, FLIP: tl.constexpr):
+    """What both kernels start with: the program's outputs and their windows' statistics."""
+    zero, prm, start = tl.cast(zero_, ACC), tl.cast(prm_, ACC), tl.cast(start_, ACC)
+    b, oc, out, od, oh, ow, mask = _position(O, OD * OH * OW, OH, OW, BLOCK)
+    best, acc, nan, win = _stats(x_ptr, k_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og,
+                                 s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, start, SF, BLOCK, ACC, KD, KH, KW, FLIP)
+    return b, oc, out, od, oh, ow, mask, zero, prm, best, acc, nan, win
+
+
+@triton.jit
 def _semiconv_forward_kernel(x_ptr, k_ptr, o_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW,
                              s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_: tl.float64, prm_: tl.float64,
                              start_: tl.float64, SF: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr,
                              KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, TP2: tl.constexpr,
                              FLIP: tl.constexpr):
-    zero, prm, start = tl.cast(zero_, ACC), tl.cast(prm_, ACC), tl.cast(start_, ACC)
-    b, oc, out, od, oh, ow, mask = _position(O, OD * OH * OW, OH, OW, BLOCK)
-    best, acc, nan, win = _stats(x_ptr, k_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og,
-                                 s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, start, SF, BLOCK, ACC, KD, KH, KW, FLIP)
+    b, oc, out, od, oh, ow, mask, zero, prm, best, acc, nan, win = _prologue(
+        x_ptr, k_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW, s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_, prm_, start_,
+        SF, BLOCK, ACC, KD, KH, KW, FLIP)
     if SF == 0 or SF == 1:
         val = tl.where(nan, float("nan"), best)
     elif SF == 2:
@@ -184,7 +202,7 @@ def _semiconv_forward_kernel(x_ptr, k_ptr, o_ptr, C, D, H, W, O, Cg, Og, OD, OH,
     elif SF == 3:
         val = _pow(acc, 1.0 / prm)
     else:
-        val = tl.where(nan, float("nan"), (tl.log(acc) + tl.where(_finite(best), best, 0.0)) / prm)
+        val = _lse(acc, best, nan) / prm
     tl.store(o_ptr + out, val.to(o_ptr.dtype.element_ty), mask=mask)
 
 
@@ -194,11 +212,10 @@ def _semiconv_backward_kernel(g_ptr, x_ptr, k_ptr, gx_ptr, gk_ptr, C, D, H, W, O
                               start_: tl.float64, SF: tl.constexpr, NEED_IMG: tl.constexpr,
                               NEED_KERNEL: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr,
                               KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, TP2: tl.constexpr,
-                             FLIP: tl.constexpr):
-    zero, prm, start = tl.cast(zero_, ACC), tl.cast(prm_, ACC), tl.cast(start_, ACC)
-    b, oc, out, od, oh, ow, mask = _position(O, OD * OH * OW, OH, OW, BLOCK)
-    best, acc, nan, win = _stats(x_ptr, k_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og,
-                                 s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, start, SF, BLOCK, ACC, KD, KH, KW, FLIP)
+                              FLIP: tl.constexpr):
+    b, oc, out, od, oh, ow, mask, zero, prm, best, acc, nan, win = _prologue(
+        x_ptr, k_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW, s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_, prm_, start_,
+        SF, BLOCK, ACC, KD, KH, KW, FLIP)
     g = tl.load(g_ptr + out, mask=mask, other=0.0).to(ACC)
     if SF == 0 or SF == 1:  # the whole gradient to the first winner: no second walk
         g = tl.where(mask & (nan == 0), g, 0.0)  # a NaN in the window: no gradient
@@ -229,7 +246,7 @@ def _semiconv_backward_kernel(g_ptr, x_ptr, k_ptr, gx_ptr, gk_ptr, C, D, H, W, O
         if SF == 3:  # d out / d sum of a^p, times the upstream gradient
             g = g * ((1.0 / prm) * _pow(acc, 1.0 / prm - 1.0))
         if SF == 4:
-            lse = tl.where(nan, float("nan"), tl.log(acc) + tl.where(_finite(best), best, 0.0))
+            lse = _lse(acc, best, nan)
         _walk(x_ptr, k_ptr, gx_ptr, gk_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og,
               s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, best, acc, nan, win, g, lse,
               SF, 2, NEED_IMG, NEED_KERNEL, KD, KH, KW, FLIP)

@@ -165,6 +165,12 @@ __global__ void __launch_bounds__(SC_THREADS) semiconv_backward_kernel(
   }
 }
 
+// positions within one image channel are 32-bit here (the plugin's not_supported_reasons keeps larger ones away)
+void check_channel_size(const char* fn, const ScGeo& g) {
+  TORCH_CHECK(g.D * g.H * g.W < (int64_t(1) << 31), "kernelhub_cuda_ext::", fn, ": an image channel of 2^31 "
+              "elements or more (positions within a channel are 32-bit on CUDA)");
+}
+
 dim3 sc_grid(const ScGeo& g) {
   const int64_t chunks = (g.OD * g.OH * g.OW + SC_CHUNK - 1) / SC_CHUNK;
   return dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(std::min<int64_t>(g.B * g.O, 65535)));
@@ -176,8 +182,7 @@ at::Tensor semiconv_forward_cuda(const at::Tensor& img_, const at::Tensor& ker_,
   c10::cuda::CUDAGuard guard(img_.device());
   const at::Tensor img = img_.contiguous(), ker = ker_.contiguous();
   const ScGeo g = sc_geo("semiconv_forward", img, ker, groups, stride, pad, dil, out_size, flip);
-  TORCH_CHECK(g.D * g.H * g.W < (int64_t(1) << 31), "kernelhub_cuda_ext::semiconv_forward: an image channel of 2^31 "
-              "elements or more (positions within a channel are 32-bit on CUDA)");
+  check_channel_size("semiconv_forward", g);
   auto out = at::empty({g.B, g.O, g.OD, g.OH, g.OW}, img.options());
   if (out.numel() == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, img.scalar_type(), "semiconv_forward_cuda", [&] {
@@ -200,11 +205,8 @@ std::tuple<at::Tensor, at::Tensor> semiconv_backward_cuda(const at::Tensor& grad
                                                           bool flip) {
   c10::cuda::CUDAGuard guard(img_.device());
   const at::Tensor img = img_.contiguous(), ker = ker_.contiguous(), grad = grad_.contiguous();
-  TORCH_CHECK(grad.dim() == 5 && grad.size(0) == img.size(0) && grad.size(1) == ker.size(0),
-              "kernelhub_cuda_ext::semiconv_backward: argument 'grad' must be [B, O, OD, OH, OW]");
-  const ScGeo g = sc_geo("semiconv_backward", img, ker, groups, stride, pad, dil, grad.sizes().slice(2), flip);
-  TORCH_CHECK(g.D * g.H * g.W < (int64_t(1) << 31), "kernelhub_cuda_ext::semiconv_backward: an image channel of "
-              "2^31 elements or more (positions within a channel are 32-bit on CUDA)");
+  const ScGeo g = sc_backward_geo(grad, img, ker, groups, stride, pad, dil, flip);
+  check_channel_size("semiconv_backward", g);
   auto gx = at::zeros(need_img ? img.sizes() : at::IntArrayRef{0}, img.options().dtype(acc_dtype(img)));
   auto gk = at::zeros(need_kernel ? ker.sizes() : at::IntArrayRef{0}, img.options().dtype(acc_dtype(img)));
   if (grad.numel() > 0 && (need_img || need_kernel)) {

@@ -99,4 +99,12 @@ inline ScGeo sc_geo(const char* fn, const at::Tensor& img, const at::Tensor& ker
                {stride[0], stride[1], stride[2]}, {pad[0], pad[1], pad[2]}, {dil[0], dil[1], dil[2]}, flip};
 }
 
+// the backward's geometry: `grad` must be the forward's output, [B, O, OD, OH, OW]
+inline ScGeo sc_backward_geo(const at::Tensor& grad, const at::Tensor& img, const at::Tensor& ker, int64_t groups,
+                             at::IntArrayRef stride, at::IntArrayRef pad, at::IntArrayRef dil, bool flip) {
+  TORCH_CHECK(grad.dim() == 5 && grad.size(0) == img.size(0) && grad.size(1) == ker.size(0),
+              "kernelhub_cuda_ext::semiconv_backward: argument 'grad' must be [B, O, OD, OH, OW]");
+  return sc_geo("semiconv_backward", img, ker, groups, stride, pad, dil, grad.sizes().slice(2), flip);
+}
+
 }  // namespace kernelhub_cuda_ext

@@ -213,9 +213,7 @@ std::tuple<at::Tensor, at::Tensor> semiconv_backward_cpu(const at::Tensor& grad_
                                                          at::IntArrayRef dil, bool need_img, bool need_kernel,
                                                          bool flip) {
   const at::Tensor img = img_.contiguous(), ker = ker_.contiguous(), grad = grad_.contiguous();
-  TORCH_CHECK(grad.dim() == 5 && grad.size(0) == img.size(0) && grad.size(1) == ker.size(0),
-              "kernelhub_cuda_ext::semiconv_backward: argument 'grad' must be [B, O, OD, OH, OW]");
-  const ScGeo g = sc_geo("semiconv_backward", img, ker, groups, stride, pad, dil, grad.sizes().slice(2), flip);
+  const ScGeo g = sc_backward_geo(grad, img, ker, groups, stride, pad, dil, flip);
   auto gx = at::zeros(img.sizes(), img.options().dtype(acc_dtype(img)));
   auto gkp = at::zeros({g.B, g.O, g.Cg, g.KD, g.KH, g.KW}, img.options().dtype(acc_dtype(img)));
   if (grad.numel() > 0) {

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from kernelhub.errors import (ConfigError, KernelhubError, NoImplementationError, PluginValidationError,
-                              StrictModeError)
+                              StrictModeError, WrongOutputError)
 from kernelhub.hookspecs import hookimpl
 from kernelhub.hub import get_hub, reload
 from kernelhub.select import Decision
@@ -23,6 +23,7 @@ __all__ = [
     "op", "explain", "op_names", "reload", "get_hub", "hookimpl",
     "OpSpec", "Impl", "Backend", "Arg", "SampleInput", "Tolerance", "Decision",
     "KernelhubError", "PluginValidationError", "ConfigError", "NoImplementationError", "StrictModeError",
+    "WrongOutputError",
 ]
 
 

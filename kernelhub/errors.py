@@ -8,6 +8,7 @@ __all__ = [
     "ConfigError",
     "NoImplementationError",
     "StrictModeError",
+    "WrongOutputError",
 ]
 
 
@@ -33,3 +34,8 @@ class NoImplementationError(KernelhubError, RuntimeError):
 
 class StrictModeError(KernelhubError, RuntimeError):
     """Strict mode is on and a call would have fallen back to another backend."""
+
+
+class WrongOutputError(KernelhubError, RuntimeError):
+    """An impl returned an output or gradient whose shape, dtype or device contradicts the spec. It is treated as
+    the impl raising at call time: the call falls back (strict mode and forced calls raise), never reaching the user."""

@@ -10,7 +10,7 @@ import torch
 
 from kernelhub.config import Config, load_config
 from kernelhub.dispatch import OpHandle, define_ops, flatten_grads
-from kernelhub.errors import NoImplementationError
+from kernelhub.errors import NoImplementationError, WrongOutputError
 from kernelhub.registry import Registry, declared_backend_names
 from kernelhub.select import Decision, Selector
 
@@ -51,7 +51,7 @@ class Hub:
                 raise NoImplementationError(f"kernelhub: no implementation can serve this call:\n{decision}")
             impl = decision.eligible[0]
             try:
-                return impl, call(impl)
+                return impl, call(impl, decision)
             except Exception as exc:
                 if forced or len(decision.eligible) == 1:
                     raise
@@ -61,14 +61,45 @@ class Hub:
                 self.selector.mark_failed(op, args, forced, impl.backend, exc)
 
     def run_forward(self, op: str, args: Sequence[Any], forced: str) -> torch.Tensor:
+        def call(impl, decision):
+            out = impl.forward(*args)
+            _check_output(op, impl.backend, "an output", out, decision.output)
+            return out
         # outputs are contiguous, as the fake implementations promise torch.compile
-        return self._run(op, args, forced, lambda impl: impl.forward(*args))[1].contiguous()
+        return self._run(op, args, forced, call)[1].contiguous()
 
     def run_backward(self, op: str, grad: torch.Tensor, args: Sequence[Any], needs: Sequence[bool],
                      forced: str) -> list[torch.Tensor]:
         spec = self.registry.spec(op)
-        _, grads = self._run(op, args, forced, lambda impl: impl.backward(grad, *args, needs=needs))
+
+        def call(impl, decision):
+            grads = impl.backward(grad, *args, needs=needs)
+            if len(grads) != len(spec.differentiable):
+                raise WrongOutputError(f"kernelhub: {op}: backend {impl.backend!r} returned {len(grads)} gradients, "
+                                       f"the op has {len(spec.differentiable)} differentiable arguments")
+            for i, need, g in zip(spec.differentiable, needs, grads):
+                if need:
+                    arg, name = args[i], spec.args[i].name
+                    if isinstance(arg, list) and len(g) != len(arg):
+                        raise WrongOutputError(f"kernelhub: {op}: backend {impl.backend!r} returned {len(g)} "
+                                               f"gradients for {name!r}, which holds {len(arg)} tensors")
+                    for j, (t, gt) in enumerate(zip(arg, g) if isinstance(arg, list) else [(arg, g)]):
+                        label = f"a gradient of {name!r}" + (f"[{j}]" if isinstance(arg, list) else "")
+                        _check_output(op, impl.backend, label, gt, (t.shape, t.dtype, t.device))
+            return grads
+        _, grads = self._run(op, args, forced, call)
         return flatten_grads(spec, args, needs, grads)
+
+
+def _check_output(op: str, backend: str, what: str, out: Any, expected: tuple) -> None:
+    """Raise WrongOutputError unless ``out`` is a tensor of the expected (shape, dtype, device)."""
+    if isinstance(out, torch.Tensor) and (out.shape, out.dtype, out.device) == expected:
+        return
+    got = (f"{str(out.dtype).removeprefix('torch.')}{list(out.shape)}@{out.device}" if isinstance(out, torch.Tensor)
+           else type(out).__name__)
+    shape, dtype, device = expected
+    raise WrongOutputError(f"kernelhub: {op}: backend {backend!r} returned {what} {got}; the spec says "
+                           f"{str(dtype).removeprefix('torch.')}{list(shape)}@{device}")
 
 
 _HUB: Hub | None = None

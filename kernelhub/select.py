@@ -8,7 +8,8 @@ forced, pinned or the tuned winner), which are deterministic where
 raises then), and which have not raised at call time for this key. Among eligible
 impls the order is: a forced backend (``kernelhub.op(name, backend=...)``), else
 the op's pin from the config, else the tuned winner for the call's shape bucket
-(kernelhub/tune.py; a backend that failed parity there is rejected), else the
+(kernelhub/tune.py; a backend that failed parity there is rejected, and a winner read from the file is
+checked against the reference once per process first), else the
 priority order of the config. With ``[tune].mode = "online"`` a bucket without a
 valid winner is tuned at its first call, except while torch.compile traces or a
 CUDA graph is captured: that call uses the priority order and its decision is not
@@ -60,6 +61,7 @@ class Decision:
     eligible: tuple[Impl, ...]
     candidates: tuple[Candidate, ...]
     call: str = ""
+    output: tuple = ()  # the (shape, dtype, device) the spec promises for this call's forward output
 
     def as_dict(self) -> dict:
         return {"op": self.op, "call": self.call, "chosen": self.chosen,
@@ -181,12 +183,21 @@ class Selector:
             entry = self.tuning.lookup(op, args, ordered)
             if entry is None and cfg.tune.mode == "online":
                 if may_tune_now(args):
-                    entry = self.tuning.tune(op, args, ordered)
+                    entry = self.tuning.tune_shared(op, args, ordered)
                 else:
                     cacheable = False
                     note = " (no winner for this shape bucket; not tuned while tracing or capturing)"
+            best = self.tuning.rank(entry, ordered)[0][:1] if entry is not None else []
+            if best and not self.tuning.is_verified(op, args, best[0]) and not may_tune_now(args):
+                entry, cacheable = None, False
+                note = " (the tuned winner is checked in this process first; not while tracing or capturing)"
             if entry is not None:
+                unverified: dict[str, str] = {}  # recorded as passing parity, failing it in this process
                 passed, whys, failed_parity = self.tuning.rank(entry, ordered)
+                while passed and (problem := self.tuning.verify(op, args, passed[0])) is not None:
+                    unverified[passed[0]] = f"recorded as passing parity when tuned, but here it {problem}"
+                    passed, whys, failed_parity = self.tuning.rank(entry, [n for n in ordered if n not in unverified])
+                failed_parity.update(unverified)
                 for name, reason in failed_parity.items():
                     rejected[name] = [reason]
                 ordered = passed + [n for n in ordered if n not in passed and n not in failed_parity]
@@ -233,4 +244,6 @@ class Selector:
             if name not in impls:
                 candidates.append(Candidate(name, "rejected", (f"backend has no impl of {op}",)))
         eligible = tuple(impls[n] for n in (ordered if not forced else [forced]))
-        return Decision(op, chosen, eligible, tuple(candidates), call), cacheable
+        expected = reg.spec(op).output(*args)
+        output = (expected.shape, expected.dtype, expected.device)
+        return Decision(op, chosen, eligible, tuple(candidates), call, output), cacheable

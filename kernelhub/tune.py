@@ -15,14 +15,25 @@ that failed parity (or raised) on the bucket is never chosen for it.
 The shape bucket rounds every dimension of every tensor up to a power of two and keeps the integer,
 boolean and string arguments (they select kernel paths); float arguments do not enter it.
 
+Parity is judged with `kernelhub.testing.tolerances.call_tolerance` on the tuned call's own inputs (the spec's
+tolerances, measured on small samples, widened where eager torch's own error at this size is larger); the
+spec's reference backend is the judge and is never rejected for parity.
+
 Timing: the first call (a backend that compiles, such as inductor, compiles then) is timed on its own
 and recorded as ``first_call_s``, never mixed into the median after warm-up, which goes through the
 hub's operator with the backend forced (each pays the same dispatch cost): `triton.testing.do_bench` on CUDA (CUDA events when triton is missing),
 `torch.utils.benchmark.Timer.blocked_autorange` on the CPU. Parity: forward and backward against the
-float64 reference on the same fresh random inputs, within the spec's tolerances.
+float64 reference on the same fresh random inputs, within the call's tolerance (above).
+
+The file is data and is checked as such: an entry that is not of the expected form is ignored with a warning,
+entries naming an op or backend this process does not have are ignored with a warning, and a winner read from
+the file runs only after it passed parity in this process (`Tuning.verify`, once per process and entry: a copied
+or hand-edited file can reorder the registered impls that pass here, never add one that does not).
 
 Writes are atomic (a temporary file renamed over the old one) under a file lock, merged with whatever
-other processes wrote meanwhile (the ranks of one distributed job may tune at once). A file that cannot
+other processes wrote meanwhile. Online tuning (`Tuning.tune_shared`) holds the lock while it tunes, and a
+process that then finds the entry written by another uses it: the ranks of one distributed job that share the
+file tune each shape bucket once. A file that cannot
 be read as ours is ignored with one warning and replaced at the next write.
 """
 
@@ -31,6 +42,7 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import math
 import os
 import platform
 import tempfile
@@ -43,11 +55,13 @@ from typing import Any
 import torch
 
 from kernelhub import testing
+from kernelhub.testing.tolerances import call_tolerance
 
 __all__ = ["FORMAT", "WinnerCache", "Tuning", "bucket", "device_model", "entry_key", "first_tensor", "may_tune_now",
            "time_ms"]
 
 FORMAT = "kernelhub-tuning/1"
+SHARED_TUNE_WAIT_S = 900.0  # how long online tuning waits for another process tuning under the file's lock
 
 
 @functools.lru_cache(maxsize=None)
@@ -158,6 +172,24 @@ def _fresh(args: Sequence[Any], seed: int = 0) -> tuple:
     return testing.map_tensors(args, fresh)
 
 
+def _well_formed(entry: Any) -> bool:
+    """Whether a cache entry has the shape the selector reads: candidates of backend name -> {"error": None or a
+    message, and with no error a finite "step_ms" > 0}, and text where messages quote it. Anything else in the file
+    (a hand edit, a truncated write from another tool) is ignored, never trusted or executed."""
+    if not (isinstance(entry, dict) and isinstance(entry.get("candidates"), dict)):
+        return False
+    if not all(isinstance(entry.get(k, ""), str) for k in ("torch", "call", "tuned", "bucket")):
+        return False
+    for cand in entry["candidates"].values():
+        if not isinstance(cand, dict) or not (cand.get("error") is None or isinstance(cand["error"], str)):
+            return False
+        step = cand.get("step_ms")
+        if cand.get("error") is None and not (isinstance(step, (int, float)) and not isinstance(step, bool)
+                                              and math.isfinite(step) and step > 0):
+            return False
+    return True
+
+
 class WinnerCache:
     """The winners file: read once, written atomically under a lock (see the module docstring)."""
 
@@ -165,22 +197,44 @@ class WinnerCache:
         self.path = Path(path)
         self._entries: dict[str, dict] | None = None
         self._warned = False
+        self._lock = None
+
+    def lock(self, timeout: float = 120):
+        """The file's lock, acquired (a context manager). One lock object per cache, so it is re-entrant in this
+        process; other processes wait for it (a `filelock.Timeout` after ``timeout`` seconds)."""
+        if self._lock is None:
+            from filelock import FileLock
+
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock = FileLock(str(self.path) + ".lock")
+        return self._lock.acquire(timeout=timeout)
+
+    def refresh(self) -> None:
+        """Read the file again at the next lookup (another process may have written it)."""
+        self._entries = None
 
     def _read(self) -> dict[str, dict]:
         try:
             data = json.loads(self.path.read_text())
             if not (isinstance(data, dict) and data.get("format") == FORMAT and isinstance(data.get("entries"), dict)):
                 raise ValueError(f"not a {FORMAT} file")
-            return {k: v for k, v in data["entries"].items() if isinstance(v, dict)
-                    and isinstance(v.get("candidates"), dict)}
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
-            if not self._warned:
-                self._warned = True
-                warnings.warn(f"kernelhub: tuning cache {self.path} ignored ({type(exc).__name__}: {exc}); "
-                              "it will be rewritten by the next tuning", RuntimeWarning, stacklevel=3)
+            self._warn(f"tuning cache {self.path} ignored ({type(exc).__name__}: {exc}); it will be rewritten by "
+                       "the next tuning")
             return {}
+        entries = {k: v for k, v in data["entries"].items() if _well_formed(v)}
+        bad = sorted(set(data["entries"]) - set(entries))
+        if bad:
+            self._warn(f"tuning cache {self.path}: {len(bad)} malformed entries ignored ({bad[0]!r}"
+                       + (", ..." if len(bad) > 1 else "") + "); they will be rewritten by the next tuning")
+        return entries
+
+    def _warn(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"kernelhub: {message}", RuntimeWarning, stacklevel=4)
 
     def entries(self) -> dict[str, dict]:
         if self._entries is None:
@@ -191,10 +245,7 @@ class WinnerCache:
         return self.entries().get(key)
 
     def put(self, new: dict[str, dict]) -> None:
-        from filelock import FileLock
-
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(self.path) + ".lock", timeout=120):
+        with self.lock():
             merged = self._read()
             merged.update(new)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-", suffix=".tmp")
@@ -217,6 +268,9 @@ class Tuning:
         self.registry = registry
         self.config = config
         self.cache = WinnerCache(config.tune.cache_path())  # read once per process (and at kernelhub.reload())
+        self._audited = False
+        self.tuned_here: list[str] = []  # the entries this process timed (a distributed job's ranks share the rest)
+        self._verified: dict[tuple[str, str], str | None] = {}  # (entry key, backend) -> why it fails parity here
 
     def valid(self, entry: dict, op: str, eligible: Sequence[str]) -> bool:
         """Same torch, and every eligible backend timed with its current fingerprint. A ``tuned_only``
@@ -227,42 +281,67 @@ class Tuning:
         return entry.get("torch") == torch.__version__ and all(
             name in cands and cands[name].get("fingerprint") == self.registry.fingerprint(name) for name in needed)
 
+    def _audit(self) -> None:
+        """Warn once about entries naming an op or a backend this process does not have: they are ignored (an
+        entry serves only the registered impls eligible for a call, `rank`)."""
+        self._audited = True
+        ops, backends = set(), set()
+        for key, entry in self.cache.entries().items():
+            op = key.split("|", 1)[0]
+            if op not in self.registry.specs:
+                ops.add(op)
+            else:
+                backends |= {n for n in entry["candidates"] if n not in self.registry.impls(op)}
+        if ops or backends:
+            names = [f"op {n!r}" for n in sorted(ops)] + [f"backend {n!r}" for n in sorted(backends)]
+            warnings.warn(f"kernelhub: tuning cache {self.cache.path} names {', '.join(names)}, unknown here: "
+                          "ignored", RuntimeWarning, stacklevel=5)
+
     def lookup(self, op: str, args: Sequence[Any], eligible: Sequence[str]) -> dict | None:
         """The valid entry for this call, if any (never tunes)."""
         if self.config.tune.mode == "off" or len(eligible) < 2:
             return None
+        if not self._audited:
+            self._audit()
         entry = self.cache.get(entry_key(op, args))
         return entry if entry is not None and self.valid(entry, op, eligible) else None
+
+    def tune_shared(self, op: str, args: Sequence[Any], eligible: Sequence[str]) -> dict:
+        """Online tuning that processes sharing the winners file do once: under the file's lock, a process that
+        finds a valid entry another one wrote meanwhile (the ranks of a distributed job reach a new shape bucket
+        together) uses it instead of tuning. After ``SHARED_TUNE_WAIT_S`` of waiting it tunes without saving."""
+        import filelock
+
+        try:
+            with self.cache.lock(timeout=SHARED_TUNE_WAIT_S):
+                self.cache.refresh()
+                entry = self.lookup(op, args, eligible)
+                return entry if entry is not None else self.tune(op, args, eligible)
+        except filelock.Timeout:
+            return self.tune(op, args, eligible, save=False)
 
     def tune(self, op: str, args: Sequence[Any], eligible: Sequence[str], quick: bool = False,
              progress: Callable[[str], None] | None = None, save: bool = True) -> dict:
         """Time and check every backend in ``eligible`` on fresh inputs shaped like ``args``; record the entry."""
-        spec = self.registry.spec(op)
         first = first_tensor(args)
-        tol = spec.tolerances[first.dtype]
         with torch.inference_mode(False), torch.enable_grad():
             fresh = _fresh(args)
             ref_out, grad, ref_grads = testing.reference_with_upstream(op, fresh)
+            tol = call_tolerance(op, fresh)
             cands = {}
             for name in eligible:
                 cand: dict[str, Any] = {"fingerprint": self.registry.fingerprint(name), "error": None}
-                try:
-                    start = time.perf_counter()
-                    out, grads = testing.run(op, name, fresh, grad)  # the first call: compiles, if it must
-                    if first.is_cuda:
-                        torch.cuda.synchronize(first.device)
-                    cand["first_call_s"] = time.perf_counter() - start
-                    fwd = testing.parity_error(out, ref_out)
-                    bwd = max([testing.parity_error(g, r) for g, r in zip(grads, ref_grads)], default=0.0)
-                    if not (fwd <= tol.forward and bwd <= tol.backward):
-                        cand["error"] = (f"failed parity: forward error {fwd:.3g} (tolerance {tol.forward:.3g}), "
-                                         f"backward {bwd:.3g} ({tol.backward:.3g})")
-                    else:
+                start = time.perf_counter()
+                cand["error"] = self._parity(op, name, fresh, ref_out, grad, ref_grads, tol)  # compiles, if it must
+                cand["first_call_s"] = time.perf_counter() - start
+                if cand["error"] is None:
+                    try:
                         overload = getattr(torch.ops.kernelhub, op).default
                         cand["forward_ms"] = time_ms(lambda: overload(*fresh, name), first.device, quick)
                         cand["step_ms"] = time_ms(lambda: testing.run(op, name, fresh, grad), first.device, quick)
-                except Exception as exc:
-                    cand["error"] = f"raised {type(exc).__name__}: {exc}"
+                        self._verified[(entry_key(op, args), name)] = None
+                    except Exception as exc:
+                        cand["error"] = f"raised {type(exc).__name__}: {exc}"
                 cands[name] = cand
                 if progress is not None:
                     progress(name)
@@ -271,9 +350,50 @@ class Tuning:
                  "bucket": bucket(args), "call": _describe(args), "torch": torch.__version__,
                  "tuned": datetime.datetime.now().isoformat(timespec="seconds"), "candidates": cands,
                  "winner": min(ok, key=ok.get) if ok else None}
+        self.tuned_here.append(entry_key(op, args))
         if save:
             self.cache.put({entry_key(op, args): entry})
         return entry
+
+    def _parity(self, op: str, name: str, fresh: Sequence[Any], ref_out: torch.Tensor, grad: torch.Tensor,
+                ref_grads: Sequence[torch.Tensor], tol) -> str | None:
+        """Why ``name`` fails parity on ``fresh`` (forward and backward against the float64 reference, within
+        ``tol``: `call_tolerance`), or None. The spec's reference backend is the judge: it only has to run."""
+        first = first_tensor(fresh)
+        try:
+            out, grads = testing.run(op, name, fresh, grad)
+            if first.is_cuda:
+                torch.cuda.synchronize(first.device)
+        except Exception as exc:
+            return f"raised {type(exc).__name__}: {exc}"
+        if name == self.registry.spec(op).reference_backend:
+            return None
+        fwd = testing.parity_error(out, ref_out)
+        bwd = max([testing.parity_error(g, r) for g, r in zip(grads, ref_grads)], default=0.0)
+        if fwd <= tol.forward and bwd <= tol.backward:
+            return None
+        return (f"failed parity: forward error {fwd:.3g} (tolerance {tol.forward:.3g}), backward {bwd:.3g} "
+                f"({tol.backward:.3g})")
+
+    def is_verified(self, op: str, args: Sequence[Any], name: str) -> bool:
+        return name == self.registry.spec(op).reference_backend or (entry_key(op, args), name) in self._verified
+
+    def verify(self, op: str, args: Sequence[Any], name: str) -> str | None:
+        """Why ``name``, which the winners file records as passing parity for this call's entry, fails it in this
+        process, or None. Checked once per process and entry on fresh inputs shaped like ``args``, so a winners
+        file (copied from another machine, edited by hand) can only choose among impls that pass here. The
+        spec's reference backend is the reference and is not checked."""
+        key = (entry_key(op, args), name)
+        if not self.is_verified(op, args, name):
+            with torch.inference_mode(False), torch.enable_grad():
+                fresh = _fresh(args)
+                ref_out, grad, ref_grads = testing.reference_with_upstream(op, fresh)
+                self._verified[key] = self._parity(op, name, fresh, ref_out, grad, ref_grads,
+                                                   call_tolerance(op, fresh))
+            if self._verified[key] is not None:
+                warnings.warn(f"kernelhub: tuning cache {self.cache.path}: {key[0]}: backend {name!r} is recorded as "
+                              f"passing parity, but here it {self._verified[key]}; not used for this entry", RuntimeWarning, stacklevel=5)
+        return self._verified.get(key)
 
     @staticmethod
     def rank(entry: dict, eligible: Sequence[str]) -> tuple[list[str], dict[str, str], dict[str, str]]:
@@ -281,13 +401,13 @@ class Tuning:
         cands = entry["candidates"]
         timed = [n for n in eligible if n in cands]
         passed = sorted((n for n in timed if cands[n]["error"] is None), key=lambda n: cands[n]["step_ms"])
-        failed = {n: f"{cands[n]['error']} (when tuned on {entry['call']}, {entry['tuned']})"
+        failed = {n: f"{cands[n]['error']} (when tuned on {entry.get('call', '?')}, {entry.get('tuned', '?')})"
                   for n in timed if cands[n]["error"] is not None}
         why = {}
         if passed:
             best = cands[passed[0]]["step_ms"]
-            why[passed[0]] = (f"tuned winner for bucket {entry['bucket']}: {best:.4g} ms forward+backward "
-                              f"({entry['tuned']})")
+            why[passed[0]] = (f"tuned winner for bucket {entry.get('bucket', '?')}: {best:.4g} ms forward+backward "
+                              f"({entry.get('tuned', '?')})")
             for n in passed[1:]:
                 t = cands[n]["step_ms"]
                 why[n] = f"lost on time: {t:.4g} ms vs {best:.4g} ms forward+backward ({t / best:.2f}x slower)"

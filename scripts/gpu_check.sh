@@ -3,6 +3,7 @@
 #   tests  - the demo and the whole test suite (CPU and CUDA cases, the large-tensor ones too)
 #   bench  - benchmarks/kernels.py: every kernel backend against eager and compiled torch_ref
 #   tune   - kernelhub tune (benchmark shapes, every backend), kernelhub list, kernelhub bench --plot
+#   ddp    - two GPUs: examples/ddp_step.py under torchrun (NCCL) and the second-GPU tests
 #   all    - tests and bench (the default)
 # CUDA_EXT=0 leaves cuda_ext (and its build) out. PYTEST_ARGS (default: tests), PYTEST_K (a -k expression) and BENCH_ARGS narrow the steps; PYTEST_TIMEOUT
 # (seconds) stops pytest itself, so its log is complete up to there even when the device call's limit is near.
@@ -39,6 +40,17 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 benchmarks/kernels.py ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | grep -v "^sweep" \
     || rc=1
   grep "^sweep" "$OUT/bench.txt"
+fi
+if [ "$what" = ddp ]; then
+  for dtype in float64 float32; do  # float32: atomics in the K-Planes backward, so a looser --rtol
+    rtol=$([ $dtype = float64 ] && echo 1e-10 || echo 1e-4)
+    timeout -k 10 240 torchrun --standalone --nproc_per_node 2 examples/ddp_step.py --dtype $dtype --rtol $rtol \
+      --cache "$OUT/ddp_tuning.json" --json "$OUT/ddp_$dtype.json" 2>&1 | grep -v "^W[0-9]\|OMP_NUM\|^\*" \
+      | tee "$OUT/ddp_$dtype.txt" || rc=1
+  done
+  python3 -m pytest -q -p no:cacheprovider -rfE tests/test_cuda_safety.py -k "second_gpu and not inductor" 2>&1 | tee "$OUT/pytest_2gpu.txt" \
+    | tail -3
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
 if [ "$what" = tune ]; then
   ops="${TUNE_OPS:-tv_loss_l1_3d tv_loss_sq_3d tv_loss_iso_3d trilinear_interp tikhonov_inverse_2xn}"

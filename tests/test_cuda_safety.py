@@ -82,13 +82,16 @@ def test_non_default_stream(op, backend):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("op,backend", CASES)
 def test_second_gpu_while_first_is_current(op, backend):
+    """Forward and backward on cuda:1 with cuda:0 current: results on cuda:1, within the parity tolerance."""
     args = _args(op, "cuda:1")
     with torch.cuda.device(0):
-        out, _ = testing.run(op, backend, args, None)
-        ref, _ = testing.reference(op, args)
-    assert out.device == torch.device("cuda:1")
+        ref, grad, ref_grads = testing.reference_with_upstream(op, args)
+        out, grads = testing.run(op, backend, args, grad)
+    assert out.device == torch.device("cuda:1") and all(g.device == torch.device("cuda:1") for g in grads)
     dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor))
-    assert testing.parity_error(out, ref) <= kernelhub.get_hub().registry.spec(op).tolerances[dtype].forward
+    tol = kernelhub.get_hub().registry.spec(op).tolerances[dtype]
+    assert testing.parity_error(out, ref) <= tol.forward
+    assert max(testing.parity_error(g, r) for g, r in zip(grads, ref_grads)) <= tol.backward
 
 
 @pytest.mark.parametrize("op,backend", CASES)

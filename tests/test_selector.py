@@ -1,6 +1,7 @@
 """Selection rules, proven with test-only backends installed through the real entry-point path."""
 
 import json
+import re
 import sys
 import textwrap
 import warnings
@@ -70,6 +71,27 @@ def kernelhub_register_impls(registry):
     backward = plugin.vjp_backward(plugin.FORWARDS["tv_loss_l1_3d"], (0,))
     registry.add_impl(Impl(op="tv_loss_l1_3d", backend="atomic", forward=plugin.FORWARDS["tv_loss_l1_3d"],
                            backward=backward, dtypes=(torch.float32,), deterministic=False))
+'''
+
+# Returns a float64 [3] for a float32 call (the spec says float32) or, with SHAPE, a float32 [4].
+BADSHAPE = '''
+import torch
+from kernelhub import hookimpl
+from kernelhub.spec import Backend, Impl
+from kernelhub_torch_ref import tv
+
+def forward(volume):
+    out = tv.tv_loss_l1_3d(volume)
+    return torch.cat([out, out[:1]]) if {shape!r} else out.double()
+
+def backward(grad, volume, needs):
+    return [torch.zeros(volume.shape[:-1])]  # the wrong shape
+
+@hookimpl
+def kernelhub_register_impls(registry):
+    registry.add_backend(Backend("{name}", "0.1"))
+    registry.add_impl(Impl(op="tv_loss_l1_3d", backend="{name}", forward=forward, backward=backward,
+                           dtypes=(torch.float32,)))
 '''
 
 INVALID = '''
@@ -239,6 +261,41 @@ def test_call_time_failure_falls_back_once(install, tmp_path):
     config(tmp_path, 'strict = true\npriority = ["flaky", "torch_ref"]')
     with pytest.raises(StrictModeError, match="kernel exploded"):
         kernelhub.op("tv_loss_l1_3d")(v)
+
+
+@pytest.mark.parametrize("shape", [False, True])
+def test_a_wrong_output_shape_or_dtype_never_reaches_the_user(install, tmp_path, shape):
+    install("badshape", BADSHAPE, shape=shape)
+    config(tmp_path, 'priority = ["badshape", "torch_ref"]')
+    v = torch.randn(3, 4, 5, requires_grad=True)
+    want = "float32[4]@cpu" if shape else "float64[3]@cpu"
+    with pytest.raises(kernelhub.WrongOutputError, match=rf"'badshape' returned an output {re.escape(want)}; the spec "
+                       r"says float32\[3\]@cpu"):
+        kernelhub.op("tv_loss_l1_3d", backend="badshape")(v)
+    with pytest.warns(RuntimeWarning, match="'badshape' raised WrongOutputError"):
+        out = kernelhub.op("tv_loss_l1_3d")(v)
+    assert out.dtype == torch.float32 and out.shape == (3,)
+    torch.testing.assert_close(out, kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(v))
+    config(tmp_path, 'strict = true\npriority = ["badshape", "torch_ref"]')
+    with pytest.raises(StrictModeError, match="WrongOutputError"):
+        kernelhub.op("tv_loss_l1_3d")(v)
+
+
+def test_a_wrong_gradient_shape_never_reaches_the_user(install, tmp_path):
+    """The forward is right (float32 [3]), the backward's gradient has the wrong shape: the backward falls back."""
+    install("badshape", BADSHAPE.replace("out.double()", "out"), shape=False)
+    config(tmp_path, 'priority = ["badshape", "torch_ref"]')
+    v = torch.randn(3, 4, 5, requires_grad=True)
+    g = torch.tensor([1.0, -2.0, 0.5])
+    out = kernelhub.op("tv_loss_l1_3d", backend="badshape")(v)
+    with pytest.raises(kernelhub.WrongOutputError, match=r"gradient of 'volume' float32\[3, 4\]@cpu; the spec says "
+                       r"float32\[3, 4, 5\]@cpu"):
+        out.backward(g)
+    with pytest.warns(RuntimeWarning, match="'badshape' raised WrongOutputError"):
+        kernelhub.op("tv_loss_l1_3d")(v).backward(g)
+    w = v.detach().requires_grad_()
+    kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(w).backward(g)
+    torch.testing.assert_close(v.grad, w.grad)
 
 
 def test_deterministic_algorithms_set_aside_a_backend_that_adds_with_atomics(install, tmp_path):

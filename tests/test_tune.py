@@ -5,10 +5,12 @@ import importlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -145,6 +147,66 @@ def test_a_corrupt_or_foreign_cache_is_ignored_with_one_warning_and_rewritten(hu
         _tune_cli("tv_loss_sq_3d", "--shape", "1,8,8,8", "--quick")
     data = json.loads(path.read_text())
     assert data["format"] == tune.FORMAT and len(data["entries"]) == 1
+
+
+def _tamper(path, edit):
+    data = json.loads(path.read_text())
+    (entry,) = [v for k, v in data["entries"].items() if k.startswith("tv_loss_sq_3d|")]
+    edit(data, entry)
+    path.write_text(json.dumps(data))
+
+
+def test_a_tampered_cache_chooses_only_among_registered_impls_that_pass_parity_here(hub, tmp_path):
+    """The winners file is data: whatever it says, a call runs a registered impl eligible for it that passes
+    parity in this process; malformed entries and unknown names are ignored with a warning."""
+    path = tmp_path / "tuning.json"
+    hub()
+    _tune_cli("tv_loss_sq_3d", "--shape", "1,8,8,8", "--quick")
+
+    def awrong_passed(data, entry):  # the 1%-off backend recorded as passing and fastest
+        entry["candidates"]["awrong"].update(error=None, step_ms=1e-6)
+    _tamper(path, awrong_passed)
+    hub()
+    with pytest.warns(RuntimeWarning, match="'awrong' is recorded as passing parity, but here it failed parity"):
+        d = kernelhub.explain("tv_loss_sq_3d", VOLUME)
+    by = {c.backend: c for c in d.candidates}
+    assert d.chosen == "torch_ref" and by["awrong"].status == "rejected"
+    assert "but here it failed parity" in by["awrong"].reasons[0]
+    torch.testing.assert_close(kernelhub.op("tv_loss_sq_3d")(VOLUME),
+                               kernelhub.op("tv_loss_sq_3d", backend="torch_ref")(VOLUME))
+
+    def bfast_fastest(data, entry):  # a correct backend made the winner: allowed, it passes here
+        entry["candidates"]["bfast"]["step_ms"] = 1e-6
+    _tamper(path, bfast_fastest)
+    hub()
+    assert kernelhub.explain("tv_loss_sq_3d", VOLUME).chosen == "bfast"
+
+    def strangers(data, entry):  # an unknown backend as the fastest, an entry for an unknown op
+        entry["candidates"]["evil"] = {"fingerprint": "x", "error": None, "step_ms": 1e-6}
+        data["entries"]["rm_rf|cpu|float32|8"] = {"candidates": {}, "winner": None}
+    _tamper(path, strangers)
+    hub()
+    with pytest.warns(RuntimeWarning, match="names op 'rm_rf', backend 'evil', unknown here: ignored"):
+        d = kernelhub.explain("tv_loss_sq_3d", VOLUME)
+    assert d.chosen == "bfast" and "evil" not in {c.backend for c in d.candidates}
+
+    def malformed(data, entry):  # a time that is not a number: the entry is ignored, not crashed on
+        entry["candidates"]["bfast"]["step_ms"] = "__import__('os').system('true')"
+    _tamper(path, malformed)
+    hub()
+    with pytest.warns(RuntimeWarning, match="1 malformed entries ignored"):
+        d = kernelhub.explain("tv_loss_sq_3d", VOLUME)
+    assert d.chosen == "aslow" and "priority order" in d.candidates[0].reasons[0]
+
+
+def test_nothing_on_disk_is_unpickled_or_evaluated():
+    """The config is TOML and the winners file JSON; no module of kernelhub deserialises code."""
+    root = Path(kernelhub.__file__).parent
+    sources = {p: p.read_text() for p in root.rglob("*.py")}
+    assert len(sources) > 10
+    for bad in (r"\bpickle\b", r"torch\.load\b", r"\bmarshal\b", r"(?<![\w.])eval\(", r"(?<![\w.])exec\(",
+                r"\byaml\b"):
+        assert not [p.name for p, text in sources.items() if re.search(bad, text)], bad
 
 
 WRITER = """

@@ -40,6 +40,7 @@ import torch
 import kernelhub
 from kernelhub import testing
 from kernelhub.ops._checks import accumulation_dtype
+from kernelhub.spec import Tolerance
 
 SEEDS = range(5)
 SIZES = ("small", "medium", "edge")
@@ -54,7 +55,7 @@ def _round_up(x: float) -> float:
     return math.ceil(x / 10 ** exp) * 10 ** exp
 
 
-def _perturbed(args, dtype: torch.dtype, gen: torch.Generator) -> tuple:
+def perturbed(args, dtype: torch.dtype, gen: torch.Generator) -> tuple:
     """Floating-point tensors of ``args`` times (1 + u eps), u uniform in [-1, 1]."""
     eps = torch.finfo(accumulation_dtype(dtype).to_real()).eps
 
@@ -71,8 +72,33 @@ def sensitivity(op: str, args, dtype: torch.dtype, gen: torch.Generator) -> floa
     """Forward change of the float64 reference when its inputs move by one rounding (step 2)."""
     wide = testing.to_dtype(args, torch.float64)
     out, _ = testing.reference(op, wide)
-    moved, _ = testing.reference(op, _perturbed(wide, dtype, gen))
+    moved, _ = testing.reference(op, perturbed(wide, dtype, gen))
     return testing.parity_error(moved, out)
+
+
+def call_tolerance(op: str, args, seed: int = 1) -> Tolerance:
+    """The tolerance for one call's inputs, by this module's method applied to them: 4 x eager torch's error in the
+    args' dtype against float64 (forward and backward, upstream gradient from ``seed``); in float64, where that
+    compares the reference with itself, 4 x how far the reference's forward and gradients move when its inputs
+    move by one rounding (the error another correct summation order may have). Never below the spec's tolerance.
+
+    The spec's tolerances are measured on its small samples; error grows with size (a K-Planes coordinate is
+    rounded relative to the plane's resolution), so the tuner and the property tests judge a call of another
+    size by this."""
+    spec = kernelhub.get_hub().registry.spec(op)
+    first = next(a if isinstance(a, torch.Tensor) else a[0] for a in args
+                 if isinstance(a, torch.Tensor) or (isinstance(a, list) and a))
+    dtype = first.dtype
+    fwd, bwd = testing.measure(op, spec.reference_backend, args, seed=seed)
+    if accumulation_dtype(dtype).to_real() == torch.float64:
+        wide = testing.to_dtype(args, torch.float64)
+        out, grad, grads = testing.reference_with_upstream(op, wide, seed)
+        gen = torch.Generator(device=first.device).manual_seed(seed)
+        moved, moved_grads = testing.reference(op, perturbed(wide, torch.float64, gen), grad)
+        fwd = max(fwd, testing.parity_error(moved, out))
+        bwd = max([bwd] + [testing.parity_error(m, g) for m, g in zip(moved_grads, grads)])
+    tol = spec.tolerances[dtype]
+    return Tolerance(max(tol.forward, tolerance_for(dtype, fwd)), max(tol.backward, tolerance_for(dtype, bwd)))
 
 
 def measured_error(op: str, dtype: torch.dtype) -> tuple[float, float]:

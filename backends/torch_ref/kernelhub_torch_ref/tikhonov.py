@@ -10,12 +10,15 @@ def _work_dtype(M: torch.Tensor) -> torch.dtype:
 
 
 def tikhonov_inverse_2xn(M: torch.Tensor, lam: float) -> torch.Tensor:
-    """U diag(S / (S^2 + lam)) Vh through torch.linalg.svd in complex128 (float64 for real M)."""
+    """U diag(S / (S^2 + lam)) Vh through torch.linalg.svd in complex128 (float64 for real M). A matrix with a
+    NaN or an infinite entry gives NaN throughout (as the closed form does: its determinant is NaN)."""
     if M.numel() == 0:
         return torch.zeros(M.shape, dtype=M.dtype, device=M.device)
-    U, S, Vh = torch.linalg.svd(M.to(_work_dtype(M)), full_matrices=False)
+    work = M.to(_work_dtype(M))
+    bad = ~torch.isfinite(work).all(dim=-1).all(dim=-1, keepdim=True)[..., None]  # [..., 1, 1]
+    U, S, Vh = torch.linalg.svd(work.masked_fill(bad, 0), full_matrices=False)  # the SVD refuses non-finite input
     filt = (S / (S * S + lam)).to(Vh.dtype)
-    return (U @ (filt[..., :, None] * Vh)).to(M.dtype).contiguous()
+    return (U @ (filt[..., :, None] * Vh)).masked_fill(bad, float("nan")).to(M.dtype).contiguous()
 
 
 def _abs2(z: torch.Tensor) -> torch.Tensor:

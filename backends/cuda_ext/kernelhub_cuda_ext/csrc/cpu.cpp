@@ -42,11 +42,14 @@ inline void tv_forward_step(const T* x, int64_t D, int64_t H, int64_t W, int64_t
   const T* __restrict nd[NR];
   const T* __restrict nh[NR];
   bool corner[NR];  // iso: the row has corners (d + 1 and h + 1 exist)
+  bool has_d[NR], has_h[NR];  // whether the D / H neighbour exists; the term is dropped if not (x - x is NaN for NaN)
   for (int k = 0; k < NR; ++k) {
     const int64_t h = (r + k) % H, d = ((r + k) / H) % D;
     row[k] = x + (r + k) * W;
-    nd[k] = row[k] + (d + 1 < D ? plane : 0);  // the row itself where there is no neighbour: difference 0
+    nd[k] = row[k] + (d + 1 < D ? plane : 0);  // the row itself where there is no neighbour (a valid address)
     nh[k] = row[k] + (h + 1 < H ? W : 0);
+    has_d[k] = d + 1 < D;
+    has_h[k] = h + 1 < H;
     corner[k] = d + 1 < D && h + 1 < H;
   }
   if constexpr (MODE == TV_ISO) {  // a row at a time: rows without corners are skipped
@@ -68,8 +71,9 @@ inline void tv_forward_step(const T* x, int64_t D, int64_t H, int64_t W, int64_t
       A sd = 0, sh = 0, sw = 0;
       for (int k = 0; k < NR; ++k) {
         const A c = static_cast<A>(row[k][w]);
-        sd += tv_term(static_cast<A>(nd[k][w]) - c, l1);
-        sh += tv_term(static_cast<A>(nh[k][w]) - c, l1);
+        const A td = tv_term(static_cast<A>(nd[k][w]) - c, l1), th = tv_term(static_cast<A>(nh[k][w]) - c, l1);
+        sd += has_d[k] ? td : A(0);
+        sh += has_h[k] ? th : A(0);
         sw += tv_term(static_cast<A>(row[k][w + 1]) - c, l1);
       }
       ad[w] += sd;
@@ -79,8 +83,8 @@ inline void tv_forward_step(const T* x, int64_t D, int64_t H, int64_t W, int64_t
     const int64_t w = W - 1;  // the last column has no W neighbour
     for (int k = 0; k < NR; ++k) {
       const A c = static_cast<A>(row[k][w]);
-      ad[w] += tv_term(static_cast<A>(nd[k][w]) - c, l1);
-      ah[w] += tv_term(static_cast<A>(nh[k][w]) - c, l1);
+      if (has_d[k]) ad[w] += tv_term(static_cast<A>(nd[k][w]) - c, l1);
+      if (has_h[k]) ah[w] += tv_term(static_cast<A>(nh[k][w]) - c, l1);
     }
   }
 }
@@ -112,7 +116,7 @@ at::Tensor tv_forward_cpu(const at::Tensor& x_, int64_t mode, double eps) {
   TORCH_CHECK(mode >= 0 && mode <= 2, "kernelhub_cuda_ext::tv_forward: argument 'mode' must be 0, 1 or 2");
   const at::Tensor x = x_.contiguous();
   const int64_t B = x.size(0), D = x.size(1), H = x.size(2), W = x.size(3);
-  const int64_t rows = B * D * H;
+  const int64_t rows = W > 0 ? B * D * H : 0;  // rows of no voxels have nothing to walk (and no last column)
   const int64_t ch = tv_chunk_rows(W), chunks = (rows + ch - 1) / ch;
   std::vector<double> partial(static_cast<size_t>(chunks) * 3, 0.0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "tv_forward_cpu", [&] {

@@ -1,0 +1,29 @@
+"""Several processes: a DDP training step through kernelhub (two ranks, gloo on the CPU here; NCCL on two GPUs
+through scripts/gpu_check.sh ddp) gives the single process's parameters, and the ranks tune each shape bucket
+once between them."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import kernelhub
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ddp_step.py"
+
+
+def test_ddp_step_matches_one_process_and_ranks_share_tuned_winners(tmp_path):
+    report = tmp_path / "report.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(EXAMPLE), "--device", "cpu", "--points", "4096", "--res", "32", "--D", "16", "--C", "4",
+           "--cache", str(tmp_path / "tuning.json"), "--json", str(report)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(report.read_text())
+    assert data["world"] == 2 and max(data["max_rel_diff"].values()) <= 1e-10
+    assert min(data["moved_by_training"].values()) > 1e-6  # the steps changed every parameter
+    assert data["tuned_once"] and data["same_choices"]
+    if not kernelhub.get_hub().registry.unavailable_reason("cuda_ext"):  # two backends compete: something was tuned
+        assert data["tuned"] >= 3 and sum(not r["tuned"] for r in data["ranks"]) >= 1
+    entries = json.loads((tmp_path / "tuning.json").read_text())["entries"]
+    assert len(entries) == data["tuned"] + (1 if data["tuned"] else 0)  # + rank 0's single-process full batch

@@ -11,7 +11,9 @@ takes its half of the points; DDP averages the gradients, which is the gradient 
 What it checks, on rank 0 (exit status 1 if either fails):
 
 - the parameters after ``--steps`` DDP steps equal those of the same steps run in one process on the full
-  batch, within ``--rtol`` of the parameters' size (float64 by default: only the order of the sums differs);
+  batch: per parameter, the largest difference is at most ``--utol`` of the largest change training made
+  (float64 by default, 1e-6: only the order of the sums differs; a rank's gradient left out or not averaged
+  would make it about 1);
 - winners are tuned once and shared: selection runs in online mode on one winners file (``--cache``); each
   shape bucket the ranks reach together is timed by one rank, and the others use its entry (they wait on the
   file's lock, then read it: `kernelhub.tune.Tuning.tune_shared`).
@@ -89,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--D", type=int, default=64, help="the density volume is D^3")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--rtol", type=float, default=1e-10,
-                   help="max |DDP - single| / max |param| allowed (float64: summation order only)")
+    p.add_argument("--utol", type=float,
+                   help="max |DDP - single| / max |single - initial| allowed per parameter: the difference as a "
+                        "fraction of what training changed (default 1e-6 in float64, where only the order of the sums "
+                        "differs; 1e-3 in float32, where the K-Planes backward adds with atomics)")
     p.add_argument("--cache", help="the winners file the ranks share (default: a new one in the temp directory)")
     p.add_argument("--json", help="write rank 0's report here")
     args = p.parse_args(argv)
@@ -109,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     hub = kernelhub.get_hub()
     kernelhub.reload(config=dataclasses.replace(hub.config, tune=TuneConfig(mode="online", cache=cache[0])))
     dtype = getattr(torch, args.dtype)
+    utol = args.utol if args.utol is not None else (1e-6 if dtype == torch.float64 else 1e-3)
 
     pts, target, volume = data(args.points, args.D, dtype, device)
     shard = slice(rank * args.points // world, (rank + 1) * args.points // world)
@@ -126,24 +131,23 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         single = Field(args.T, args.C, args.res, args.D, dtype, device)
         train(single, single, pts, target, volume, args.steps, args.lr)
-        diffs = {n: ((params[n] - t.detach()).abs().max() / t.detach().abs().max()).item()
-                 for n, t in single.named_parameters()}
-        moved = {n: ((params[n] - t.detach()).abs().max() / t.detach().abs().max()).item()
-                 for n, t in Field(args.T, args.C, args.res, args.D, dtype, device).named_parameters()}
+        init = dict(Field(args.T, args.C, args.res, args.D, dtype, device).named_parameters())
+        diffs, moved = {}, {}
+        for n, t in single.named_parameters():
+            moved[n] = (t.detach() - init[n].detach()).abs().max().item()
+            diffs[n] = (params[n] - t.detach()).abs().max().item() / moved[n] if moved[n] > 0 else float("inf")
         all_tuned = [k for r in reports for k in r["tuned"]]
         report = {"world": world, "device": args.device, "dtype": args.dtype, "steps": args.steps,
-                  "ranks": reports, "max_rel_diff": diffs, "moved_by_training": moved,
+                  "ranks": reports, "diff_over_update": diffs, "update_max_abs": moved,
                   "tuned": len(all_tuned), "tuned_once": len(all_tuned) == len(set(all_tuned)),
                   "same_choices": all(r["chosen"] == reports[0]["chosen"] for r in reports)}
         for r in reports:
             print(f"rank {r['rank']} on {r['device']}: tuned {len(r['tuned'])} bucket(s); chose {r['chosen']}")
-        print(f"parameters after {args.steps} {args.dtype} steps, max |DDP - single| / max |param|: "
-              + ", ".join(f"{n} {d:.2e}" for n, d in diffs.items())
-              + f" (training moved them by {min(moved.values()):.2e} or more)")
+        print(f"parameters after {args.steps} {args.dtype} steps, max |DDP - single| / max |single - initial|: "
+              + ", ".join(f"{n} {d:.2e}" for n, d in diffs.items()) + f" (tolerance {utol:g})")
         print(f"each bucket tuned once across ranks: {report['tuned_once']} ({len(all_tuned)} tuned, "
               f"{len(set(all_tuned))} distinct); same backends on every rank: {report['same_choices']}")
-        ok = max(diffs.values()) <= args.rtol and min(moved.values()) > 100 * args.rtol and report["tuned_once"] \
-            and report["same_choices"]
+        ok = max(diffs.values()) <= utol and report["tuned_once"] and report["same_choices"]
         print("OK" if ok else "FAILED")
         if args.json:
             with open(args.json, "w") as f:

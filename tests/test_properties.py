@@ -17,7 +17,7 @@ On failure the message repeats the drawn case (op, backend, dtype, shapes, layou
 hypothesis prints the falsifying draws and a `@reproduce_failure` blob. ``KERNELHUB_PROPERTY_EXAMPLES`` sets the
 examples per impl (default 10), ``KERNELHUB_PROPERTY_DEVICES`` the devices (default "cpu,cuda"). Without a GPU
 the Triton kernels run under the interpreter; inductor (a compile per shape) is left out unless
-``KERNELHUB_TEST_INDUCTOR`` is set.
+``KERNELHUB_TEST_INDUCTOR=all``.
 """
 
 import dataclasses
@@ -175,7 +175,7 @@ def _impls():
     for device in DEVICES:
         for op in sorted(kernelhub.get_hub().registry.specs):
             for backend, impl in sorted(kernelhub.get_hub().registry.impls(op).items()):
-                if backend == "inductor" and not os.environ.get("KERNELHUB_TEST_INDUCTOR"):
+                if backend == "inductor" and os.environ.get("KERNELHUB_TEST_INDUCTOR") != "all":
                     continue
                 if impl.devices is None or device in impl.devices:
                     out.append(pytest.param(op, backend, device, id=f"{op}-{backend}-{device}"))

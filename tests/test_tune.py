@@ -156,7 +156,7 @@ def _tamper(path, edit):
     path.write_text(json.dumps(data))
 
 
-def test_a_tampered_cache_chooses_only_among_registered_impls_that_pass_parity_here(hub, tmp_path):
+def test_a_tampered_cache_chooses_only_among_registered_impls_that_pass_parity_here(hub, tmp_path, monkeypatch):
     """The winners file is data: whatever it says, a call runs a registered impl eligible for it that passes
     parity in this process; malformed entries and unknown names are ignored with a warning."""
     path = tmp_path / "tuning.json"
@@ -180,6 +180,16 @@ def test_a_tampered_cache_chooses_only_among_registered_impls_that_pass_parity_h
     _tamper(path, bfast_fastest)
     hub()
     assert kernelhub.explain("tv_loss_sq_3d", VOLUME).chosen == "bfast"
+    hub()  # a check that cannot run (the reference out of memory) does not crash the call: the winner is not used
+
+    def no_memory(op, args):
+        raise RuntimeError("CUDA out of memory")
+    with monkeypatch.context() as m:
+        m.setattr(tune, "call_tolerance", no_memory)
+        with pytest.warns(RuntimeWarning, match="'bfast' is recorded as passing parity, but here it could not be "
+                          "checked: RuntimeError: CUDA out of memory"):
+            d = kernelhub.explain("tv_loss_sq_3d", VOLUME)
+        assert d.chosen == "torch_ref"
 
     def strangers(data, entry):  # an unknown backend as the fastest, an entry for an unknown op
         entry["candidates"]["evil"] = {"fingerprint": "x", "error": None, "step_ms": 1e-6}

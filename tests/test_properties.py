@@ -15,7 +15,8 @@ function per op, and a new op must add one), a value mode and a memory layout pe
 
 On failure the message repeats the drawn case (op, backend, dtype, shapes, layouts, values, torch seed) and
 hypothesis prints the falsifying draws and a `@reproduce_failure` blob. ``KERNELHUB_PROPERTY_EXAMPLES`` sets the
-examples per impl (default 10), ``KERNELHUB_PROPERTY_DEVICES`` the devices (default "cpu,cuda"). Without a GPU
+examples per impl (default 10), ``KERNELHUB_PROPERTY_DEVICES`` the devices (default "cpu,cuda"). The examples are
+the same in every run (CI stays reproducible) unless ``KERNELHUB_PROPERTY_RANDOM=1`` draws new ones. Without a GPU
 the Triton kernels run under the interpreter; inductor (a compile per shape) is left out unless
 ``KERNELHUB_TEST_INDUCTOR=all``.
 """
@@ -35,6 +36,7 @@ from kernelhub.testing.tolerances import call_tolerance, tolerance_for
 
 kernelhub.reload()
 EXAMPLES = int(os.environ.get("KERNELHUB_PROPERTY_EXAMPLES", "10"))
+RANDOM = os.environ.get("KERNELHUB_PROPERTY_RANDOM", "") == "1"  # new examples each run (else the same each run)
 DEVICES = [d for d in ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
            if d in os.environ.get("KERNELHUB_PROPERTY_DEVICES", "cpu,cuda").split(",")]
 VALUE_MODES = ("normal", "scaled", "half_integers", "nonfinite")
@@ -192,7 +194,7 @@ def _check(label, what, err, tol):
 
 
 @pytest.mark.parametrize("op,backend,device", _impls())
-@settings(max_examples=EXAMPLES, deadline=None, print_blob=True,
+@settings(max_examples=EXAMPLES, deadline=None, print_blob=True, derandomize=not RANDOM,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.filter_too_much])
 @given(data=st.data())

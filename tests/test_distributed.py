@@ -25,6 +25,6 @@ def test_ddp_step_matches_one_process_and_ranks_share_tuned_winners(tmp_path):
     assert min(data["update_max_abs"].values()) > 0, why  # the steps changed every parameter
     assert data["tuned_once"] and data["same_choices"], why
     if not kernelhub.get_hub().registry.unavailable_reason("cuda_ext"):  # two backends compete: something was tuned
-        assert data["tuned"] >= 3 and sum(not r["tuned"] for r in data["ranks"]) >= 1, why
+        assert data["tuned"] >= 3, why  # the 3 buckets, split between the ranks in any way, none twice
     entries = json.loads((tmp_path / "tuning.json").read_text())["entries"]
     assert len(entries) == data["tuned"] + (1 if data["tuned"] else 0), why  # + rank 0's single-process full batch

@@ -3,6 +3,7 @@
 #   tests  - the demo and the whole test suite (CPU and CUDA cases, the large-tensor ones too)
 #   bench  - benchmarks/kernels.py: every kernel backend against eager and compiled torch_ref
 #   tune   - kernelhub tune (benchmark shapes, every backend), kernelhub list, kernelhub bench --plot
+#   examples - examples/ptycho_tv.py and examples/phase_2d.py at their --benchmark sizes (PNGs and JSON under $OUT)
 #   ddp    - two GPUs: examples/ddp_step.py under torchrun (NCCL) and the second-GPU tests
 #   all    - tests and bench (the default)
 # CUDA_EXT=0 leaves cuda_ext (and its build) out. PYTEST_ARGS (default: tests), PYTEST_K (a -k expression) and BENCH_ARGS narrow the steps; PYTEST_TIMEOUT
@@ -50,6 +51,12 @@ if [ "$what" = ddp ]; then
   python3 -m pytest -q -p no:cacheprovider -rfE tests/test_cuda_safety.py -k "second_gpu and not inductor" 2>&1 | tee "$OUT/pytest_2gpu.txt" \
     | tail -3
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+fi
+if [ "$what" = examples ]; then
+  for ex in ptycho_tv phase_2d; do
+    timeout -k 10 "${EXAMPLE_TIMEOUT:-240}" python3 examples/$ex.py --benchmark --out "$OUT/${ex}_gpu.png" \
+      --json "$OUT/$ex.json" 2>&1 | tee "$OUT/$ex.txt" || rc=1
+  done
 fi
 if [ "$what" = tune ]; then
   ops="${TUNE_OPS:-tv_loss_l1_3d tv_loss_sq_3d tv_loss_iso_3d trilinear_interp tikhonov_inverse_2xn}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib.metadata
 import json
 import platform
 import shutil
@@ -274,7 +275,8 @@ def cmd_doctor(args: argparse.Namespace) -> dict:
                 "cuda (torch build)": torch.version.cuda}
     for mod in ("triton", "pluggy", "rich", "numpy"):
         try:
-            versions[mod] = __import__(mod).__version__
+            __import__(mod)  # rich has no __version__: the distribution's metadata has it
+            versions[mod] = importlib.metadata.version(mod)
         except Exception as exc:
             versions[mod] = f"not importable ({type(exc).__name__})"
     compilers = {name: shutil.which(name) for name in ("c++", "nvcc", "ninja")}

@@ -1,5 +1,6 @@
 """Selection rules, proven with test-only backends installed through the real entry-point path."""
 
+import importlib.metadata
 import json
 import re
 import sys
@@ -340,6 +341,13 @@ def test_plugin_failing_to_import_is_skipped_and_reported(install, tmp_path, cap
     (tmp_path / "kernelhub.toml").write_text("strict = true\n")
     with pytest.raises(PluginValidationError, match="broken"):
         kernelhub.reload()
+
+
+def test_doctor_reports_the_installed_versions(capsys):
+    assert cli.main(["doctor", "--json"]) == 0
+    versions = json.loads(capsys.readouterr().out)["versions"]
+    for dist in ("pluggy", "rich", "numpy"):  # rich has no __version__ attribute: it once read "not importable"
+        assert versions[dist] == importlib.metadata.version(dist), versions
 
 
 def test_plugin_failing_validation_is_skipped(install):

@@ -1,0 +1,86 @@
+"""Every code block of the user guide and the backend-author guide runs, in order, as a reader would run it.
+
+Each guide runs in an empty directory of its own, with its own config and cache directories (shared by the
+two guides, so cuda_ext compiles at most once). Block kinds:
+
+- ``python``: run as a program (``python -c``), in that directory;
+- ``bash``: run by ``bash -euo pipefail`` there, with this interpreter's ``bin`` first on PATH;
+- any block whose first line is ``# file: NAME``: written to ``NAME`` there (later blocks use it; a Python
+  file is also compiled here).
+
+Anything else fails the test, so a block cannot be left unrun. ``pip install`` in a guide installs into a
+directory on the blocks' PYTHONPATH (``PIP_TARGET``), without dependencies (they are installed already) and
+without build isolation where setuptools is here, so the test environment itself is never changed.
+"""
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+GUIDES = ("user-guide.md", "backend-guide.md")
+BLOCK = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
+FILE = re.compile(r"#\s*file:\s*(\S+)")
+
+
+def blocks(text: str) -> list[tuple[str, str, int]]:
+    """(kind, code, line) of each fenced block."""
+    return [(m[1], m[2], text.count("\n", 0, m.start()) + 1) for m in BLOCK.finditer(text)]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    return tmp_path_factory.mktemp("guide-home")
+
+
+def _env(home: Path, site: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELHUB_")}
+    env.update(XDG_CACHE_HOME=str(home / "cache"), XDG_CONFIG_HOME=str(home / "config"), COLUMNS="120",
+               PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+               PYTHONPATH=os.pathsep.join([str(site), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+               PIP_TARGET=str(site), PIP_NO_DEPS="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    if importlib.util.find_spec("setuptools"):
+        env["PIP_NO_BUILD_ISOLATION"] = "0"  # pip's inverted spelling: 0 turns build isolation off
+    return env
+
+
+def test_blocks_are_found():
+    text = (REPO / "docs" / "user-guide.md").read_text()
+    assert blocks("a\n```bash\nls\n```\n```python\n# file: x.py\nx = 1\n```\n") == [
+        ("bash", "ls\n", 2), ("python", "# file: x.py\nx = 1\n", 5)]
+    assert len(blocks(text)) >= 8
+
+
+@pytest.mark.parametrize("guide", GUIDES)
+def test_every_block_of_the_guide_runs(guide, tmp_path, shared):
+    text = (REPO / "docs" / guide).read_text()
+    work, site = tmp_path / "work", tmp_path / "site"
+    work.mkdir()
+    (work / "examples").symlink_to(REPO / "examples")  # the guides refer to the repository's examples
+    env = _env(shared, site)
+    found = blocks(text)
+    assert found, guide
+    for kind, code, line in found:
+        where = f"docs/{guide}:{line}"
+        first = code.splitlines()[0] if code.strip() else ""
+        if m := FILE.fullmatch(first.strip()):
+            path = work / m[1]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(code)
+            if kind == "python":
+                compile(code, where, "exec")
+            continue
+        if kind == "python":
+            cmd = [sys.executable, "-c", code]
+        elif kind == "bash":
+            cmd = ["bash", "-euo", "pipefail", "-c", code]
+        else:
+            pytest.fail(f"{where}: a {kind or 'plain'} block that is neither a file nor python nor bash")
+        proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, f"{where} failed ({proc.returncode}):\n{code}\n{proc.stdout[-3000:]}\n" \
+                                     f"{proc.stderr[-3000:]}"

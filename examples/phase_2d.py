@@ -150,10 +150,12 @@ def main(argv=None) -> dict:
               "filter_GBps": moved / ms_hub / 1e6, "speedup": ms_svd / ms_hub, "recon_ms": ms_recon,
               "recon_ms_svd": ms_recon_svd, "pearson_hub_vs_svd": r, "pearson_vs_truth": truth, "ok": ok}
     print(f"{N}^2 pixels x {Z} planes on {device}, {args.dtype}: tikhonov_inverse_2xn -> {backend}")
-    print(f"filter bank: hub {ms_hub:.3f} ms ({moved / ms_hub / 1e6:.0f} GB/s of M read and W written), SVD {ms_svd:.3f} ms ({ms_svd / ms_hub:.1f}x); whole reconstruction "
+    print(f"filter bank: hub {ms_hub:.3f} ms ({moved / ms_hub / 1e6:.0f} GB/s of M read and W written), "
+          f"SVD {ms_svd:.3f} ms ({ms_svd / ms_hub:.1f}x); whole reconstruction "
           f"{ms_recon:.3f} ms against {ms_recon_svd:.3f} ms ({ms_recon_svd / ms_recon:.1f}x)")
-    print(f"Pearson hub vs SVD: phase 1 - {max(1 - r['phase'], 0):.1e}, absorption 1 - {max(1 - r['absorption'], 0):.1e} (gate >= 0.9999: "
-          f"{'OK' if ok else 'FAILED'}); against the truth: phase {truth['phase_hub']:.4f} (SVD "
+    print(f"Pearson hub vs SVD: phase 1 - {max(1 - r['phase'], 0):.1e}, absorption 1 - "
+          f"{max(1 - r['absorption'], 0):.1e} (gate >= 0.9999: {'OK' if ok else 'FAILED'}); against the truth: "
+          f"phase {truth['phase_hub']:.4f} (SVD "
           f"{truth['phase_svd']:.4f}), absorption {truth['absorption_hub']:.4f} (SVD {truth['absorption_svd']:.4f})")
 
     def like_phase(a):  # absorption images on the phase truth's grey scale, by the absorption truth's range

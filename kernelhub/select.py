@@ -187,13 +187,13 @@ class Selector:
                 else:
                     cacheable = False
                     note = " (no winner for this shape bucket; not tuned while tracing or capturing)"
-            best = self.tuning.rank(entry, ordered)[0][:1] if entry is not None else []
-            if best and not self.tuning.is_verified(op, args, best[0]) and not may_tune_now(args):
-                entry, cacheable = None, False
-                note = " (the tuned winner is checked in this process first; not while tracing or capturing)"
+            if entry is not None:
+                passed, whys, failed_parity = self.tuning.rank(entry, ordered)
+                if passed and not self.tuning.is_verified(op, args, passed[0]) and not may_tune_now(args):
+                    entry, cacheable, whys = None, False, {}
+                    note = " (the tuned winner is checked in this process first; not while tracing or capturing)"
             if entry is not None:
                 unverified: dict[str, str] = {}  # recorded as passing parity, failing it in this process
-                passed, whys, failed_parity = self.tuning.rank(entry, ordered)
                 while passed and (problem := self.tuning.verify(op, args, passed[0])) is not None:
                     unverified[passed[0]] = f"recorded as passing parity when tuned, but here it {problem}"
                     passed, whys, failed_parity = self.tuning.rank(entry, [n for n in ordered if n not in unverified])

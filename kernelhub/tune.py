@@ -326,8 +326,8 @@ class Tuning:
         first = first_tensor(args)
         with torch.inference_mode(False), torch.enable_grad():
             fresh = _fresh(args)
-            ref_out, grad, ref_grads = testing.reference_with_upstream(op, fresh)
-            tol = call_tolerance(op, fresh)
+            ref_out, grad, ref_grads = reference = testing.reference_with_upstream(op, fresh)
+            tol = call_tolerance(op, fresh, reference=reference)
             cands = {}
             for name in eligible:
                 cand: dict[str, Any] = {"fingerprint": self.registry.fingerprint(name), "error": None}
@@ -388,9 +388,9 @@ class Tuning:
             with torch.inference_mode(False), torch.enable_grad():
                 try:
                     fresh = _fresh(args)
-                    ref_out, grad, ref_grads = testing.reference_with_upstream(op, fresh)
+                    ref_out, grad, ref_grads = reference = testing.reference_with_upstream(op, fresh)
                     self._verified[key] = self._parity(op, name, fresh, ref_out, grad, ref_grads,
-                                                       call_tolerance(op, fresh))
+                                                       call_tolerance(op, fresh, reference=reference))
                 except Exception as exc:  # the check itself could not run (the reference out of memory): not used
                     self._verified[key] = f"could not be checked: {type(exc).__name__}: {exc}"
             if self._verified[key] is not None:

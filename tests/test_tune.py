@@ -182,7 +182,7 @@ def test_a_tampered_cache_chooses_only_among_registered_impls_that_pass_parity_h
     assert kernelhub.explain("tv_loss_sq_3d", VOLUME).chosen == "bfast"
     hub()  # a check that cannot run (the reference out of memory) does not crash the call: the winner is not used
 
-    def no_memory(op, args):
+    def no_memory(op, args, **kwargs):
         raise RuntimeError("CUDA out of memory")
     with monkeypatch.context() as m:
         m.setattr(tune, "call_tolerance", no_memory)

@@ -77,7 +77,7 @@ def sensitivity(op: str, args, dtype: torch.dtype, gen: torch.Generator) -> floa
     return testing.parity_error(moved, out)
 
 
-def call_tolerance(op: str, args, seed: int = 1) -> Tolerance:
+def call_tolerance(op: str, args, seed: int = 1, reference=None) -> Tolerance:
     """The tolerance for one call's inputs, by this module's method applied to them: 4 x eager torch's error in the
     args' dtype against float64 (forward and backward, upstream gradient from ``seed``); in float64, where that
     compares the reference with itself, 4 x how far the reference's forward and gradients move when its inputs
@@ -86,15 +86,16 @@ def call_tolerance(op: str, args, seed: int = 1) -> Tolerance:
 
     The spec's tolerances are measured on its small samples; error grows with size (a K-Planes coordinate is
     rounded relative to the plane's resolution), so the tuner and the property tests judge a call of another
-    size by this."""
+    size by this. ``reference``: `testing.reference_with_upstream(op, args, seed)`, where the caller has it."""
     spec = kernelhub.get_hub().registry.spec(op)
     first = next(a if isinstance(a, torch.Tensor) else a[0] for a in args
                  if isinstance(a, torch.Tensor) or (isinstance(a, list) and a))
     dtype = first.dtype
-    fwd, bwd = testing.measure(op, spec.reference_backend, args, seed=seed)
+    reference = reference if reference is not None else testing.reference_with_upstream(op, args, seed)
+    fwd, bwd = testing.measure(op, spec.reference_backend, args, seed=seed, reference=reference)
     if accumulation_dtype(dtype).to_real() == torch.float64:
         wide = testing.to_dtype(args, torch.float64)
-        out, grad, grads = testing.reference_with_upstream(op, wide, seed)
+        out, grad, grads = reference
         gen = torch.Generator(device=first.device).manual_seed(seed)
         for _ in range(PERTURBATIONS):  # one random direction can miss most of the sensitivity (seen: 10x)
             moved, moved_grads = testing.reference(op, perturbed(wide, torch.float64, gen), grad)

@@ -90,6 +90,8 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
     dev = torch.device(device)
     bw = copy_bandwidth(dev)
     rows = []
+    seen: list[str] = []
+    matched = 0
     for op in ops:
         spec = hub.registry.spec(op)
         impls = hub.registry.impls(op)
@@ -99,8 +101,10 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
                  and b != spec.reference_backend and hub.registry.unavailable_reason(b) is None
                  and not impls[b].static_reasons(dev.type, dtype) and not impls[b].forced_only]
         for sample in testing.samples(op, "medium" if quick else "benchmark", dtype, device, seed=0):
+            seen.append(sample.name)
             if shapes and not any(sub in sample.name for sub in shapes):
                 continue
+            matched += 1
             args = sample.args
             try:
                 out, grad, compiled, compile_s = compiled_reference(ref_fn, args, (None, spec.differentiable))
@@ -137,6 +141,9 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
                                  "vs_torch_ref": times.get("torch_ref", math.nan) / ms,
                                  "vs_compiled": times.get("compiled", math.nan) / ms, "first_call_s": first[label],
                                  "compile_s": compile_s if label == "compiled" else None})
+    if shapes and not matched:
+        raise ValueError(f"--shapes {' '.join(shapes)}: no {'medium' if quick else 'benchmark'} sample of "
+                         f"{', '.join(ops)} has a name containing it; their names: {', '.join(seen)}")
     return {"device": device_model(dev), "copy_GBps": bw / 1e9, "rows": rows}
 
 

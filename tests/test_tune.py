@@ -331,3 +331,6 @@ def test_bench_shapes_keeps_only_the_samples_named(monkeypatch):
     assert {r["shape"] for r in data["rows"]} == {names[-1]} and {r["pass"] for r in data["rows"]} == {"fwd", "fwd+bwd"}
     args = cli.build_parser().parse_args(["bench", "tv_loss_sq_3d", "--shapes", "B614400_T4", "T8"])
     assert args.shapes == ["B614400_T4", "T8"]
+    # a filter that matches nothing is an error naming the samples there are, not an empty table
+    with pytest.raises(ValueError, match=f"--shapes nosuch: .*their names: {names[0]}"):
+        bench.run(["semiconv"], [], "cpu", quick=True, log=lambda m: None, shapes=["nosuch"])

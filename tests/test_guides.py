@@ -61,7 +61,6 @@ def test_every_block_of_the_guide_runs(guide, tmp_path, shared):
     text = (REPO / "docs" / guide).read_text()
     work, site = tmp_path / "work", tmp_path / "site"
     work.mkdir()
-    (work / "examples").symlink_to(REPO / "examples")  # the guides refer to the repository's examples
     env = _env(shared, site)
     found = blocks(text)
     assert found, guide

@@ -22,7 +22,6 @@ import argparse
 import math
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -30,7 +29,7 @@ import torch
 import kernelhub
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _png import write_png  # noqa: E402
+from _common import timed_ms, write_png  # noqa: E402
 
 ELLIPSOIDS = [  # (centre, semi-axes, density)
     ((0.0, 0.0, 0.0), (0.7, 0.55, 0.6), 1.0),
@@ -103,20 +102,17 @@ def train(args, backend: str | None, pts_all, sino, step_len, device, steps: int
     for it in range(steps):
         idx = torch.randint(0, n_rays, (args.batch,), generator=gen).to(device)
         pts = pts_all[idx].reshape(-1, 3)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        dens = field(pts, h, backend)  # [4, batch * S]
-        proj = dens[0].view(args.batch, S).sum(-1) * step_len
-        data = (proj - sino[idx]).square().mean()
-        tv = (dens[1:] - dens[:1]).abs().mean()
-        loss = data + args.tv * tv
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+
+        def step():
+            dens = field(pts, h, backend)  # [4, batch * S]
+            proj = dens[0].view(args.batch, S).sum(-1) * step_len
+            data = (proj - sino[idx]).square().mean()
+            tv = (dens[1:] - dens[:1]).abs().mean()
+            loss = data + args.tv * tv
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        times.append(timed_ms(step, device)[1])
     used = kernelhub.explain("kplanes_interp_tilted_taps", pts, field.rotations, field.planes[0], h).chosen \
         if backend is None else backend
     return field, times, used
@@ -161,7 +157,7 @@ def main(argv=None) -> dict:
     for label, backend, steps in (("best", None, args.steps), ("torch_ref", "torch_ref", args.ref_steps)):
         field, times, used = train(args, backend, pts_all, sino, step_len, device, steps)
         warm = times[len(times) // 3:]  # past the first calls (compiles, allocations)
-        results[label] = {"backend": used, "step_ms": 1e3 * statistics.median(warm), "field": field}
+        results[label] = {"backend": used, "step_ms": statistics.median(warm), "field": field}
         print(f"{label:9s} backend {used:9s}: median step {results[label]['step_ms']:8.2f} ms")
     n = 64
     u = torch.linspace(-1, 1, n, device=device)

@@ -28,7 +28,7 @@ import torch
 import kernelhub
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _png import write_png  # noqa: E402
+from _common import write_png  # noqa: E402
 
 semiconv = kernelhub.op("semiconv")
 OUTSIDE = -2.0  # the hidden element's value off the disc: below any image difference (the image is in [0, 1])

@@ -22,11 +22,9 @@ and of each against the truth, and writes a PNG: phase truth | hub | SVD, then a
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -34,7 +32,7 @@ import torch
 import kernelhub
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _png import write_png  # noqa: E402
+from _common import add_io_args, save_json, timed_ms, write_png  # noqa: E402
 
 
 def cells(N: int, device, seed: int) -> torch.Tensor:
@@ -71,16 +69,10 @@ def transfer_functions(N: int, pixel: float, wavelength: float, na: float, defoc
 
 
 def timed(fn, device, reps: int):
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        sync()
-        t0 = time.perf_counter()
-        out = fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return out, 1e3 * statistics.median(times)
+    """fn's last result and its median time in ms over ``reps`` calls after one warm-up call."""
+    fn()
+    runs = [timed_ms(fn, device) for _ in range(reps)]
+    return runs[-1][0], statistics.median(t for _, t in runs)
 
 
 def svd_filter(M: torch.Tensor, lam: float) -> torch.Tensor:
@@ -110,9 +102,7 @@ def main(argv=None) -> dict:
     p.add_argument("--dtype", choices=("complex64", "complex128"), default="complex64")
     p.add_argument("--reps", type=int, default=10, help="timed repetitions (median)")
     p.add_argument("--benchmark", action="store_true", help="2048^2, 9 planes, for a GPU")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--out", default="phase_2d.png")
-    p.add_argument("--json", help="also write the results here")
+    add_io_args(p, "phase_2d.png")
     args = p.parse_args(argv)
     if args.benchmark:
         args.size, args.planes = 2048, 9
@@ -162,8 +152,7 @@ def main(argv=None) -> dict:
         return phi.min() + (a - mu.min()) * (phi.max() - phi.min()) / (mu.max() - mu.min())
     write_png(Path(args.out), [phi, phi_hub, phi_svd, like_phase(mu), like_phase(mu_hub), like_phase(mu_svd)])
     print(f"wrote {args.out}: phase truth | hub | SVD, absorption truth | hub | SVD")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    save_json(args.json, result)
     return result
 
 

@@ -39,11 +39,9 @@ slices): truth | hub | torch_ref | their difference, scaled up to the truth's ra
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -52,7 +50,7 @@ import torch.nn.functional as F
 import kernelhub
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _png import write_png  # noqa: E402
+from _common import add_io_args, save_json, timed_ms, write_png  # noqa: E402
 
 
 def tv_constraint(tv, v: torch.Tensor, tv_weight_z: float, tv_weight_xy: float) -> torch.Tensor:
@@ -134,30 +132,25 @@ def reconstruct(model: Multislice, measured: torch.Tensor, backend: str | None, 
     amplitude = torch.ones(model.S, model.N, model.N, device=device, requires_grad=True)
     opt = torch.optim.Adam([phase, amplitude], lr=args.lr)
     scale = measured.square().mean()
-    times, tv_times = [], []
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(args.iters):
-        sync()
-        t0 = time.perf_counter()
+
+    def constraint(phase, amplitude):
+        return (tv_constraint(tv, phase, args.tv_weight_z, args.tv_weight_xy)
+                + tv_constraint(tv, amplitude, args.tv_weight_z, args.tv_weight_xy))
+
+    def step():
         opt.zero_grad(set_to_none=True)
         data = (model.far_field_amplitude(phase, amplitude) - measured).square().mean() / scale
-        loss = data + args.tv_weight * (tv_constraint(tv, phase, args.tv_weight_z, args.tv_weight_xy)
-                                        + tv_constraint(tv, amplitude, args.tv_weight_z, args.tv_weight_xy))
-        loss.backward()
+        (data + args.tv_weight * constraint(phase, amplitude)).backward()
         opt.step()
-        sync()
-        times.append(time.perf_counter() - t0)
-    for _ in range(max(3, args.iters // 10)):  # the TV constraint alone, forward + backward, on the result
-        p, a = phase.detach().requires_grad_(), amplitude.detach().requires_grad_()
-        sync()
-        t0 = time.perf_counter()
-        (tv_constraint(tv, p, args.tv_weight_z, args.tv_weight_xy)
-         + tv_constraint(tv, a, args.tv_weight_z, args.tv_weight_xy)).backward()
-        sync()
-        tv_times.append(time.perf_counter() - t0)
+        return data
+    runs = [timed_ms(step, device) for _ in range(args.iters)]
+    # the TV constraint alone, forward + backward, on the result
+    tv_times = [timed_ms(lambda: constraint(phase.detach().requires_grad_(),
+                                            amplitude.detach().requires_grad_()).backward(), device)[1]
+                for _ in range(max(3, args.iters // 10))]
     warm = max(1, args.iters // 5)
-    return (phase.detach(), amplitude.detach(), data.item(), 1e3 * statistics.median(times[warm:]),
-            1e3 * statistics.median(tv_times[1:]))
+    return (phase.detach(), amplitude.detach(), runs[-1][0].item(), statistics.median(t for _, t in runs[warm:]),
+            statistics.median(tv_times[1:]))
 
 
 def ssim(x: torch.Tensor, y: torch.Tensor, data_range: float) -> float:
@@ -193,9 +186,7 @@ def main(argv=None) -> dict:
     p.add_argument("--tv-weight-xy", type=float, default=1.0)
     p.add_argument("--floor-factor", type=float, default=2.0)
     p.add_argument("--benchmark", action="store_true", help="512^2 x 16 slices, 128^2 probe, for a GPU")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--out", default="ptycho_tv.png")
-    p.add_argument("--json", help="also write the results here")
+    add_io_args(p, "ptycho_tv.png")
     args = p.parse_args(argv)
     if args.benchmark:
         args.size, args.slices, args.probe = 512, 16, 128
@@ -256,8 +247,7 @@ def main(argv=None) -> dict:
     write_png(Path(args.out), [true_proj, proj["hub"], proj["torch_ref"], (t_lo + t_hi) / 2 + gain * diff])
     result["diff_gain"] = gain
     print(f"wrote {args.out}: projected phase, truth | hub | torch_ref | (hub - torch_ref) x {gain:.3g}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    save_json(args.json, result)
     return result
 
 

@@ -18,11 +18,9 @@ same PSNR (within 0.05 dB). It writes a PNG of the central slices: clean | noisy
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -30,7 +28,7 @@ import torch
 import kernelhub
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _png import write_png  # noqa: E402
+from _common import add_io_args, save_json, timed_ms, write_png  # noqa: E402
 
 OPS = ("tv_loss_l1_3d", "tv_loss_iso_3d", "tv_loss_sq_3d")
 LAM = {"tv_loss_l1_3d": 0.08, "tv_loss_iso_3d": 0.12, "tv_loss_sq_3d": 0.3}  # chosen on the default phantom
@@ -62,19 +60,14 @@ def denoise(op: str, backend: str | None, noisy: torch.Tensor, iters: int, lr: f
     tv = kernelhub.op(op, backend=backend)
     x = noisy.clone().requires_grad_()
     opt = torch.optim.Adam([x], lr=lr)
-    times = []
-    for _ in range(iters):
-        if noisy.is_cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
+
+    def step():
         opt.zero_grad(set_to_none=True)
         loss = 0.5 * (x - noisy).square().mean() + LAM[op] * regulariser(op, tv, x)
         loss.backward()
         opt.step()
-        if noisy.is_cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return x.detach(), 1e3 * statistics.median(times[max(1, iters // 5):])  # after warm-up
+    times = [timed_ms(step, noisy.device)[1] for _ in range(iters)]
+    return x.detach(), statistics.median(times[max(1, iters // 5):])  # after warm-up
 
 
 def main(argv=None) -> dict:
@@ -84,9 +77,7 @@ def main(argv=None) -> dict:
     p.add_argument("--sigma", type=float, default=0.15, help="noise standard deviation")
     p.add_argument("--lr", type=float, default=0.02)
     p.add_argument("--benchmark", action="store_true", help="256^3, for a GPU")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--out", default="tv_denoise.png")
-    p.add_argument("--json", help="also write the results here")
+    add_io_args(p, "tv_denoise.png")
     args = p.parse_args(argv)
     if args.benchmark:
         args.size = 256
@@ -111,8 +102,7 @@ def main(argv=None) -> dict:
               f"PSNR {r['psnr']:.2f} dB (torch_ref {r['psnr_torch_ref']:.2f})")
     write_png(Path(args.out), slices)
     print(f"wrote {args.out}: clean | noisy | l1 | iso | sq (central slices)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    save_json(args.json, result)
     return result
 
 

@@ -1,9 +1,10 @@
 """Multislice ptychography with an anisotropic TV constraint from ``tv_loss_l1_3d``.
 
 A thick complex object (``--slices`` slices of ``--size``^2 pixels, each with its own phase and absorption
-features) is scanned by a focused, defocused probe on a raster with 75% overlap. The far-field intensities are
-simulated by the multislice model: the exit wave of slice s is ``propagate(wave, dz) * object[s]`` (Fresnel
-propagation over ``dz`` between slices), and each position records ``|FFT(exit wave)|^2``.
+features) is scanned by a focused, defocused probe on a raster (``--step``, by default 75% overlap). The
+far-field intensities are simulated by the multislice model: the exit wave of slice s is
+``propagate(wave, dz) * object[s]`` (Fresnel propagation over ``dz`` between slices), and each position records
+``|FFT(exit wave)|^2``.
 
 The object's phase and amplitude are then reconstructed from the intensities by Adam steps on the amplitude
 loss plus the TV constraint of ptychography codes, composed from the op's per-axis sums: for a volume ``v``
@@ -23,17 +24,25 @@ times the larger of the two perturbed runs' ``1 - SSIM`` against the reference r
 perturbations move the reference less than that.
 
 How strict that is, measured at the default size on a CPU: the hub's cuda_ext run is at 1 - SSIM 5.6e-4 and the
-+-1 ulp runs at 5.7e-3 and 5.8e-3 (allowed 1.2e-2). The per-slice phases are only loosely fixed by far-field data
-(the sum over slices is fixed far better), so a 1-ulp change of the model moves them more than the hub's
-different rounding does. A TV whose gradient is twice too large (1.9e-2) or whose z axis is dropped (3.3e-2)
-fails the gate; one whose gradient is 10% too large does not: that is the kernel parity tests' job.
++-1 ulp runs at 5.7e-3 and 5.8e-3 (allowed 1.2e-2; 2.9e-3 and 3.3e-3 on another 2-core machine). The
+per-slice phases are only loosely fixed by far-field data (the sum over slices is fixed far better), so a 1-ulp
+change of the model moves them more than the hub's different rounding does. A TV whose gradient is twice too
+large (1.9e-2) or whose z axis is dropped (3.3e-2) fails the gate; one whose gradient is 10% too large does
+not: that is the kernel parity tests' job.
+
+The comparison means something only where the data determine the object. With too few positions for the
+unknowns (or too many slices), Adam fits the intensities with noise-like phases that a 1-ulp change scrambles,
+the floor nears 1 and the gate cannot fail. So the example also requires the torch_ref run to reconstruct the
+projected phase (its error, below, at most ``--max-phase-error``, 0.1) and fails otherwise: at the default size
+with ``--step 16`` (25 positions) the error is 0.59 (tested); on an H200, 512^2 x 16 slices with 169 or 625
+positions reached 1.55 and 1.03, hence the benchmark's 8 slices and 625 positions (0.070).
 
 It prints the backend, the time per iteration and the time of the TV constraint (forward + backward) of both
 runs, the SSIMs and the phase error against the truth, and writes a PNG of the projected phase (the sum over
 slices): truth | hub | torch_ref | their difference, scaled up to the truth's range (the factor is printed).
 
     python examples/ptycho_tv.py                 # CPU: 96^2 x 4 slices, a few seconds
-    python examples/ptycho_tv.py --benchmark     # a GPU: 512^2 x 16 slices
+    python examples/ptycho_tv.py --benchmark     # a GPU: 512^2 x 8 slices, 625 positions
 """
 
 from __future__ import annotations
@@ -93,7 +102,8 @@ def truth(S: int, N: int, device) -> tuple[torch.Tensor, torch.Tensor]:
 class Multislice:
     """The forward model: probe, scan positions and the Fresnel propagator over ``dz`` (float32 parameters)."""
 
-    def __init__(self, S: int, N: int, Np: int, wavelength: float, pixel: float, dz: torch.Tensor, device) -> None:
+    def __init__(self, S: int, N: int, Np: int, step: int, wavelength: float, pixel: float, dz: torch.Tensor,
+                 device) -> None:
         self.S, self.N, self.Np = S, N, Np
         f = torch.fft.fftfreq(Np, d=pixel, device=device, dtype=torch.float32)
         f2 = f[:, None] ** 2 + f[None, :] ** 2
@@ -104,7 +114,6 @@ class Multislice:
         pupil = torch.polar((fr < 0.5).float(), 8.0 * (fr / 0.5) ** 2)
         probe = torch.fft.fftshift(torch.fft.ifft2(pupil))
         self.probe = probe / probe.abs().max()
-        step = Np // 4
         starts = torch.arange(0, N - Np + 1, step, device=device)
         py, px = torch.meshgrid(starts, starts, indexing="ij")
         ar = torch.arange(Np, device=device)
@@ -176,6 +185,7 @@ def main(argv=None) -> dict:
     p.add_argument("--size", type=int, default=96, help="object slices are size^2 pixels")
     p.add_argument("--slices", type=int, default=4)
     p.add_argument("--probe", type=int, default=32, help="probe and detector are probe^2 pixels")
+    p.add_argument("--step", type=int, help="scan step in pixels (default: a quarter of the probe, 75%% overlap)")
     p.add_argument("--iters", type=int, default=100)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--wavelength", type=float, default=0.1, help="nm (about 12 keV X-rays)")
@@ -185,14 +195,18 @@ def main(argv=None) -> dict:
     p.add_argument("--tv-weight-z", type=float, default=0.5)
     p.add_argument("--tv-weight-xy", type=float, default=1.0)
     p.add_argument("--floor-factor", type=float, default=2.0)
-    p.add_argument("--benchmark", action="store_true", help="512^2 x 16 slices, 128^2 probe, for a GPU")
+    p.add_argument("--max-phase-error", type=float, default=0.1,
+                   help="the torch_ref run must reconstruct the projected phase this well, or the gate means nothing")
+    p.add_argument("--benchmark", action="store_true",
+                   help="512^2 x 8 slices, 128^2 probe, 625 positions (step 16), for a GPU")
     add_io_args(p, "ptycho_tv.png")
     args = p.parse_args(argv)
     if args.benchmark:
-        args.size, args.slices, args.probe = 512, 16, 128
+        args.size, args.slices, args.probe, args.step = 512, 8, 128, 16
     device = torch.device(args.device)
     dz = torch.tensor(args.dz, dtype=torch.float32)
-    model = Multislice(args.slices, args.size, args.probe, args.wavelength, args.pixel, dz, device)
+    args.step = args.step or args.probe // 4
+    model = Multislice(args.slices, args.size, args.probe, args.step, args.wavelength, args.pixel, dz, device)
     true_phase, true_amp = truth(args.slices, args.size, device)
     with torch.no_grad():
         measured = model.far_field_amplitude(true_phase, true_amp)  # noise-free amplitudes, sqrt of intensities
@@ -205,8 +219,8 @@ def main(argv=None) -> dict:
     for name, be, d in (("hub", None, dz), ("torch_ref", "torch_ref", dz),
                         ("dz+1ulp", "torch_ref", torch.nextafter(dz, torch.tensor(math.inf))),
                         ("dz-1ulp", "torch_ref", torch.nextafter(dz, torch.tensor(-math.inf)))):
-        m = model if d is dz else Multislice(args.slices, args.size, args.probe, args.wavelength, args.pixel, d,
-                                             device)
+        m = model if d is dz else Multislice(args.slices, args.size, args.probe, args.step, args.wavelength,
+                                             args.pixel, d, device)
         ph, amp, data, ms, tv_ms = reconstruct(m, measured, be, args, device)
         runs[name] = {"phase": ph, "amp": amp, "data_loss": data, "ms_per_iter": ms, "tv_ms": tv_ms}
 
@@ -218,7 +232,7 @@ def main(argv=None) -> dict:
     ssim_ulp = {k: ssim(runs[k]["phase"][fov], ref, rng) for k in ("dz+1ulp", "dz-1ulp")}
     floor = max(1 - s for s in ssim_ulp.values())
     allowed = max(args.floor_factor * floor, 1e-6)
-    ok = 1 - ssim_hub <= allowed
+    within = 1 - ssim_hub <= allowed
     true_proj = true_phase.sum(0)[lo:hi, lo:hi]
 
     def rel_error(phase):
@@ -227,9 +241,14 @@ def main(argv=None) -> dict:
         d = phase.sum(0)[lo:hi, lo:hi] - true_proj
         return ((d - d.mean()).norm() / (true_proj - true_proj.mean()).norm()).item()
     err = {k: rel_error(r["phase"]) for k, r in runs.items()}
+    # a configuration whose data do not determine the object (too few positions for the unknowns) fits the data
+    # with noise-like phases that a 1-ulp change scrambles: its floor is near 1 and the gate cannot fail
+    converged = err["torch_ref"] <= args.max_phase_error
+    ok = within and converged
     result = {"size": args.size, "slices": args.slices, "probe": args.probe, "positions": n_pos, "iters": args.iters,
               "device": str(device), "backend": backend, "ssim_hub_vs_torch_ref": ssim_hub, "ssim_1ulp": ssim_ulp,
-              "floor": floor, "allowed": allowed, "ok": ok, "phase_rel_error": err,
+              "floor": floor, "allowed": allowed, "within_floor": within, "converged": converged, "ok": ok,
+              "phase_rel_error": err,
               **{f"{k}_{q}": runs[k][q] for k in ("hub", "torch_ref") for q in ("ms_per_iter", "tv_ms", "data_loss")}}
     for k in ("hub", "torch_ref"):
         r = runs[k]
@@ -238,7 +257,11 @@ def main(argv=None) -> dict:
               f"{err[k]:.3f}")
     print(f"SSIM of the phases: hub vs torch_ref 1 - {1 - ssim_hub:.3e}; torch_ref vs dz +-1 ulp 1 - "
           + ", 1 - ".join(f"{1 - s:.3e}" for s in ssim_ulp.values())
-          + f"; allowed 1 - SSIM {allowed:.3e}: {'OK' if ok else 'FAILED'}")
+          + f"; allowed 1 - SSIM {allowed:.3e}: {'OK' if within else 'FAILED'}")
+    if not converged:
+        print(f"FAILED: torch_ref's projected phase error {err['torch_ref']:.3f} is over --max-phase-error "
+              f"{args.max_phase_error}: the data do not determine the object (more positions or fewer slices), so "
+              "the SSIM gate above means nothing")
 
     proj = {k: runs[k]["phase"].sum(0)[lo:hi, lo:hi] for k in ("hub", "torch_ref")}
     diff = proj["hub"] - proj["torch_ref"]

@@ -30,8 +30,7 @@ from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
 import kernelhub
-from kernelhub import testing
-from kernelhub.ops._checks import accumulation_dtype
+from kernelhub import accumulation_dtype, testing
 from kernelhub.testing.tolerances import call_tolerance, tolerance_for
 
 kernelhub.reload()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernelhub.ops._checks import accumulation_dtype
+from kernelhub import accumulation_dtype
 from kernelhub.ops.semiconv import parse_semifield, semifield_zero
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelhub.ops._checks import accumulation_dtype
+from kernelhub import accumulation_dtype
 
 
 def trilinear_interp(feats: torch.Tensor, points: torch.Tensor) -> torch.Tensor:

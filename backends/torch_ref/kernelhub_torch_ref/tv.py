@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from kernelhub.ops._checks import accumulation_dtype
+from kernelhub import accumulation_dtype
 
 
 def _batched(volume: torch.Tensor) -> torch.Tensor:

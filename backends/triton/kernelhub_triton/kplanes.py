@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelhub.ops._checks import accumulation_dtype
+from kernelhub import accumulation_dtype
 from kernelhub_triton._launch import acc_type, on_device
 
 __all__ = ["forward", "backward", "ms_forward", "ms_backward", "taps_forward", "taps_backward",

@@ -12,8 +12,7 @@ import math
 
 import torch
 
-from kernelhub import hookimpl
-from kernelhub.ops._checks import accumulation_dtype
+from kernelhub import accumulation_dtype, hookimpl
 from kernelhub.spec import Backend, Impl
 from kernelhub_plugin_example import __version__
 

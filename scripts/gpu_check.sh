@@ -23,8 +23,12 @@ if ! python3 -c "import matplotlib" 2>/dev/null && ls .whl/plot/*.whl >/dev/null
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/plot/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . -e ./backends/torch_ref -e ./backends/triton \
-  $([ "${CUDA_EXT:-1}" = 0 ] || echo -e ./backends/cuda_ext) 2>&1 | tail -2
+if ! python3 -m pip install -q --no-deps --no-build-isolation -e . -e ./backends/torch_ref -e ./backends/triton \
+    $([ "${CUDA_EXT:-1}" = 0 ] || echo -e ./backends/cuda_ext) > "$OUT/install.txt" 2>&1; then
+  grep -v "^WARNING" "$OUT/install.txt" | tail -40
+  echo "gpu_check: the install failed (log: $OUT/install.txt); nothing was run" >&2
+  exit 1
+fi
 echo "install (CUDA_EXT=${CUDA_EXT:-1}: with cuda_ext's ahead-of-time build): ${SECONDS} s"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"

@@ -234,6 +234,26 @@ def test_library_ops_pass_opcheck():
 
 @built
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.float64])
+def test_tikhonov_reads_the_permuted_view_in_place(dtype, device):
+    """OPS.md's layout, [2, Z, Y, X] moved to [Y, X, 2, Z]: the kernels read M (and the upstream gradient)
+    through their strides, with no copy, and give bitwise the result of a contiguous copy (same sums in the
+    same order); the outputs are contiguous."""
+    from kernelhub_cuda_ext import ops
+    M = torch.randn(2, 9, 24, 40, dtype=dtype, device=device).permute(2, 3, 0, 1)  # [Y, X, 2, Z]
+    G = torch.randn(2, 9, 24, 40, dtype=dtype, device=device).permute(2, 3, 0, 1)
+    with torch.profiler.profile() as prof:
+        W = ops.tikhonov_forward(M, 0.01)
+        (dM,) = ops.tikhonov_backward(G, M, 0.01, (True,))
+    copies = [e.name for e in prof.events() if e.name in ("aten::copy_", "aten::clone", "aten::contiguous")]
+    assert not copies, copies
+    assert W.is_contiguous() and dM.is_contiguous()
+    assert torch.equal(W, ops.tikhonov_forward(M.contiguous(), 0.01))
+    assert torch.equal(dM, ops.tikhonov_backward(G.contiguous(), M.contiguous(), 0.01, (True,))[0])
+
+
+@built
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 @pytest.mark.parametrize("taps", [1, 4])
 def test_kplanes_library_ops_pass_opcheck(taps, device):
     lib = torch.ops.kernelhub_cuda_ext

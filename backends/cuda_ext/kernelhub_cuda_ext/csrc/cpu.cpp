@@ -416,35 +416,41 @@ _Pragma("omp simd reduction(+ : su, sv, sw)")
 
 // ---- Tikhonov: pixels in parallel, each with tikhonov_pixel.h --------------------------------
 
-at::Tensor tikhonov_forward_cpu(const at::Tensor& M_, double lam) {
-  TORCH_CHECK(M_.dim() == 3 && M_.size(1) == 2, "kernelhub_cuda_ext::tikhonov_forward: argument 'M' must be [P, 2, Z]");
-  const at::Tensor M = M_.contiguous();
+at::Tensor tikhonov_forward_cpu(const at::Tensor& M, double lam) {
+  TORCH_CHECK(M.dim() == 3 && M.size(1) == 2, "kernelhub_cuda_ext::tikhonov_forward: argument 'M' must be [P, 2, Z]");
   const int64_t P = M.size(0), Z = M.size(2);
-  at::Tensor out = at::empty_like(M);
+  at::Tensor out = at::empty(M.sizes(), M.options());  // contiguous; M is read through its strides
+  const PixelStrides ms{M.stride(0), M.stride(1), M.stride(2)};
   AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_forward_cpu", [&] {
     const scalar_t* m = M.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
-    at::parallel_for(0, P, 64, [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p)
-        tikhonov_pixel_forward(m + p * 2 * Z, m + p * 2 * Z + Z, o + p * 2 * Z, o + p * 2 * Z + Z, Z, lam);
+    with_unit_z(M.stride(2) == 1, [&](auto unit_z) {
+      at::parallel_for(0, P, 64, [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p)
+          tikhonov_pixel_forward(PixelRows<scalar_t, unit_z.value>(m, ms, p), o + p * 2 * Z, o + p * 2 * Z + Z, Z,
+                                 lam);
+      });
     });
   });
   return out;
 }
 
-at::Tensor tikhonov_backward_cpu(const at::Tensor& grad_, const at::Tensor& M_, double lam) {
-  const at::Tensor M = M_.contiguous(), G = grad_.contiguous();
+at::Tensor tikhonov_backward_cpu(const at::Tensor& G, const at::Tensor& M, double lam) {
   const int64_t P = M.size(0), Z = M.size(2);
-  at::Tensor out = at::empty_like(M);
+  at::Tensor out = at::empty(M.sizes(), M.options());
+  const PixelStrides ms{M.stride(0), M.stride(1), M.stride(2)}, gs{G.stride(0), G.stride(1), G.stride(2)};
   AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_backward_cpu", [&] {
     const scalar_t* m = M.data_ptr<scalar_t>();
     const scalar_t* g = G.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
-    at::parallel_for(0, P, 64, [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p) {
-        const int64_t q = p * 2 * Z;
-        tikhonov_pixel_backward(g + q, g + q + Z, m + q, m + q + Z, o + q, o + q + Z, Z, lam);
-      }
+    with_unit_z(M.stride(2) == 1 && G.stride(2) == 1, [&](auto unit_z) {
+      using Rows = PixelRows<scalar_t, unit_z.value>;
+      at::parallel_for(0, P, 64, [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p) {
+          const int64_t q = p * 2 * Z;
+          tikhonov_pixel_backward(Rows(g, gs, p), Rows(m, ms, p), o + q, o + q + Z, Z, lam);
+        }
+      });
     });
   });
   return out;

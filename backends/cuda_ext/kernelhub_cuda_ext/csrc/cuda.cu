@@ -516,8 +516,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> kplanes_backward_cuda(
 }
 
 // ---- Tikhonov: 8 lanes of a warp per pixel, each with tikhonov_pixel.h (shared with the CPU kernel) ----
-// Lane k of a pixel's 8 handles entries k, k + 8, ...: a warp's load covers 4 pixels' contiguous runs of
-// 8 entries (every fetched sector used), and the pixel's sums are completed by 3 xor-shuffles.
+// Lane k of a pixel's 8 handles entries k, k + 8, ...: for a contiguous M a warp's load covers 4 pixels'
+// contiguous runs of 8 entries, for the permuted view (pixels adjacent in memory) entry k of 4 adjacent
+// pixels for each k; either way a complex64 load uses every byte of its sectors. The pixel's sums are
+// completed by 3 xor-shuffles. (A lane per pixel for the permuted view, each warp loading entry z of 32
+// adjacent pixels, was measured slower on an H200: 1.54-1.61 ms against 0.97 ms at 2048^2 x 2 x 9 complex64.)
 
 constexpr int TIK_LANES = 8;
 
@@ -529,60 +532,74 @@ struct LaneShare {
   }
 };
 
-// This thread's pixel and lane. A group past the last pixel takes Z = 0 entries: it stores nothing but
-// still reaches the shuffles with the rest of its warp.
+// This thread's pixel and lane. A group past the last pixel takes Z = 0 entries of pixel 0: it loads and
+// stores nothing but still reaches the shuffles with the rest of its warp.
 struct TikLane {
-  int64_t q, Z;  // the pixel's offset, and its number of entries (0 past the end)
+  int64_t pixel, Z;  // the pixel, and its number of entries (0 past the end)
   LaneShare share;
   __device__ TikLane(int64_t P, int64_t Z_) {
-    const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, pixel = t / TIK_LANES;
-    q = pixel < P ? pixel * 2 * Z_ : 0;
-    Z = pixel < P ? Z_ : 0;
+    const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    pixel = t / TIK_LANES < P ? t / TIK_LANES : 0;
+    Z = t / TIK_LANES < P ? Z_ : 0;
     share.first = t % TIK_LANES;
   }
 };
 
-template <typename T>
-__global__ void tikhonov_forward_kernel(const T* __restrict__ m, T* __restrict__ o, int64_t P, int64_t Z, double lam) {
+// M and the upstream gradient through their strides (tikhonov_pixel.h); the output is contiguous. UnitZ:
+// every input's z stride is 1 (the common contiguous case, compiled without a multiply per entry: measured
+// 6-8% faster on an H200 at 115000 x 2 x 21 complex64, forward and forward + backward).
+template <typename T, bool UnitZ>
+__global__ void tikhonov_forward_kernel(const T* __restrict__ m, PixelStrides ms, T* __restrict__ o, int64_t P,
+                                        int64_t Z, double lam) {
   const TikLane l(P, Z);
-  tikhonov_pixel_forward(m + l.q, m + l.q + Z, o + l.q, o + l.q + Z, l.Z, lam, l.share);
+  T* w = o + l.pixel * 2 * Z;
+  tikhonov_pixel_forward(PixelRows<T, UnitZ>(m, ms, l.pixel), w, w + Z, l.Z, lam, l.share);
 }
 
-template <typename T>
-__global__ void tikhonov_backward_kernel(const T* __restrict__ g, const T* __restrict__ m, T* __restrict__ o,
-                                         int64_t P, int64_t Z, double lam) {
+template <typename T, bool UnitZ>
+__global__ void tikhonov_backward_kernel(const T* __restrict__ g, PixelStrides gs, const T* __restrict__ m,
+                                         PixelStrides ms, T* __restrict__ o, int64_t P, int64_t Z, double lam) {
   const TikLane l(P, Z);
-  tikhonov_pixel_backward(g + l.q, g + l.q + Z, m + l.q, m + l.q + Z, o + l.q, o + l.q + Z, l.Z, lam, l.share);
+  T* d = o + l.pixel * 2 * Z;
+  tikhonov_pixel_backward(PixelRows<T, UnitZ>(g, gs, l.pixel), PixelRows<T, UnitZ>(m, ms, l.pixel), d, d + Z, l.Z,
+                          lam, l.share);
 }
 
 constexpr int TIK_THREADS = 128;
 
-at::Tensor tikhonov_forward_cuda(const at::Tensor& M_, double lam) {
-  TORCH_CHECK(M_.dim() == 3 && M_.size(1) == 2, "kernelhub_cuda_ext::tikhonov_forward: argument 'M' must be [P, 2, Z]");
-  c10::cuda::CUDAGuard guard(M_.device());
-  const at::Tensor M = M_.contiguous();
+PixelStrides pixel_strides(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+unsigned tik_blocks(int64_t P) { return static_cast<unsigned>((P * TIK_LANES + TIK_THREADS - 1) / TIK_THREADS); }
+
+at::Tensor tikhonov_forward_cuda(const at::Tensor& M, double lam) {
+  TORCH_CHECK(M.dim() == 3 && M.size(1) == 2, "kernelhub_cuda_ext::tikhonov_forward: argument 'M' must be [P, 2, Z]");
+  c10::cuda::CUDAGuard guard(M.device());
   const int64_t P = M.size(0), Z = M.size(2);
-  at::Tensor out = at::empty_like(M);
+  at::Tensor out = at::empty(M.sizes(), M.options());
   if (P == 0) return out;
   AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_forward_cuda", [&] {
-    tikhonov_forward_kernel<scalar_t><<<static_cast<unsigned>((P * TIK_LANES + TIK_THREADS - 1) / TIK_THREADS), TIK_THREADS, 0,
-                                        c10::cuda::getCurrentCUDAStream()>>>(M.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-                                                                             P, Z, lam);
+    with_unit_z(M.stride(2) == 1, [&](auto unit_z) {
+      tikhonov_forward_kernel<scalar_t, unit_z.value>
+          <<<tik_blocks(P), TIK_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
+              M.data_ptr<scalar_t>(), pixel_strides(M), out.data_ptr<scalar_t>(), P, Z, lam);
+    });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;
 }
 
-at::Tensor tikhonov_backward_cuda(const at::Tensor& grad_, const at::Tensor& M_, double lam) {
-  c10::cuda::CUDAGuard guard(M_.device());
-  const at::Tensor M = M_.contiguous(), G = grad_.contiguous();
+at::Tensor tikhonov_backward_cuda(const at::Tensor& grad, const at::Tensor& M, double lam) {
+  c10::cuda::CUDAGuard guard(M.device());
   const int64_t P = M.size(0), Z = M.size(2);
-  at::Tensor out = at::empty_like(M);
+  at::Tensor out = at::empty(M.sizes(), M.options());
   if (P == 0) return out;
   AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_backward_cuda", [&] {
-    tikhonov_backward_kernel<scalar_t><<<static_cast<unsigned>((P * TIK_LANES + TIK_THREADS - 1) / TIK_THREADS), TIK_THREADS, 0,
-                                         c10::cuda::getCurrentCUDAStream()>>>(
-        G.data_ptr<scalar_t>(), M.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), P, Z, lam);
+    with_unit_z(M.stride(2) == 1 && grad.stride(2) == 1, [&](auto unit_z) {
+      tikhonov_backward_kernel<scalar_t, unit_z.value>
+          <<<tik_blocks(P), TIK_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
+              grad.data_ptr<scalar_t>(), pixel_strides(grad), M.data_ptr<scalar_t>(), pixel_strides(M),
+              out.data_ptr<scalar_t>(), P, Z, lam);
+    });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;

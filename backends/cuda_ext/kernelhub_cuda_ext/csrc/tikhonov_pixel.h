@@ -4,6 +4,9 @@
 // (complex<double>). Forward: det = lam (a + c + lam) + a |r|^2 with r = M1 - (conj(b)/a) M0, which does not
 // cancel when the rows are nearly parallel. Backward formulas: kernelhub_triton/tikhonov.py's docstring.
 //
+// M (and the backward's upstream gradient) are read through their strides, so a permuted view (pixels
+// trailing in memory, as in [2, Z, Y, X] moved to [Y, X, 2, Z]) needs no copy; the outputs are contiguous.
+//
 // A pixel may be shared by several workers (the CUDA kernel gives it 8 lanes of a warp; the CPU one
 // thread): each handles the entries z = share.first, first + step, ... and `share.sum(v, n)` turns its n
 // partial sums into the pixel's totals (a shuffle across the lanes; nothing on the CPU).
@@ -12,6 +15,7 @@
 #include <c10/util/complex.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace kernelhub_cuda_ext {
 
@@ -28,19 +32,44 @@ C10_HOST_DEVICE inline void store(c10::complex<T>* p, cd z) { *p = c10::complex<
 C10_HOST_DEVICE inline cd cj(cd z) { return cd(z.real(), -z.imag()); }
 C10_HOST_DEVICE inline double abs2(cd z) { return z.real() * z.real() + z.imag() * z.imag(); }
 
+// Element strides of a [P, 2, Z] tensor.
+struct PixelStrides {
+  int64_t pixel, row, z;
+};
+
+// One pixel's two rows of a [P, 2, Z] tensor, read through its strides: rows(r, z) is entry z of row r.
+// UnitZ: the z stride is known to be 1 at compile time (a contiguous M: no multiply per entry).
+template <typename T, bool UnitZ = false>
+struct PixelRows {
+  const T* p;
+  int64_t row, z;
+  C10_HOST_DEVICE PixelRows(const T* base, const PixelStrides& s, int64_t pixel)
+      : p(base + pixel * s.pixel), row(s.row), z(s.z) {}
+  C10_HOST_DEVICE cd operator()(int r, int64_t k) const { return to_cd(p[r * row + (UnitZ ? k : k * z)]); }
+};
+
+// Calls f(std::true_type()) when every input's z stride is 1, else f(std::false_type()).
+template <typename F>
+inline void with_unit_z(bool unit_z, F&& f) {
+  if (unit_z)
+    f(std::true_type());
+  else
+    f(std::false_type());
+}
+
 // One worker's part of a pixel: entries first, first + step, ...; sum() completes partial sums in place.
 struct Whole {
   int64_t first = 0, step = 1;
   C10_HOST_DEVICE void sum(double*, int) const {}
 };
 
-// W = (M M^H + lam I)^-1 M for one pixel: rows m0, m1 in, rows w0, w1 out.
-template <typename T, typename Share = Whole>
-C10_HOST_DEVICE inline void tikhonov_pixel_forward(const T* m0, const T* m1, T* w0, T* w1, int64_t Z, double lam,
+// W = (M M^H + lam I)^-1 M for one pixel: rows m in, rows w0, w1 out.
+template <typename T, bool UnitZ, typename Share = Whole>
+C10_HOST_DEVICE inline void tikhonov_pixel_forward(PixelRows<T, UnitZ> m, T* w0, T* w1, int64_t Z, double lam,
                                                    Share share = Share()) {
   double s[4] = {0, 0, 0, 0};  // a, c, b
   for (int64_t z = share.first; z < Z; z += share.step) {
-    const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]), bz = x0 * cj(x1);
+    const cd x0 = m(0, z), x1 = m(1, z), bz = x0 * cj(x1);
     s[0] += abs2(x0);
     s[1] += abs2(x1);
     s[2] += bz.real();
@@ -51,24 +80,24 @@ C10_HOST_DEVICE inline void tikhonov_pixel_forward(const T* m0, const T* m1, T* 
   const cd b(s[2], s[3]);
   const cd kappa = a > 0 ? cj(b) / a : cd(0, 0);
   double rr = 0;
-  for (int64_t z = share.first; z < Z; z += share.step) rr += abs2(to_cd(m1[z]) - kappa * to_cd(m0[z]));
+  for (int64_t z = share.first; z < Z; z += share.step) rr += abs2(m(1, z) - kappa * m(0, z));
   share.sum(&rr, 1);
   const double inv = 1.0 / (lam * (a + c + lam) + a * rr);
   for (int64_t z = share.first; z < Z; z += share.step) {
-    const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]);
+    const cd x0 = m(0, z), x1 = m(1, z);
     const cd r = x1 - kappa * x0;
     store(w0 + z, ((lam + rr) * x0 - b * r) * inv);
     store(w1 + z, (lam * x1 + a * r) * inv);
   }
 }
 
-// dL/dM for one pixel from the upstream gradient rows g0, g1 (torch's convention: dL/dRe + i dL/dIm).
-template <typename T, typename Share = Whole>
-C10_HOST_DEVICE inline void tikhonov_pixel_backward(const T* g0, const T* g1, const T* m0, const T* m1, T* d0, T* d1,
+// dL/dM for one pixel from the upstream gradient's rows g (torch's convention: dL/dRe + i dL/dIm).
+template <typename T, bool UnitZ, typename Share = Whole>
+C10_HOST_DEVICE inline void tikhonov_pixel_backward(PixelRows<T, UnitZ> g, PixelRows<T, UnitZ> m, T* d0, T* d1,
                                                     int64_t Z, double lam, Share share = Share()) {
   double s[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};  // a, c, then b, p00, p01, p10, p11 (pXY = sum conj(GX) MY)
   for (int64_t z = share.first; z < Z; z += share.step) {
-    const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]), y0 = cj(to_cd(g0[z])), y1 = cj(to_cd(g1[z]));
+    const cd x0 = m(0, z), x1 = m(1, z), y0 = cj(g(0, z)), y1 = cj(g(1, z));
     const cd terms[5] = {x0 * cj(x1), y0 * x0, y0 * x1, y1 * x0, y1 * x1};
     s[0] += abs2(x0);
     s[1] += abs2(x1);
@@ -86,7 +115,7 @@ C10_HOST_DEVICE inline void tikhonov_pixel_backward(const T* g0, const T* g1, co
   const double two_alpha_a = 2.0 * (p11.real() - t * C) * inv, two_alpha_c = 2.0 * (p00.real() - t * A) * inv;
   const cd beta = (2.0 * t * cj(b) - p01 - cj(p10)) * inv;
   for (int64_t z = share.first; z < Z; z += share.step) {
-    const cd x0 = to_cd(m0[z]), x1 = to_cd(m1[z]), h0 = to_cd(g0[z]), h1 = to_cd(g1[z]);
+    const cd x0 = m(0, z), x1 = m(1, z), h0 = g(0, z), h1 = g(1, z);
     store(d0 + z, (C * h0 - b * h1) * inv + two_alpha_a * x0 + cj(beta) * x1);
     store(d1 + z, (A * h1 - cj(b) * h0) * inv + two_alpha_c * x1 + beta * x0);
   }

@@ -41,7 +41,7 @@ It prints the backend, the time per iteration and the time of the TV constraint 
 runs, the SSIMs and the phase error against the truth, and writes a PNG of the projected phase (the sum over
 slices): truth | hub | torch_ref | their difference, scaled up to the truth's range (the factor is printed).
 
-    python examples/ptycho_tv.py                 # CPU: 96^2 x 4 slices, a few seconds
+    python examples/ptycho_tv.py                 # CPU: 96^2 x 4 slices, 5-25 s on 2 cores
     python examples/ptycho_tv.py --benchmark     # a GPU: 512^2 x 8 slices, 625 positions
 """
 
@@ -205,6 +205,8 @@ def main(argv=None) -> dict:
         args.size, args.slices, args.probe, args.step = 512, 8, 128, 16
     device = torch.device(args.device)
     dz = torch.tensor(args.dz, dtype=torch.float32)
+    if args.step is not None and args.step < 1:
+        p.error(f"--step must be a positive number of pixels, got {args.step}")
     args.step = args.step or args.probe // 4
     model = Multislice(args.slices, args.size, args.probe, args.step, args.wavelength, args.pixel, dz, device)
     true_phase, true_amp = truth(args.slices, args.size, device)

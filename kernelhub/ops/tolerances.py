@@ -14,6 +14,7 @@ from kernelhub.spec import Tolerance
 HOSTS = (
     '2026-11-22: torch 2.13.0+cpu, the CI and dev hosts before 2026-11-23 (CPU not recorded)',
     '2026-11-23: torch 2.13.0+cpu, Intel(R) Xeon(R) Processor @ 2.80GHz, AVX512',
+    '2026-11-23: torch 2.11.0+cu130, Intel(R) Xeon(R) Processor, AVX512',
 )
 
 MEASURED = {

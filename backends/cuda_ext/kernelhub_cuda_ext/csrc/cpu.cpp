@@ -420,7 +420,7 @@ at::Tensor tikhonov_forward_cpu(const at::Tensor& M, double lam) {
   TORCH_CHECK(M.dim() == 3 && M.size(1) == 2, "kernelhub_cuda_ext::tikhonov_forward: argument 'M' must be [P, 2, Z]");
   const int64_t P = M.size(0), Z = M.size(2);
   at::Tensor out = at::empty(M.sizes(), M.options());  // contiguous; M is read through its strides
-  const PixelStrides ms{M.stride(0), M.stride(1), M.stride(2)};
+  const PixelStrides ms = pixel_strides(M);
   AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_forward_cpu", [&] {
     const scalar_t* m = M.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
@@ -438,7 +438,7 @@ at::Tensor tikhonov_forward_cpu(const at::Tensor& M, double lam) {
 at::Tensor tikhonov_backward_cpu(const at::Tensor& G, const at::Tensor& M, double lam) {
   const int64_t P = M.size(0), Z = M.size(2);
   at::Tensor out = at::empty(M.sizes(), M.options());
-  const PixelStrides ms{M.stride(0), M.stride(1), M.stride(2)}, gs{G.stride(0), G.stride(1), G.stride(2)};
+  const PixelStrides ms = pixel_strides(M), gs = pixel_strides(G);
   AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_backward_cpu", [&] {
     const scalar_t* m = M.data_ptr<scalar_t>();
     const scalar_t* g = G.data_ptr<scalar_t>();

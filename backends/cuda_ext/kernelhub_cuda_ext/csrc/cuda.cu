@@ -567,8 +567,6 @@ __global__ void tikhonov_backward_kernel(const T* __restrict__ g, PixelStrides g
 
 constexpr int TIK_THREADS = 128;
 
-PixelStrides pixel_strides(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
-
 unsigned tik_blocks(int64_t P) { return static_cast<unsigned>((P * TIK_LANES + TIK_THREADS - 1) / TIK_THREADS); }
 
 at::Tensor tikhonov_forward_cuda(const at::Tensor& M, double lam) {

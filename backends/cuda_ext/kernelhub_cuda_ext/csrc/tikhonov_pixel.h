@@ -37,6 +37,12 @@ struct PixelStrides {
   int64_t pixel, row, z;
 };
 
+// Host side: the strides of t (an at::Tensor; a template so that this header needs no ATen).
+template <typename Tensor>
+inline PixelStrides pixel_strides(const Tensor& t) {
+  return {t.stride(0), t.stride(1), t.stride(2)};
+}
+
 // One pixel's two rows of a [P, 2, Z] tensor, read through its strides: rows(r, z) is entry z of row r.
 // UnitZ: the z stride is known to be 1 at compile time (a contiguous M: no multiply per entry).
 template <typename T, bool UnitZ = false>

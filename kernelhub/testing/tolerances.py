@@ -77,12 +77,18 @@ def perturbed(args, dtype: torch.dtype, gen: torch.Generator) -> tuple:
     return testing.map_tensors(args, perturb)
 
 
-def sensitivity(op: str, args, dtype: torch.dtype, gen: torch.Generator) -> float:
-    """Forward change of the float64 reference when its inputs move by one rounding (step 2)."""
+def sensitivity(op: str, args, gen: torch.Generator, reference=None, times: int = 1) -> tuple[float, float]:
+    """How far the float64 reference moves when its inputs move by one rounding (step 2): the most over
+    ``times`` random roundings, forward and, given ``reference`` = (out, upstream grad, grads), backward
+    (else 0). The rounding is float64's: the step applies to float64 and complex128 calls."""
     wide = testing.to_dtype(args, torch.float64)
-    out, _ = testing.reference(op, wide)
-    moved, _ = testing.reference(op, perturbed(wide, dtype, gen))
-    return testing.parity_error(moved, out)
+    out, grad, grads = reference if reference is not None else (testing.reference(op, wide)[0], None, [])
+    fwd = bwd = 0.0
+    for _ in range(times):
+        moved, moved_grads = testing.reference(op, perturbed(wide, torch.float64, gen), grad)
+        fwd = max(fwd, testing.parity_error(moved, out))
+        bwd = max([bwd] + [testing.parity_error(m, g) for m, g in zip(moved_grads, grads)])
+    return fwd, bwd
 
 
 def call_tolerance(op: str, args, seed: int = 1, reference=None) -> Tolerance:
@@ -102,13 +108,10 @@ def call_tolerance(op: str, args, seed: int = 1, reference=None) -> Tolerance:
     reference = reference if reference is not None else testing.reference_with_upstream(op, args, seed)
     fwd, bwd = testing.measure(op, spec.reference_backend, args, seed=seed, reference=reference)
     if accumulation_dtype(dtype).to_real() == torch.float64:
-        wide = testing.to_dtype(args, torch.float64)
-        out, grad, grads = reference
         gen = torch.Generator(device=first.device).manual_seed(seed)
-        for _ in range(PERTURBATIONS):  # one random direction can miss most of the sensitivity (seen: 10x)
-            moved, moved_grads = testing.reference(op, perturbed(wide, torch.float64, gen), grad)
-            fwd = max(fwd, testing.parity_error(moved, out))
-            bwd = max([bwd] + [testing.parity_error(m, g) for m, g in zip(moved_grads, grads)])
+        # one random direction can miss most of the sensitivity (seen: 10x)
+        moved = sensitivity(op, args, gen, reference, times=PERTURBATIONS)
+        fwd, bwd = max(fwd, moved[0]), max(bwd, moved[1])
     tol = spec.tolerances[dtype]
     return Tolerance(max(tol.forward, tolerance_for(dtype, fwd)), max(tol.backward, tolerance_for(dtype, bwd)))
 
@@ -124,7 +127,7 @@ def measured_error(op: str, dtype: torch.dtype) -> tuple[float, float]:
             for sample in testing.samples(op, size, dtype, "cpu", seed):
                 f, b = testing.measure(op, spec.reference_backend, sample.args, seed=seed + 1)
                 if accumulation_dtype(dtype).to_real() == torch.float64:
-                    f = max(f, sensitivity(op, sample.args, dtype, gen))
+                    f = max(f, sensitivity(op, sample.args, gen)[0])
                 fwd, bwd = max(fwd, f), max(bwd, b)
     return fwd, bwd
 

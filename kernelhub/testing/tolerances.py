@@ -1,4 +1,4 @@
-"""Measure each spec's parity tolerances from eager torch, and write kernelhub/ops/tolerances.py.
+"""Measure each spec's parity tolerances from eager torch, and write the errors to kernelhub/ops/_measured.py.
 
 Method (the same for every op and dtype):
 
@@ -20,26 +20,28 @@ Method (the same for every op and dtype):
 4. tolerance = max(4 x that error, 16 x eps(compute dtype)), rounded up to two
    significant digits; the compute dtype is float32 for half and single inputs,
    float64 for double ones (the floor keeps a float64 or exactly-computed tolerance
-   from being zero, which would forbid any other summation order).
+   from being zero, which would forbid any other summation order). This step is
+   `kernelhub.ops.tolerances.tolerance_for`, which derives the spec's tolerances from
+   the recorded errors when kernelhub is imported.
 
 5. Hosts round differently (vector width, LAPACK paths: the SVD's float64 error was 1.6e-15 on
    the CI host of 2026-11-22 and 1.71e-15 on that of 2026-11-23), and the table must hold on each
    host that checks it. So the table records, per entry, the largest error measured on any host
-   it was written on (``MEASURED``, with the hosts in ``HOSTS``), and takes the tolerance from that;
+   it was written on (``MEASURED`` in kernelhub/ops/_measured.py, with the hosts in ``HOSTS``), and
+   takes the tolerance from that;
    a recorded error whose tolerance would be over ``LOOSEST`` x this host's is dropped as too loose.
 
 Run ``python -m kernelhub.testing.tolerances`` to print the measurement, ``--write`` to
 regenerate the table (on a host whose measurement is not in it yet; with ``--fresh`` after a change
 to an op's reference or samples, which makes the recorded errors stale).
 The test suite re-measures and fails if a recorded tolerance is below what eager torch needs
-on the host running it, or over ``LOOSEST`` x that, or not the method applied to ``MEASURED``.
+on the host running it, or over ``LOOSEST`` x that.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import sys
 from pathlib import Path
 
@@ -48,21 +50,13 @@ import torch
 import kernelhub
 from kernelhub import testing
 from kernelhub.ops._checks import accumulation_dtype
+from kernelhub.ops.tolerances import _round_up, tolerance_for
 from kernelhub.spec import Tolerance
 
 SEEDS = range(5)
 SIZES = ("small", "medium", "edge")
-FACTOR = 4.0
-FLOOR_ULPS = 16.0
 LOOSEST = 2.0  # a recorded tolerance over this x what the method gives here is too loose (the test fails)
 PERTURBATIONS = 4  # random roundings of a call's inputs that `call_tolerance` tries in float64
-
-
-def _round_up(x: float, digits: int = 2) -> float:
-    if x <= 0:
-        return 0.0
-    exp = math.floor(math.log10(x)) - digits + 1
-    return float(f"{math.ceil(round(x / 10 ** exp, 6))}e{exp}")  # round(): 4 x 7.25e-15 / 1e-15 is 29.000000000000004
 
 
 def perturbed(args, dtype: torch.dtype, gen: torch.Generator) -> tuple:
@@ -133,11 +127,6 @@ def measured_error(op: str, dtype: torch.dtype) -> tuple[float, float]:
     return fwd, bwd
 
 
-def tolerance_for(dtype: torch.dtype, error: float) -> float:
-    eps = torch.finfo(accumulation_dtype(dtype).to_real() if dtype.is_complex else accumulation_dtype(dtype)).eps
-    return _round_up(max(FACTOR * error, FLOOR_ULPS * eps))
-
-
 def merged_error(dtype: torch.dtype, recorded: float | None, now: float) -> float:
     """The error to record: the larger of this host's and the one recorded from earlier hosts (CPUs differ in
     vector width and LAPACK paths, so the same method rounds differently on each, and the table must hold on
@@ -158,12 +147,12 @@ def host() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true",
-                        help="rewrite kernelhub/ops/tolerances.py, keeping larger errors recorded on other hosts")
+                        help="rewrite kernelhub/ops/_measured.py, keeping larger errors recorded on other hosts")
     parser.add_argument("--fresh", action="store_true",
                         help="with --write: forget the recorded errors and hosts (after a change to an op's "
                         "reference or samples, which makes the earlier measurements stale)")
     args = parser.parse_args(argv)
-    from kernelhub.ops import tolerances as table
+    from kernelhub.ops import _measured as table
 
     recorded_hosts, recorded_errors = ((), {}) if args.fresh else (table.HOSTS, table.MEASURED)
 
@@ -175,46 +164,42 @@ def main(argv: list[str] | None = None) -> int:
             recorded = recorded_errors.get(op, {}).get(dtype, (None, None))
             f, b = (_round_up(merged_error(dtype, r, n), 4) for r, n in zip(recorded, now))
             here = tolerance_for(dtype, now[0]), tolerance_for(dtype, now[1])
-            rows.append((op, dtype, f, b, tolerance_for(dtype, f), tolerance_for(dtype, b)))
-            kept = "" if rows[-1][4:] == here else f"   (table: {rows[-1][4]:.2g}, {rows[-1][5]:.2g} from earlier hosts)"
+            rows.append((op, dtype, f, b))
+            table_tol = tolerance_for(dtype, f), tolerance_for(dtype, b)
+            kept = "" if table_tol == here else f"   (table: {table_tol[0]:.2g}, {table_tol[1]:.2g} from earlier hosts)"
             print(f"{op:28s} {str(dtype):16s} fwd err {now[0]:9.3g} -> {here[0]:8.2g}   "
                   f"bwd err {now[1]:9.3g} -> {here[1]:8.2g}{kept}", flush=True)
     if args.write:
         this = f"{datetime.date.today()}: {host()}"
         hosts = [h for h in recorded_hosts if h.split(": ", 1)[1] != host()] + [this]
         lines = [
-            '"""Parity tolerances per op and dtype, GENERATED by `python -m kernelhub.testing.tolerances --write`.',
+            '"""Measured errors behind the parity tolerances, GENERATED by `python -m kernelhub.testing.tolerances --write`.',
             "",
-            "Each value is max(4 x error, 16 x eps of the compute dtype), rounded up to two significant digits,",
-            "where error is the largest error of eager torch in that dtype against float64 that the method measured",
-            "on any of HOSTS (MEASURED; also in the comments): hosts round differently (vector width, LAPACK paths).",
-            "The method is in kernelhub/testing/tolerances.py.",
+            "MEASURED[op][dtype] is (forward, backward): the largest error of eager torch in that dtype against float64",
+            "that the method (kernelhub/testing/tolerances.py) measured on any of HOSTS; hosts round differently (vector",
+            "width, LAPACK paths). kernelhub/ops/tolerances.py turns each into a tolerance.",
             '"""',
             "",
             "import torch",
             "",
-            "from kernelhub.spec import Tolerance",
-            "",
-            "# The hosts the table was measured on: date, torch, CPU, the vector ISA torch used.",
+            "# The hosts the errors were measured on: date, torch, CPU, the vector ISA torch used.",
             "HOSTS = (",
             *(f"    {h!r}," for h in hosts),
             ")",
             "",
+            "MEASURED = {",
         ]
-        for name, entry in (("MEASURED", lambda f, b, tf, tb: f"({f!r}, {b!r}),"),
-                            ("TOLERANCES", lambda f, b, tf, tb: f"Tolerance({tf!r}, {tb!r}),  # fwd err {f:.3g}, bwd {b:.3g}")):
-            lines.append(f"{name} = {{")
-            current = None
-            for op, dtype, f, b, tf, tb in rows:
-                if op != current:
-                    if current is not None:
-                        lines.append("    },")
-                    lines.append(f'    "{op}": {{')
-                    current = op
-                lines.append(f"        {dtype}: {entry(f, b, tf, tb)}")
-            lines += ["    },", "}", ""]
-        Path(__file__).resolve().parents[1].joinpath("ops", "tolerances.py").write_text("\n".join(lines))
-        print("wrote kernelhub/ops/tolerances.py")
+        current = None
+        for op, dtype, f, b in rows:
+            if op != current:
+                if current is not None:
+                    lines.append("    },")
+                lines.append(f'    "{op}": {{')
+                current = op
+            lines.append(f"        {dtype}: ({f!r}, {b!r}),")
+        lines += ["    },", "}", ""]
+        Path(__file__).resolve().parents[1].joinpath("ops", "_measured.py").write_text("\n".join(lines))
+        print("wrote kernelhub/ops/_measured.py")
     return 0
 
 

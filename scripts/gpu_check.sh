@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Run on the GPU machine (no package index): install offline, then
-#   tests  - the demo and the whole test suite (CPU and CUDA cases, the large-tensor ones too)
+#   tests  - the demo and the full tier of the test suite (KERNELHUB_TEST_TIER=full: CPU and CUDA cases, the
+#            large-tensor ones too), spread over PYTEST_WORKERS (default 8) pytest-xdist workers where xdist is
+#            installed (the tests that need most of the GPU's memory share one worker: xdist_group "gpu_memory")
 #   bench  - benchmarks/kernels.py: every kernel backend against eager and compiled torch_ref
 #   tune   - kernelhub tune (benchmark shapes, every backend), kernelhub list, kernelhub bench --plot
 #   examples - examples/ptycho_tv.py and examples/phase_2d.py at their --benchmark sizes (PNGs and JSON under $OUT)
@@ -13,9 +15,8 @@ set -uo pipefail
 what="${1:-all}"
 OUT="${OUT:-/tmp/kernelhub-gpu}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-# inductor's parity cases compile every shape bucket (minutes each for K-Planes on the GPU host's CPU): its
-# float32 medium samples only, unless the caller asks for all
-export KERNELHUB_TEST_INDUCTOR="${KERNELHUB_TEST_INDUCTOR:-quick}"
+# the full tier unless the caller asks for the fast one (KERNELHUB_TEST_TIER=fast)
+export KERNELHUB_TEST_TIER="${KERNELHUB_TEST_TIER:-full}"
 if ! python3 -c "import pytest" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
@@ -38,7 +39,12 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   kernelhub list 2>&1 | tee "$OUT/list.txt" | head -8
   python3 -c "from kernelhub_cuda_ext import _lib; print('cuda_ext:', _lib.load() or 'loaded', 'from', _lib.loaded_from(), '| CUDA kernels:', _lib.cuda_reason() or 'yes')" 2>&1 | tee -a "$OUT/list.txt"
   python3 examples/demo.py 2>&1 | tee "$OUT/demo.txt" | tail -3
-  timeout -s INT -k 30 "${PYTEST_TIMEOUT:-0}" python3 -m pytest -q -p no:cacheprovider -rfE --tb=short --durations=10 ${PYTEST_ARGS:-tests} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest_cuda.txt" | grep -E "FAILED|ERROR|passed|failed" | tail -30
+  workers=""
+  if [ "${PYTEST_WORKERS:-8}" != 0 ] && python3 -c "import xdist" 2>/dev/null; then
+    workers="-n ${PYTEST_WORKERS:-8} --dist loadgroup"
+  fi
+  echo "pytest: tier $KERNELHUB_TEST_TIER, ${workers:-one process}"
+  timeout -s INT -k 30 "${PYTEST_TIMEOUT:-0}" python3 -m pytest -q -p no:cacheprovider -rfE --tb=short --durations=15 $workers ${PYTEST_ARGS:-tests} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest_cuda.txt" | grep -E "FAILED|ERROR|passed|failed" | tail -30
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then

@@ -1,3 +1,13 @@
+"""Shared set-up of the suite, and its two tiers.
+
+The fast tier (the default, what CI and the README's test command run) covers every op x backend, with at
+least one parity case in float32 and one in float64 where declared, and every other kind of check; the full
+tier (``KERNELHUB_TEST_TIER=full``) adds the rest of the matrix: inductor on every sample, the Triton
+interpreter on every case, the property tests' full example count, the real ahead-of-time build. A test or
+case that only the full tier runs carries the ``full`` marker, with its reason; the fast tier deselects it
+(pytest reports the count). docs/reliability.md lists which checks run in which tier.
+"""
+
 import os
 from pathlib import Path
 
@@ -5,6 +15,7 @@ import pytest
 import torch
 
 import kernelhub
+from kernelhub import testing
 from kernelhub.config import TuneConfig
 
 DEFAULT_CACHE_PATH = TuneConfig.cache_path  # for the test of the default location itself
@@ -19,6 +30,32 @@ for var in ("KERNELHUB_CONFIG", "KERNELHUB_KILL_SWITCH", "KERNELHUB_DISABLE"):
     os.environ.pop(var, None)
 
 
+TIER = pytest.StashKey[str]()
+DESELECTED = pytest.StashKey[list]()  # the items the fast tier left out, for the tiers' own test
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "full(reason): runs in the full tier only (KERNELHUB_TEST_TIER=full)")
+    config.addinivalue_line("markers", "xdist_group(name): tests pytest-xdist runs in one worker (--dist loadgroup)")
+    try:
+        config.stash[TIER] = testing.tier()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_collection_modifyitems(config, items):
+    left_out = [] if config.stash[TIER] == "full" else [i for i in items if i.get_closest_marker("full")]
+    config.stash[DESELECTED] = left_out
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        keep = set(map(id, left_out))
+        items[:] = [i for i in items if id(i) not in keep]
+
+
+def pytest_report_header(config):
+    return f"kernelhub test tier: {config.stash[TIER]} (KERNELHUB_TEST_TIER=full runs the full matrix)"
+
+
 @pytest.fixture(autouse=True)
 def fresh_hub(monkeypatch, tmp_path):
     """Each test starts from the built-in defaults, in an empty working directory, with no tuned winners
@@ -31,3 +68,34 @@ def fresh_hub(monkeypatch, tmp_path):
     yield
     monkeypatch.undo()
     kernelhub.reload()
+
+
+@pytest.fixture(scope="session")
+def seed_cuda_ext_cache():
+    """A function that puts the cuda_ext library this session loaded where a first use under another cache
+    home (``XDG_CACHE_HOME``) looks for it, so a subprocess with its own cache loads it instead of compiling
+    again: one build per test session, none with the ahead-of-time library. A no-op where cuda_ext did not load."""
+    import shutil
+
+    def seed(cache_home: Path) -> Path | None:
+        try:
+            from kernelhub_cuda_ext import _build, _lib
+        except ImportError:
+            return None
+        if _lib.load() is not None:
+            return None
+        directory = _lib.first_use_dir(_build.cache_root_under(cache_home))
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for d in (directory, *list(directory.parents)[:2]):  # .../kernelhub/cuda_ext/<name>-<key>: private
+            d.chmod(0o700)
+        shutil.copyfile(_lib.loaded_from(), directory / f"{_lib.NAME}.so")
+        (directory / "built").write_text("ok\n")
+        return directory
+    return seed
+
+
+@pytest.fixture
+def tier_selection(request):
+    """(tier, the items this session runs, the items the fast tier left out)."""
+    config = request.config
+    return config.stash[TIER], list(request.session.items), config.stash.get(DESELECTED, [])

@@ -125,37 +125,57 @@ def test_a_failing_build_makes_the_backend_unavailable_with_the_reason(monkeypat
         kernelhub.reload()
 
 
-def test_ahead_of_time_build_is_loaded_instead_of_compiling_unless_unsafe(tmp_path):
-    # torch importable at build time (no build isolation): setup.py compiles _C_<torch>_<digest>.so into the
-    # package, and the backend loads it without touching the compile-on-first-use cache
-    target, cache, src = tmp_path / "site", tmp_path / "cache", tmp_path / "src"
-    shutil.copytree(_build.CSRC.parent.parent, src,  # a clean copy: no stale build/ of a developer's tree
-                    ignore=shutil.ignore_patterns("build", "*.egg-info", "*.so", "__pycache__"))
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
-                          "--target", str(target), str(src)], capture_output=True, text=True)
-    assert pip.returncode == 0, pip.stderr[-2000:]
-    code = ("from kernelhub_cuda_ext import _lib\n"
-            "print(_lib.load()); print(_lib.loaded_from())")
+def _load_in_subprocess(target, cache):
+    code = "from kernelhub_cuda_ext import _lib\nprint(_lib.load()); print(_lib.loaded_from())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(target), "XDG_CACHE_HOME": str(cache)})
-    reason, loaded = out.stdout.split("\n")[:2]
-    assert reason == "None", out.stdout + out.stderr
+    reason, loaded = (out.stdout.split("\n") + ["", ""])[:2]
+    return reason, loaded, out.stdout + out.stderr
+
+
+@built
+def test_ahead_of_time_build_is_loaded_instead_of_compiling_unless_unsafe(tmp_path, seed_cuda_ext_cache):
+    # a package holding _C_<torch>_<digest>.so (setup.py's name for it; the library is this session's build,
+    # so nothing compiles here: the real setup.py build is the full tier's test below) is loaded without
+    # touching the compile-on-first-use cache
+    target, cache = tmp_path / "site", tmp_path / "cache"
+    package = target / "kernelhub_cuda_ext"
+    shutil.copytree(_build.CSRC.parent, package, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    shutil.copyfile(_lib.loaded_from(), package / f"{_build.aot_name(torch.__version__)}.so")
+    reason, loaded, log = _load_in_subprocess(target, cache)
+    assert reason == "None", log
     assert loaded.startswith(str(target)) and _build.aot_name(torch.__version__) in loaded
     assert not cache.exists()  # nothing compiled at first use
     # sources changed since the build (an in-place build of a developer's tree): the library is not found
-    header = target / "kernelhub_cuda_ext" / "csrc" / "ops.h"
+    header = package / "csrc" / "ops.h"
     original = header.read_text()
     header.write_text(original + "// edited\n")
     stale = subprocess.run([sys.executable, "-c", "from kernelhub_cuda_ext import _lib; print(_lib.aot_library())"],
                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(target)})
     assert stale.stdout.strip() == "None", stale.stdout + stale.stderr
     header.write_text(original)
-    # a package directory others can write to: its library is not loaded, the backend compiles its own
-    (target / "kernelhub_cuda_ext").chmod(0o777)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(target), "XDG_CACHE_HOME": str(cache)})
-    reason, loaded = out.stdout.split("\n")[:2]
-    assert reason == "None" and loaded.startswith(str(cache)), out.stdout + out.stderr
+    # a package directory others can write to: its library is not loaded, the backend takes its own first-use
+    # build (seeded with this session's: the same sources, so the same key and directory)
+    seed_cuda_ext_cache(cache)
+    package.chmod(0o777)
+    reason, loaded, log = _load_in_subprocess(target, cache)
+    assert reason == "None" and loaded.startswith(str(cache)), log
+
+
+@pytest.mark.full("compiles the C++ sources once more, through setup.py (a minute on 2 cores)")
+def test_setup_py_builds_the_ahead_of_time_library(tmp_path):
+    # torch importable at build time (no build isolation): setup.py compiles _C_<torch>_<digest>.so into the
+    # package, which the backend loads
+    target, cache, src = tmp_path / "site", tmp_path / "cache", tmp_path / "src"
+    shutil.copytree(_build.CSRC.parent.parent, src,  # a clean copy: no stale build/ of a developer's tree
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "*.so", "__pycache__"))
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
+                          "--target", str(target), str(src)], capture_output=True, text=True)
+    assert pip.returncode == 0, pip.stderr[-2000:]
+    reason, loaded, log = _load_in_subprocess(target, cache)
+    assert reason == "None", log
+    assert loaded.startswith(str(target)) and _build.aot_name(torch.__version__) in loaded
+    assert not cache.exists()
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o770])

@@ -1,7 +1,7 @@
 """Every code block of the user guide and the backend-author guide runs, in order, as a reader would run it.
 
 Each guide runs in an empty directory of its own, with its own config and cache directories (shared by the
-two guides, so cuda_ext compiles at most once). Block kinds:
+two guides); the cache holds a copy of the test session's cuda_ext build, so no block compiles it again. Block kinds:
 
 - ``python``: run as a program (``python -c``), in that directory;
 - ``bash``: run by ``bash -euo pipefail`` there, with this interpreter's ``bin`` first on PATH;
@@ -34,8 +34,10 @@ def blocks(text: str) -> list[tuple[str, str, int]]:
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-    return tmp_path_factory.mktemp("guide-home")
+def shared(tmp_path_factory, seed_cuda_ext_cache):
+    home = tmp_path_factory.mktemp("guide-home")
+    seed_cuda_ext_cache(home / "cache")  # the session's cuda_ext build: the blocks load it, none compiles
+    return home
 
 
 def _env(home: Path, site: Path) -> dict:

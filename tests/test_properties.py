@@ -15,7 +15,7 @@ function per op, and a new op must add one), a value mode and a memory layout pe
 
 On failure the message repeats the drawn case (op, backend, dtype, shapes, layouts, values, torch seed) and
 hypothesis prints the falsifying draws and a `@reproduce_failure` blob. ``KERNELHUB_PROPERTY_EXAMPLES`` sets the
-examples per impl (default 10), ``KERNELHUB_PROPERTY_DEVICES`` the devices (default "cpu,cuda"). The examples are
+examples per impl (default 10 in the full tier, 3 in the fast one, the first 3 of the same sequence), ``KERNELHUB_PROPERTY_DEVICES`` the devices (default "cpu,cuda"). The examples are
 the same in every run (CI stays reproducible) unless ``KERNELHUB_PROPERTY_RANDOM=1`` draws new ones. Without a GPU
 the Triton kernels run under the interpreter; inductor (a compile per shape) is left out unless
 ``KERNELHUB_TEST_INDUCTOR=all``.
@@ -34,7 +34,8 @@ from kernelhub import accumulation_dtype, testing
 from kernelhub.testing.tolerances import call_tolerance, tolerance_for
 
 kernelhub.reload()
-EXAMPLES = int(os.environ.get("KERNELHUB_PROPERTY_EXAMPLES", "10"))
+# the full tier's 10 examples per impl; the fast tier's 3 (the interpreted Triton kernels dominate the time)
+EXAMPLES = int(os.environ.get("KERNELHUB_PROPERTY_EXAMPLES", "") or (10 if testing.tier() == "full" else 3))
 RANDOM = os.environ.get("KERNELHUB_PROPERTY_RANDOM", "") == "1"  # new examples each run (else the same each run)
 DEVICES = [d for d in ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
            if d in os.environ.get("KERNELHUB_PROPERTY_DEVICES", "cpu,cuda").split(",")]

@@ -19,6 +19,7 @@ values; on the rest, ``max|out - ref| / max|ref|`` must not exceed the tolerance
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -32,22 +33,47 @@ __all__ = [
     "Case", "cases", "samples", "parity_error", "reference", "run", "check_parity", "check_opcheck",
     "check_gradcheck", "check_noncontiguous", "check_bad_inputs", "noncontiguous", "to_dtype", "leaves",
     "with_grad", "fresh_leaves", "supported", "NothingChecked", "is_skip", "cuda_args", "copy_into",
-    "check_no_host_sync", "check_cuda_graph_replay",
+    "check_no_host_sync", "check_cuda_graph_replay", "tier",
 ]
+
+TIERS = ("fast", "full")
+
+
+def tier() -> str:
+    """The test tier asked for by ``KERNELHUB_TEST_TIER``: "fast" (the default: every op x backend in float32
+    and float64 on a few samples, what CI runs) or "full" (every case of the matrix)."""
+    value = os.environ.get("KERNELHUB_TEST_TIER", "") or "fast"
+    if value not in TIERS:
+        raise ValueError(f"KERNELHUB_TEST_TIER={value!r}; allowed: {list(TIERS)}")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One parity case: an op, a backend, a dtype, a device and a sample size."""
+    """One parity case: an op, a backend, a dtype, a device and a sample size (``sample``: only the sample of
+    that size with this name, e.g. one shape bucket where each costs a compile; None: every sample)."""
 
     op: str
     backend: str
     dtype: torch.dtype
     device: str
     size: str
+    sample: str | None = None
 
     def __str__(self) -> str:
-        return f"{self.op}-{self.backend}-{str(self.dtype).removeprefix('torch.')}-{self.device}-{self.size}"
+        name = f"{self.op}-{self.backend}-{str(self.dtype).removeprefix('torch.')}-{self.device}-{self.size}"
+        return name if self.sample is None else f"{name}-{self.sample}"
+
+    def samples(self, seed: int = 0) -> list[SampleInput]:
+        """The case's samples (all of its size, or the one named)."""
+        every = samples(self.op, self.size, self.dtype, self.device, seed)
+        if self.sample is None:
+            return every
+        chosen = [s for s in every if s.name == self.sample]
+        if not chosen:
+            raise ValueError(f"{self.op} has no {self.size} sample named {self.sample!r}; it has "
+                             f"{[s.name for s in every]}")
+        return chosen
 
 
 def _spec(op: str) -> OpSpec:
@@ -254,8 +280,7 @@ def check_parity(case: Case, seed: int = 0) -> None:
     rejects with a reason: refused when forced, see `supported`)."""
     spec = _spec(case.op)
     tol = spec.tolerances[case.dtype]
-    for sample in _to_check(case.op, case.backend, samples(case.op, case.size, case.dtype, case.device, seed),
-                            str(case)):
+    for sample in _to_check(case.op, case.backend, case.samples(seed), str(case)):
         fwd, bwd = measure(case.op, case.backend, sample.args)
         assert fwd <= tol.forward, f"{case} [{sample.name}]: forward error {fwd:.3g} > {tol.forward:.3g}"
         assert bwd <= tol.backward, f"{case} [{sample.name}]: backward error {bwd:.3g} > {tol.backward:.3g}"
@@ -265,8 +290,7 @@ def check_noncontiguous(case: Case, seed: int = 0) -> None:
     """Non-contiguous inputs give the result of their contiguous copies, within the dtype's tolerance
     (forward and gradients)."""
     spec = _spec(case.op)
-    for sample in _to_check(case.op, case.backend, samples(case.op, case.size, case.dtype, case.device, seed),
-                            str(case)):
+    for sample in _to_check(case.op, case.backend, case.samples(seed), str(case)):
         ref_out, _ = run(case.op, case.backend, sample.args)
         grad = upstream_grad(ref_out)
         want, want_g = run(case.op, case.backend, sample.args, grad)
@@ -287,15 +311,18 @@ def check_opcheck(op: str, backend: str = "", size: str = "small", device: str =
         assert not bad, f"opcheck of {op} [{sample.name}] failed: {bad}"
 
 
-def check_gradcheck(op: str, backend: str, device: str = "cpu", fast_mode: bool = False) -> None:
+def check_gradcheck(op: str, backend: str, device: str = "cpu", fast_mode: bool = False,
+                    sample: str | None = None) -> None:
     """torch.autograd.gradcheck in float64 on the small samples (``fast_mode``: against one random
-    projection of the Jacobian instead of all of it, for slow kernels such as interpreted ones)."""
+    projection of the Jacobian instead of all of it, for slow kernels such as interpreted ones; ``sample``:
+    only the small sample of that name)."""
     spec = _spec(op)
     overload = getattr(torch.ops.kernelhub, op).default
     fn = lambda *a: overload(*a, backend)  # noqa: E731
     # an impl that adds with atomics gives backwards that differ in the last bits from run to run
     nondet_tol = 0.0 if kernelhub.get_hub().registry.impls(op)[backend].deterministic else 1e-12
-    for sample in _to_check(op, backend, samples(op, "small", torch.float64, device), f"gradcheck of {op} on {backend}"):
+    case = Case(op, backend, torch.float64, str(device), "small", sample)
+    for sample in _to_check(op, backend, case.samples(), f"gradcheck of {op} on {backend}"):
         args = list(sample.args)
         diff = spec.differentiable
 

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["BuildError", "build", "cache_root", "check_private", "library_key", "aot_name"]
+__all__ = ["BuildError", "build", "cache_root", "check_private", "library_key", "library_dir", "aot_name",
+           "cache_root_under"]
 
 BUILD_TIMEOUT_S = 900  # compiling the CPU and CUDA sources takes 1-4 minutes on 2 cores
 CSRC = Path(__file__).parent / "csrc"
@@ -42,8 +43,12 @@ class BuildError(RuntimeError):
 
 
 def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kernelhub" / "cuda_ext"
+    return cache_root_under(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"))
+
+
+def cache_root_under(cache_home: str | Path) -> Path:
+    """The build cache's root under a user cache directory (``XDG_CACHE_HOME``)."""
+    return Path(cache_home) / "kernelhub" / "cuda_ext"
 
 
 def _cpu_id() -> str:
@@ -78,6 +83,17 @@ def library_key(sources: list[Path], flags: dict, with_cuda: bool) -> str:
         caps = [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
         h.update(f"{os.environ.get('TORCH_CUDA_ARCH_LIST', '')}|{caps}".encode())
     return h.hexdigest()[:16]
+
+
+def _flags(with_cuda: bool) -> dict:
+    return {"cflags": ["-O3", "-march=native", "-fopenmp", "-fno-math-errno"], "ldflags": ["-fopenmp"],
+            "cuda_cflags": ["-O3"] if with_cuda else []}
+
+
+def library_dir(name: str, sources: list[Path], with_cuda: bool, root: Path | None = None) -> Path:
+    """The directory `build` builds ``name`` from ``sources`` into (and looks for it in) under ``root``."""
+    root = cache_root() if root is None else root
+    return root / f"{name}-{library_key(sources, _flags(with_cuda), with_cuda)}"
 
 
 def _make_private(path: Path) -> None:
@@ -119,9 +135,8 @@ def build(name: str, sources: list[Path], with_cuda: bool, root: Path | None = N
 
     timeout = BUILD_TIMEOUT_S if timeout is None else timeout
     root = cache_root() if root is None else root
-    flags = {"cflags": ["-O3", "-march=native", "-fopenmp", "-fno-math-errno"], "ldflags": ["-fopenmp"],
-             "cuda_cflags": ["-O3"] if with_cuda else []}
-    directory = root / f"{name}-{library_key(sources, flags, with_cuda)}"
+    flags = _flags(with_cuda)
+    directory = library_dir(name, sources, with_cuda, root)
     try:
         _make_private(root)
         _make_private(directory)

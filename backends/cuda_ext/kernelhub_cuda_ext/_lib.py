@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from kernelhub_cuda_ext._build import CSRC, BuildError, aot_name, build, check_private
+from kernelhub_cuda_ext._build import CSRC, BuildError, aot_name, build, check_private, library_dir
 
-__all__ = ["load", "NAME", "aot_library", "loaded_from"]
+__all__ = ["load", "NAME", "aot_library", "loaded_from", "first_use_dir"]
 
 NAME = "kernelhub_cuda_ext"
 _LOCK = threading.Lock()
@@ -27,6 +27,18 @@ def aot_library() -> Path | None:
 
 def loaded_from() -> str | None:
     return _FROM[0] if _FROM else None
+
+
+def _first_use_sources() -> tuple[list[Path], bool]:
+    """The sources a first use compiles, and whether with CUDA."""
+    no_cuda = _no_cuda_reason()
+    return sorted(CSRC.glob("*.cpp")) + (sorted(CSRC.glob("*.cu")) if no_cuda is None else []), no_cuda is None
+
+
+def first_use_dir(root: Path | None = None) -> Path:
+    """Where a first use builds the library (and finds it built) under the cache ``root`` (default: the user's)."""
+    sources, with_cuda = _first_use_sources()
+    return library_dir(NAME, sources, with_cuda, root)
 
 
 def _no_cuda_reason() -> str | None:
@@ -86,8 +98,8 @@ def load() -> str | None:
                     except (BuildError, OSError):  # replaceable by others, or not loadable: compile our own
                         library = None
                 if library is None:
-                    sources = sorted(CSRC.glob("*.cpp")) + (sorted(CSRC.glob("*.cu")) if no_cuda is None else [])
-                    library = build(NAME, sources, with_cuda=no_cuda is None)
+                    sources, with_cuda = _first_use_sources()
+                    library = build(NAME, sources, with_cuda=with_cuda)
                     check_private(library.parent)
                     check_private(library)
                     torch.ops.load_library(str(library))

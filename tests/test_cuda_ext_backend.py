@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -167,7 +168,8 @@ def test_setup_py_builds_the_ahead_of_time_library(tmp_path):
     # torch importable at build time (no build isolation): setup.py compiles _C_<torch>_<digest>.so into the
     # package, which the backend loads
     target, cache, src = tmp_path / "site", tmp_path / "cache", tmp_path / "src"
-    shutil.copytree(_build.CSRC.parent.parent, src,  # a clean copy: no stale build/ of a developer's tree
+    # a clean copy of this repository's backend (the installed package may hold no setup.py): no stale build/
+    shutil.copytree(Path(__file__).resolve().parents[1] / "backends" / "cuda_ext", src,
                     ignore=shutil.ignore_patterns("build", "*.egg-info", "*.so", "__pycache__"))
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
                           "--target", str(target), str(src)], capture_output=True, text=True)

@@ -5,7 +5,7 @@ least one parity case in float32 and one in float64 where declared, and every ot
 tier (``KERNELHUB_TEST_TIER=full``) adds the rest of the matrix: inductor on every sample, the Triton
 interpreter on every case, the property tests' full example count, the real ahead-of-time build. A test or
 case that only the full tier runs carries the ``full`` marker, with its reason; the fast tier deselects it
-(pytest reports the count). docs/reliability.md lists which checks run in which tier.
+(the session's summary says so). docs/reliability.md lists which checks run in which tier.
 """
 
 import os
@@ -52,8 +52,15 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [i for i in items if id(i) not in keep]
 
 
-def pytest_report_header(config):
-    return f"kernelhub test tier: {config.stash[TIER]} (KERNELHUB_TEST_TIER=full runs the full matrix)"
+def pytest_terminal_summary(terminalreporter, config):
+    """One line on the tier (under pytest-xdist the controller collects nothing, so no count there)."""
+    if config.stash[TIER] == "full":
+        terminalreporter.write_line("kernelhub test tier: full")
+        return
+    left_out = config.stash.get(DESELECTED, None)
+    count = f"{len(left_out)} tests" if left_out is not None else "the tests"
+    terminalreporter.write_line(f"kernelhub test tier: fast; {count} marked `full` left out "
+                                "(KERNELHUB_TEST_TIER=full runs them)")
 
 
 @pytest.fixture(autouse=True)

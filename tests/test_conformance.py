@@ -8,6 +8,8 @@ case in float32 and in float64 where declared:
   machine per case of several samples);
 - triton under the interpreter (no GPU): the small samples in every dtype, the edge ones in float32 and
   float64; its medium ones (seconds each, semiconv's tens of seconds) in the full tier. On a GPU every case.
+Non-contiguous inputs: the small samples, in the fast tier without inductor and with the interpreter in
+float32 and float64 only.
 """
 
 import dataclasses
@@ -39,7 +41,7 @@ def _as_tiered(case):
             reason = "inductor compiles each shape bucket; the fast tier runs one small sample per dtype"
     elif case.backend == "triton" and case.device == "cpu":  # CPU tensors: the interpreter
         if case.size == "medium" or (case.size == "edge" and case.dtype not in WIDE):
-            reason = "the Triton interpreter: small samples in every dtype, edge ones in float32 and float64"
+            reason = "the Triton interpreter: the small samples in every dtype, edge ones in float32 and float64"
     marks = [pytest.mark.full(reason)] if reason else []
     return pytest.param(case, marks=marks, id=str(case))
 
@@ -74,8 +76,8 @@ def test_parity(case):
 
 def _noncontiguous(param):
     """Non-contiguous inputs on the small samples; the fast tier leaves out inductor (its strides are
-    torch_ref's code compiled again: a second compile per case, 3-40 s each) and the interpreter's float16 /
-    bfloat16."""
+    torch_ref's code compiled again: a second compile per case, 3-40 s each) and the interpreter in dtypes
+    other than float32 and float64."""
     case = param.values[0]
     if param.marks or not FAST:
         return param

@@ -322,8 +322,8 @@ def check_gradcheck(op: str, backend: str, device: str = "cpu", fast_mode: bool 
     # an impl that adds with atomics gives backwards that differ in the last bits from run to run
     nondet_tol = 0.0 if kernelhub.get_hub().registry.impls(op)[backend].deterministic else 1e-12
     case = Case(op, backend, torch.float64, str(device), "small", sample)
-    for sample in _to_check(op, backend, case.samples(), f"gradcheck of {op} on {backend}"):
-        args = list(sample.args)
+    for checked in _to_check(op, backend, case.samples(), f"gradcheck of {op} on {backend}"):
+        args = list(checked.args)
         diff = spec.differentiable
 
         def f(*inputs, args=args):
@@ -341,7 +341,7 @@ def check_gradcheck(op: str, backend: str, device: str = "cpu", fast_mode: bool 
         inputs = leaves(op, with_grad(op, args))
         assert torch.autograd.gradcheck(f, tuple(inputs), eps=1e-6, atol=1e-5, rtol=1e-4, fast_mode=fast_mode,
                                         nondet_tol=nondet_tol), \
-            f"gradcheck of {op} on {backend} [{sample.name}] failed"
+            f"gradcheck of {op} on {backend} [{checked.name}] failed"
 
 
 def check_bad_inputs(op: str, backend: str | None = None) -> None:

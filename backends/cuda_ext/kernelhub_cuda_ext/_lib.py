@@ -29,15 +29,14 @@ def loaded_from() -> str | None:
     return _FROM[0] if _FROM else None
 
 
-def _first_use_sources() -> tuple[list[Path], bool]:
-    """The sources a first use compiles, and whether with CUDA."""
-    no_cuda = _no_cuda_reason()
+def _first_use_sources(no_cuda: str | None) -> tuple[list[Path], bool]:
+    """The sources a first use compiles, and whether with CUDA (``no_cuda``: `_no_cuda_reason()`)."""
     return sorted(CSRC.glob("*.cpp")) + (sorted(CSRC.glob("*.cu")) if no_cuda is None else []), no_cuda is None
 
 
 def first_use_dir(root: Path | None = None) -> Path:
     """Where a first use builds the library (and finds it built) under the cache ``root`` (default: the user's)."""
-    sources, with_cuda = _first_use_sources()
+    sources, with_cuda = _first_use_sources(_no_cuda_reason())
     return library_dir(NAME, sources, with_cuda, root)
 
 
@@ -98,7 +97,7 @@ def load() -> str | None:
                     except (BuildError, OSError):  # replaceable by others, or not loadable: compile our own
                         library = None
                 if library is None:
-                    sources, with_cuda = _first_use_sources()
+                    sources, with_cuda = _first_use_sources(no_cuda)
                     library = build(NAME, sources, with_cuda=with_cuda)
                     check_private(library.parent)
                     check_private(library)

@@ -345,7 +345,11 @@ def cmd_check(args: argparse.Namespace) -> dict:
     reason = hub.registry.unavailable_reason(name)
     if reason is not None:
         rows.append({"op": "-", "check": "available", "status": "fail", "detail": reason})
-    ops = [op for op in sorted(hub.registry.specs) if name in hub.registry.impls(op)] if reason is None else []
+    served = [op for op in sorted(hub.registry.specs) if name in hub.registry.impls(op)]
+    unknown = [op for op in args.op or () if op not in served]
+    if unknown:
+        raise KernelhubError(f"--op {unknown[0]!r}: backend {name!r} has no impl of it; it serves {served}")
+    ops = [op for op in served if not args.op or op in args.op] if reason is None else []
     for op in ops:
         impl = hub.registry.impls(op)[name]
         if impl.devices is not None and device not in impl.devices:
@@ -428,6 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "check":
             p.add_argument("backend", help="a backend name, e.g. cuda_ext or your plugin's")
             p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+            p.add_argument("--op", action="append", metavar="OP",
+                           help="check only this op (repeat for several; default: every op the backend serves)")
     return parser
 
 

@@ -6,10 +6,11 @@ case in float32 and in float64 where declared:
 - inductor: float32 and float64 only (its float16 / bfloat16 graphs are the same code computing in float32),
   and in the fast tier one small sample per dtype: each shape bucket is a compile (20-50 s of a cold 2-core
   machine per case of several samples);
-- triton under the interpreter (no GPU): the small samples in every dtype, the edge ones in float32 and
-  float64; its medium ones (seconds each, semiconv's tens of seconds) in the full tier. On a GPU every case.
+- triton under the interpreter (no GPU): the small samples in float32 and float64 (in the fast tier the first
+  small sample in the other dtypes), the edge ones in float32 and float64; its medium ones (seconds each,
+  semiconv's tens of seconds) in the full tier. On a GPU every case.
 Non-contiguous inputs: the small samples, in the fast tier without inductor and with the interpreter in
-float32 and float64 only.
+float32 and float64 on the first small sample only.
 """
 
 import dataclasses
@@ -42,6 +43,8 @@ def _as_tiered(case):
     elif case.backend == "triton" and case.device == "cpu":  # CPU tensors: the interpreter
         if case.size == "medium" or (case.size == "edge" and case.dtype not in WIDE):
             reason = "the Triton interpreter: the small samples in every dtype, edge ones in float32 and float64"
+        elif FAST and case.size == "small" and case.dtype not in WIDE:  # semiconv's six: 20 s per dtype
+            case = dataclasses.replace(case, sample=_first_small_sample(case))
     marks = [pytest.mark.full(reason)] if reason else []
     return pytest.param(case, marks=marks, id=str(case))
 
@@ -76,15 +79,18 @@ def test_parity(case):
 
 def _noncontiguous(param):
     """Non-contiguous inputs on the small samples; the fast tier leaves out inductor (its strides are
-    torch_ref's code compiled again: a second compile per case, 3-40 s each) and the interpreter in dtypes
-    other than float32 and float64."""
+    torch_ref's code compiled again: a second compile per case, 3-40 s each) and runs the interpreter in
+    float32 and float64 on the first small sample (semiconv's six took 45 s per dtype)."""
     case = param.values[0]
     if param.marks or not FAST:
         return param
     if case.backend == "inductor":
         return pytest.param(case, marks=pytest.mark.full("inductor: a compile per stride pattern"), id=str(case))
-    if case.backend == "triton" and case.device == "cpu" and case.dtype not in WIDE:
-        return pytest.param(case, marks=pytest.mark.full("the Triton interpreter: float32 and float64"), id=str(case))
+    if case.backend == "triton" and case.device == "cpu":
+        if case.dtype not in WIDE:
+            return pytest.param(case, marks=pytest.mark.full("the Triton interpreter: float32 and float64"),
+                                id=str(case))
+        return pytest.param(dataclasses.replace(case, sample=_first_small_sample(case)), id=str(case))
     return param
 
 

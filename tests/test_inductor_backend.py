@@ -40,9 +40,12 @@ def test_the_tuner_picks_it_where_it_is_fastest_and_reports_its_compile_time(mon
     assert set(c) == {"inductor", "torch_ref"} and c["inductor"]["error"] is None
     # the compile is the first call, timed apart; the timed runs are warm (fused trilinear: several x eager)
     assert c["inductor"]["first_call_s"] > 10 * c["inductor"]["step_ms"] / 1e3
-    assert c["inductor"]["step_ms"] < c["torch_ref"]["step_ms"]
+    # the faster one wins (inductor, by several x, on an idle machine; two xdist workers on two cores once timed
+    # it 2.4x slower than torch_ref, so the test follows the measurement rather than assume it)
+    fastest = min(c, key=lambda n: c[n]["step_ms"])
+    assert data["tuned"][0]["winner"] == fastest
     decision = kernelhub.explain("trilinear_interp", FEATS, POINTS)
-    assert decision.chosen == "inductor" and "tuned winner" in decision.candidates[0].reasons[0]
+    assert decision.chosen == fastest and "tuned winner" in decision.candidates[0].reasons[0]
 
 
 def test_a_bucket_compiles_a_few_times_not_per_size_inside_an_outer_fullgraph_compile(monkeypatch):

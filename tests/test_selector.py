@@ -409,8 +409,16 @@ def test_cli_check_passes_a_correct_backend_and_fails_a_wrong_one(capsys, instal
 
 
 def test_cli_check_runs_opcheck_and_gradcheck_where_float64_is_declared(capsys):
-    assert cli.main(["check", "torch_ref", "--json"]) == 0
+    # two ops (--op); the user guide's last block runs `kernelhub check torch_ref` on every op
+    assert cli.main(["check", "torch_ref", "--op", "tv_loss_l1_3d", "--op", "tikhonov_inverse_2xn", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     checks = {(r["op"], r["check"]) for r in data["rows"]}
-    assert ("tv_loss_l1_3d", "opcheck float64") in checks and ("semiconv", "gradcheck float64") in checks
-    assert data["fail"] == 0 and data["pass"] > 100
+    assert {r["op"] for r in data["rows"]} == {"tv_loss_l1_3d", "tikhonov_inverse_2xn"}
+    assert {(op, f"{c} float64") for op in ("tv_loss_l1_3d", "tikhonov_inverse_2xn")
+            for c in ("opcheck", "gradcheck")} <= checks
+    assert data["fail"] == 0 and data["pass"] > 10
+
+
+def test_cli_check_refuses_an_op_the_backend_does_not_serve(capsys):
+    assert cli.main(["check", "torch_ref", "--op", "no_such_op"]) == 2
+    assert "--op 'no_such_op'" in capsys.readouterr().out

@@ -31,6 +31,7 @@ atomics and the impl says it is not deterministic.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 import threading
@@ -52,11 +53,14 @@ _LOCK = threading.RLock()
 
 
 def unavailable_reason() -> str | None:
+    # found, not imported: importing inductor imports dynamo (2-3 s of a process's start, paid by every CLI
+    # command that decides a call); an install where it is found but fails to import raises at the first
+    # compile, and the hub falls back from a raising impl
     try:
-        import torch._inductor.config  # noqa: F401
+        found = importlib.util.find_spec("torch._inductor") is not None
     except Exception as exc:
-        return f"torch.compile's inductor cannot be imported: {type(exc).__name__}: {exc}"
-    return None
+        return f"torch.compile's inductor cannot be found: {type(exc).__name__}: {exc}"
+    return None if found else "torch.compile's inductor is not part of this torch"
 
 
 def _cxx() -> str | None:

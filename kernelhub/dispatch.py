@@ -12,10 +12,23 @@ The forward's autograd formula calls the backward operator, which selects again 
 the same key and so reaches the backend that ran the forward. Both have fake
 implementations from the spec, so ``torch.compile(fullgraph=True)`` sees two opaque
 nodes and never breaks the graph.
+
+The eager fast path: where nothing traces (no dynamo, no functorch transform, no dispatch mode
+such as fake tensors, only plain tensors off the meta device), `OpHandle` skips the
+operators and runs the same hub calls (`Hub.run_forward` / `Hub.backward_grads`: the same
+cached decision, fallback, output checks, kill switch, pins, tuned winners) through one
+`torch.autograd.Function`. The Python custom-op dispatch (schema binding, the autograd
+kernel, the operator's redispatch) costs about as much again as such a Function (the
+per-call cost issue, docs/benchmarks.md); what is left per call is the argument checks,
+the decision-cache key (a tuple of each tensor's device, dtype, shape and contiguity), one
+dict lookup and the Function's own bookkeeping; where no input requires grad (or grad mode is off), not
+even the Function: the hub's forward is called directly. ``KERNELHUB_EAGER_FAST_PATH=0`` (read at
+import) always takes the operators.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,10 +36,27 @@ import torch
 
 from kernelhub.spec import OpSpec
 
-__all__ = ["define_ops", "OpHandle", "NAMESPACE"]
+__all__ = ["define_ops", "OpHandle", "NAMESPACE", "traced", "EAGER_FAST_PATH"]
 
 NAMESPACE = "kernelhub"
 _DEFINED: dict[str, tuple[Any, Any]] = {}
+EAGER_FAST_PATH = os.environ.get("KERNELHUB_EAGER_FAST_PATH", "1") != "0"
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active",
+                            lambda: torch._C._functorch.peek_interpreter_stack() is not None)
+
+
+def traced(args: Sequence[Any]) -> bool:
+    """Whether a call must go through the torch.library operators: dynamo is tracing, a functorch transform
+    (vmap, grad, jvp) or a dispatch mode (fake tensors, make_fx, FlopCounterMode) is active, or an argument is
+    a tensor subclass or on the meta device. Otherwise the eager fast path serves it."""
+    if torch.compiler.is_compiling() or _functorch_active() or torch._C._len_torch_dispatch_stack():
+        return True
+    for a in args:
+        for t in (a if isinstance(a, list) else (a,)):
+            if isinstance(t, torch.Tensor) and (type(t) not in _PLAIN or t.is_meta):
+                return True
+    return False
 
 
 def _placeholders(spec: OpSpec, args: Sequence[Any], needs: Sequence[bool]) -> list[torch.Tensor]:
@@ -116,18 +146,90 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable) -> A
     return overload
 
 
+class KernelhubFunction(torch.autograd.Function):
+    """The eager fast path's autograd glue: ``apply(handle, args, layout, *tensors)``, ``tensors`` being every
+    tensor of ``args`` in order (a "tensors" argument's elements one by one, so autograd sees them) and
+    ``layout`` each tensor argument's (position, -1 for a tensor or the length of a list)."""
+
+    @staticmethod
+    def forward(ctx, handle: OpHandle, args: tuple, layout: tuple, *tensors: torch.Tensor) -> torch.Tensor:
+        ctx.handle, ctx.layout = handle, layout
+        ctx.others = list(args)
+        for i, _ in layout:
+            ctx.others[i] = None
+        ctx.save_for_backward(*tensors)
+        return handle.run_forward(handle.spec.name, args, handle.backend)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        with torch.no_grad():
+            grads = tuple(KernelhubFunction._backward(ctx, grad))
+        if not torch.is_grad_enabled():
+            return grads
+        # create_graph=True: gradients that raise if differentiated (what once_differentiable does, with a message)
+        err = torch._C._functions.DelayedError(
+            f"kernelhub.{ctx.handle.spec.name}: double backward is not supported".encode(), len(grads))
+        return err(*[g if g is None else g.detach().requires_grad_() for g in grads])
+
+    @staticmethod
+    def _backward(ctx, grad: torch.Tensor) -> list:
+        handle = ctx.handle
+        tensors, needs_input = ctx.saved_tensors, ctx.needs_input_grad[3:]
+        args, flat_of, pos = list(ctx.others), {}, 0
+        for i, n in ctx.layout:  # the tensors back into their arguments
+            if n < 0:
+                args[i], flat_of[i] = tensors[pos], pos
+                pos += 1
+            else:
+                args[i], flat_of[i] = list(tensors[pos:pos + n]), range(pos, pos + n)
+                pos += n
+        diff = handle.spec.differentiable
+        needs = [needs_input[flat_of[i]] if isinstance(flat_of[i], int) else any(needs_input[k] for k in flat_of[i])
+                 for i in diff]
+        grads = handle.run_backward(handle.spec.name, grad, tuple(args), needs, handle.backend)
+        out: list[Any] = [None, None, None] + [None] * len(tensors)
+        for i, g in zip(diff, grads):  # each differentiable argument's gradient -> its tensors' slots
+            if g is None:
+                continue
+            if isinstance(flat_of[i], int):
+                out[3 + flat_of[i]] = g
+            else:
+                for k, gk in zip(flat_of[i], g):
+                    out[3 + k] = gk if needs_input[k] else None
+        return out
+
+
 class OpHandle:
-    """The callable returned by ``kernelhub.op(name)``: normalises arguments, calls the operator."""
+    """The callable returned by ``kernelhub.op(name)``: normalises arguments, then runs the eager fast path
+    (`KernelhubFunction`) where nothing traces (`traced`), else calls the operator."""
 
-    __slots__ = ("spec", "backend", "_overload")
+    __slots__ = ("spec", "backend", "_overload", "run_forward", "run_backward", "_tensor_args")
 
-    def __init__(self, spec: OpSpec, overload: Any, backend: str = "") -> None:
+    def __init__(self, spec: OpSpec, overload: Any, backend: str = "", run_forward: Callable | None = None,
+                 run_backward: Callable | None = None) -> None:
         self.spec = spec
         self.backend = backend
         self._overload = overload
+        self.run_forward, self.run_backward = run_forward, run_backward  # the operators' own run functions
+        self._tensor_args = tuple(i for i, a in enumerate(spec.args) if a.is_tensor)
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return self._overload(*self.spec.normalize(*args, **kwargs), self.backend)
+        args = self.spec.normalize(*args, **kwargs)
+        if not EAGER_FAST_PATH or self.run_forward is None or traced(args):
+            return self._overload(*args, self.backend)
+        tensors: list[torch.Tensor] = []
+        layout = []
+        for i in self._tensor_args:
+            a = args[i]
+            if isinstance(a, torch.Tensor):
+                layout.append((i, -1))
+                tensors.append(a)
+            else:  # a "tensors" argument: a list
+                layout.append((i, len(a)))
+                tensors += a
+        if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
+            return self.run_forward(self.spec.name, args, self.backend)  # nothing to differentiate: no graph node
+        return KernelhubFunction.apply(self, args, tuple(layout), *tensors)
 
     @property
     def doc(self) -> str:

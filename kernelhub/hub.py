@@ -38,7 +38,8 @@ class Hub:
                 raise NoImplementationError(
                     f"kernelhub.op({name!r}, backend={backend!r}): backend not available: "
                     f"{self.registry.unavailable_reason(backend)} (registered: {sorted(self.registry.backends)})")
-            h = self._handles[key] = OpHandle(spec, define_ops(spec, _run_forward, _run_backward), backend or "")
+            overload = define_ops(spec, _run_forward, _run_backward)
+            h = self._handles[key] = OpHandle(spec, overload, backend or "", _run_forward, _backward_grads)
         return h
 
     def explain(self, name: str, *args: Any, **kwargs: Any) -> Decision:
@@ -70,6 +71,14 @@ class Hub:
 
     def run_backward(self, op: str, grad: torch.Tensor, args: Sequence[Any], needs: Sequence[bool],
                      forced: str) -> list[torch.Tensor]:
+        """The backward operator's flat gradients (`backward_grads`, flattened)."""
+        return flatten_grads(self.registry.spec(op), args, needs, self.backward_grads(op, grad, args, needs, forced))
+
+    def backward_grads(self, op: str, grad: torch.Tensor, args: Sequence[Any], needs: Sequence[bool],
+                       forced: str) -> list[Any]:
+        """One entry per differentiable argument (a tensor, a list for a "tensors" one, None where not needed),
+        checked against the arguments, from the backend the selector picks for the call (the one that ran
+        its forward)."""
         spec = self.registry.spec(op)
 
         def call(impl, decision):
@@ -83,12 +92,13 @@ class Hub:
                     if isinstance(arg, list) and len(g) != len(arg):
                         raise WrongOutputError(f"kernelhub: {op}: backend {impl.backend!r} returned {len(g)} "
                                                f"gradients for {name!r}, which holds {len(arg)} tensors")
-                    for j, (t, gt) in enumerate(zip(arg, g) if isinstance(arg, list) else [(arg, g)]):
-                        label = f"a gradient of {name!r}" + (f"[{j}]" if isinstance(arg, list) else "")
-                        _check_output(op, impl.backend, label, gt, (t.shape, t.dtype, t.device))
+                    for j, (t, gt) in enumerate(zip(arg, g) if isinstance(arg, list) else ((arg, g),)):
+                        if not (isinstance(gt, torch.Tensor) and gt.shape == t.shape and gt.dtype == t.dtype
+                                and gt.device == t.device):  # the message only for a wrong one
+                            label = f"a gradient of {name!r}" + (f"[{j}]" if isinstance(arg, list) else "")
+                            _check_output(op, impl.backend, label, gt, (t.shape, t.dtype, t.device))
             return grads
-        _, grads = self._run(op, args, forced, call)
-        return flatten_grads(spec, args, needs, grads)
+        return self._run(op, args, forced, call)[1]
 
 
 def _check_output(op: str, backend: str, what: str, out: Any, expected: tuple) -> None:
@@ -129,3 +139,7 @@ def _run_forward(op, args, backend):
 
 def _run_backward(op, grad, args, needs, backend):
     return get_hub().run_backward(op, grad, args, needs, backend)
+
+
+def _backward_grads(op, grad, args, needs, backend):
+    return get_hub().backward_grads(op, grad, args, needs, backend)

@@ -9,6 +9,7 @@ written, not at the first call.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -109,9 +110,9 @@ class OpSpec:
         else complex64, else its first dtype."""
         return next(d for d in (torch.float32, torch.complex64, *self.dtypes) if d in self.dtypes)
 
-    @property
+    @functools.cached_property
     def differentiable(self) -> tuple[int, ...]:
-        """Positions of the differentiable arguments."""
+        """Positions of the differentiable arguments (computed once: every call's backward reads it)."""
         return tuple(i for i, a in enumerate(self.args) if a.differentiable)
 
     def schema(self) -> str:

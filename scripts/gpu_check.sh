@@ -6,6 +6,7 @@
 #   bench  - benchmarks/kernels.py: every kernel backend against eager and compiled torch_ref
 #   tune   - kernelhub tune (benchmark shapes, every backend), kernelhub list, kernelhub bench --plot
 #   examples - examples/ptycho_tv.py and examples/phase_2d.py at their --benchmark sizes (PNGs and JSON under $OUT)
+#   host   - benchmarks/host_overhead.py: per-call wall time of the hub against minimal glue (HOST_ARGS narrows it)
 #   ddp    - two GPUs: examples/ddp_step.py under torchrun (NCCL) and the second-GPU tests
 #   all    - tests and bench (the default)
 # CUDA_EXT=0 leaves cuda_ext (and its build) out. PYTEST_ARGS (default: tests), PYTEST_K (a -k expression) and BENCH_ARGS narrow the steps; PYTEST_TIMEOUT
@@ -51,6 +52,10 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 benchmarks/kernels.py ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | grep -v "^sweep" \
     || rc=1
   grep "^sweep" "$OUT/bench.txt"
+fi
+if [ "$what" = host ]; then
+  timeout -k 10 "${HOST_TIMEOUT:-420}" python3 benchmarks/host_overhead.py ${HOST_ARGS:-} --json "$OUT/host_overhead.json" \
+    2>&1 | tee "$OUT/host_overhead.txt" || rc=1
 fi
 if [ "$what" = ddp ]; then
   for dtype in float64 float32; do  # float32: atomics in the K-Planes backward, so a looser default --utol

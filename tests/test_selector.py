@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kernelhub
-from kernelhub import cli
+from kernelhub import cli, dispatch
 from kernelhub.errors import ConfigError, NoImplementationError, PluginValidationError, StrictModeError
 
 # A test backend: tv_loss_l1_3d on CPU in float32 for 3-D volumes only; counts its calls.
@@ -144,6 +144,13 @@ def _only_test_backends_compete(monkeypatch):
     monkeypatch.setenv("KERNELHUB_DISABLE", "cuda_ext")
 
 
+@pytest.fixture(params=["fast path", "operator"])
+def path(request, monkeypatch):
+    """Run the test on the eager fast path and on the torch.library operators (kernelhub/dispatch.py)."""
+    monkeypatch.setattr(dispatch, "EAGER_FAST_PATH", request.param == "fast path")
+    return request.param
+
+
 def config(tmp_path, text, monkeypatch=None):
     path = tmp_path / "kernelhub.toml"
     path.write_text(textwrap.dedent(text))
@@ -190,7 +197,7 @@ def test_device_and_availability(install, tmp_path):
     assert listed["backends"]["broken_build"]["reason"] == "nvcc failed: missing header"
 
 
-def test_disabled_kill_switch_and_env(install, tmp_path, monkeypatch):
+def test_disabled_kill_switch_and_env(install, tmp_path, path, monkeypatch):
     fast(install)
     config(tmp_path, 'priority = ["fast"]\ndisabled = ["fast"]')
     v = torch.randn(3, 4, 5)
@@ -215,7 +222,7 @@ def test_disabled_kill_switch_and_env(install, tmp_path, monkeypatch):
         kernelhub.reload()
 
 
-def test_per_op_priority_and_pin(install, tmp_path):
+def test_per_op_priority_and_pin(install, tmp_path, path):
     fast(install)
     v = torch.randn(3, 4, 5)
     config(tmp_path, 'priority = ["torch_ref", "fast"]\n[ops.tv_loss_l1_3d]\npriority = ["fast"]')
@@ -232,7 +239,7 @@ def test_per_op_priority_and_pin(install, tmp_path):
         kernelhub.op("tv_loss_l1_3d")(v.double())
 
 
-def test_forced_backend(install, tmp_path):
+def test_forced_backend(install, tmp_path, path):
     fast(install)
     kernelhub.reload()
     v = torch.randn(3, 4, 5)
@@ -247,7 +254,7 @@ def test_forced_backend(install, tmp_path):
         kernelhub.op("tv_loss_l1_3d", backend="nope")
 
 
-def test_call_time_failure_falls_back_once(install, tmp_path):
+def test_call_time_failure_falls_back_once(install, tmp_path, path):
     install("flaky", FLAKY)
     config(tmp_path, 'priority = ["flaky", "torch_ref"]')
     v = torch.randn(3, 4, 5, requires_grad=True)
@@ -265,7 +272,7 @@ def test_call_time_failure_falls_back_once(install, tmp_path):
 
 
 @pytest.mark.parametrize("shape", [False, True])
-def test_a_wrong_output_shape_or_dtype_never_reaches_the_user(install, tmp_path, shape):
+def test_a_wrong_output_shape_or_dtype_never_reaches_the_user(install, tmp_path, path, shape):
     install("badshape", BADSHAPE, shape=shape)
     config(tmp_path, 'priority = ["badshape", "torch_ref"]')
     v = torch.randn(3, 4, 5, requires_grad=True)
@@ -282,7 +289,7 @@ def test_a_wrong_output_shape_or_dtype_never_reaches_the_user(install, tmp_path,
         kernelhub.op("tv_loss_l1_3d")(v)
 
 
-def test_a_wrong_gradient_shape_never_reaches_the_user(install, tmp_path):
+def test_a_wrong_gradient_shape_never_reaches_the_user(install, tmp_path, path):
     """The forward is right (float32 [3]), the backward's gradient has the wrong shape: the backward falls back."""
     install("badshape", BADSHAPE.replace("out.double()", "out"), shape=False)
     config(tmp_path, 'priority = ["badshape", "torch_ref"]')
@@ -299,7 +306,7 @@ def test_a_wrong_gradient_shape_never_reaches_the_user(install, tmp_path):
     torch.testing.assert_close(v.grad, w.grad)
 
 
-def test_deterministic_algorithms_set_aside_a_backend_that_adds_with_atomics(install, tmp_path):
+def test_deterministic_algorithms_set_aside_a_backend_that_adds_with_atomics(install, tmp_path, path):
     install("atomic", ATOMIC)
     config(tmp_path, 'priority = ["atomic", "torch_ref"]')
     v = torch.randn(5, 6, 7)

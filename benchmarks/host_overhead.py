@@ -1,0 +1,220 @@
+"""Per-call cost of the hub against minimal glue around the same kernels, for every op family.
+
+For each family (TV L1, trilinear, K-Planes, semiconv, Tikhonov) at a tiny, a medium and a large size, wall
+microseconds per call, calls issued back to back with no synchronisation between them (one at the end of each
+repeat), median of the repeats, of:
+
+  eager ref     - the torch_ref math called directly, plain autograd (kernelhub_torch_ref's functions)
+  compiled ref  - torch.compile of that function (compiled before timing)
+  hub           - kernelhub.op(name): whatever the selector picks here
+  hub:B         - kernelhub.op(name, backend=B), for every backend that serves the call
+  min:B         - backend B's own forward / backward functions (its registered Impl) in a minimal
+                  torch.autograd.Function: the floor for Python glue around B's kernels (the hub calls the
+                  forward without any Function where no input requires grad, so its forward can beat it)
+
+once for the forward (inputs without grad) and once for forward + backward (torch.autograd.grad of the
+output against the differentiable inputs). The summary gives hub:B / min:B for each backend, and hub /
+compiled ref. Rows are timed in rounds, each round over every row in turn, median of the rounds.
+
+    python benchmarks/host_overhead.py [--device cuda] [--families tv trilinear] [--sizes tiny medium]
+                                       [--json FILE] [--repeat 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+
+import kernelhub
+from kernelhub import testing
+
+# family -> (op, {size: a function (device, generator) -> canonical args})
+
+
+def _tv(shape):
+    return lambda dev, g: (torch.randn(shape, generator=g).to(dev),)
+
+
+def _trilinear(n, f):
+    return lambda dev, g: (torch.randn(n, 8, f, generator=g).to(dev),  # noqa: E731
+                           (torch.rand(n, 3, generator=g) * 2 - 1).to(dev))
+
+
+def _kplanes(b, t, c, res):
+    def make(dev, g):
+        rot = torch.linalg.qr(torch.randn(t, 3, 3, generator=g))[0]
+        return ((torch.rand(b, 3, generator=g) * 2 - 1).to(dev), rot.to(dev),
+                torch.randn(3 * t, c, res, res, generator=g).to(dev))
+    return make
+
+
+def _semiconv(b, c, hw, k):
+    return lambda dev, g: (torch.randn(b, c, hw, hw, generator=g).to(dev),  # noqa: E731
+                           torch.randn(c, 1, k, k, generator=g).to(dev), "tropical_max", [1, 1], [1, 1],
+                           [1, 1], c, "corr")
+
+
+def _tikhonov(n, z):
+    return lambda dev, g: (torch.randn(n, 2, z, generator=g, dtype=torch.complex64).to(dev), 0.1)
+
+
+FAMILIES = {
+    "tv": ("tv_loss_l1_3d", {"tiny": _tv((1, 16, 16, 16)), "medium": _tv((4, 64, 64, 64)),
+                             "large": _tv((2, 256, 256, 256))}),
+    "trilinear": ("trilinear_interp", {"tiny": _trilinear(256, 8), "medium": _trilinear(65536, 16),
+                                       "large": _trilinear(1 << 21, 32)}),
+    "kplanes": ("kplanes_interp_tilted", {"tiny": _kplanes(256, 2, 8, 32), "medium": _kplanes(16384, 2, 16, 128),
+                                          "large": _kplanes(1 << 20, 4, 32, 256)}),
+    "semiconv": ("semiconv", {"tiny": _semiconv(1, 4, 32, 3), "medium": _semiconv(8, 16, 128, 5),
+                              "large": _semiconv(16, 32, 256, 7)}),
+    "tikhonov": ("tikhonov_inverse_2xn", {"tiny": _tikhonov(1024, 5), "medium": _tikhonov(128 * 128, 9),
+                                          "large": _tikhonov(1024 * 1024, 9)}),
+}
+
+
+def minimal(impl, spec):
+    """``impl``'s forward and backward in the least glue autograd allows (tensor arguments only)."""
+    diff = spec.differentiable
+
+    class Minimal(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            ctx.save_for_backward(*[a for a in args if isinstance(a, torch.Tensor)])
+            ctx.args = args
+            return impl.forward(*args)
+
+        @staticmethod
+        def backward(ctx, grad):
+            args = ctx.args
+            grads = impl.backward(grad, *args, needs=[ctx.needs_input_grad[i] for i in diff])
+            out = [None] * len(args)
+            for i, gr in zip(diff, grads):
+                out[i] = gr
+            return tuple(out)
+
+    return Minimal.apply
+
+
+def timed_rounds(fns: dict, sync, repeat: int, budget_s: float = 0.05) -> dict:
+    """Wall us per call of each callable: back-to-back calls (as many as fit in ``budget_s``), one sync per round;
+    the rounds go over every callable in turn (so a drift of the machine's speed hits them alike), median."""
+    number = {}
+    for label, fn in fns.items():
+        for _ in range(3):
+            fn()
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        number[label] = max(1, min(2000, int(budget_s / max(time.perf_counter() - start, 1e-6))))
+    times: dict = {label: [] for label in fns}
+    for _ in range(repeat):
+        for label, fn in fns.items():
+            sync()
+            start = time.perf_counter()
+            for _ in range(number[label]):
+                fn()
+            sync()
+            times[label].append((time.perf_counter() - start) / number[label] * 1e6)
+    return {label: statistics.median(t) for label, t in times.items()}
+
+
+def rows_for(op: str, args: tuple, device: torch.device, repeat: int, compile_ref: bool) -> dict:
+    from kernelhub_torch_ref.plugin import DIFFERENTIATE, FORWARDS
+
+    hub = kernelhub.get_hub()
+    spec = hub.registry.spec(op)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    args = spec.normalize(*args)  # the canonical form every backend's functions take
+    diff = spec.differentiable
+    leaves_args = testing.with_grad(op, args)
+    leaves = [leaves_args[i] for i in diff]
+    grad = testing.upstream_grad(kernelhub.op(op)(*args))
+
+    fns: dict[str, tuple] = {}  # label -> (forward callable, forward+backward callable)
+
+    def add(label, f, f_grad=None):
+        f_grad = f_grad or f
+        fns[label] = (lambda: f(*args),
+                      lambda: torch.autograd.grad(f_grad(*leaves_args), leaves, grad, allow_unused=True))
+
+    add("eager ref", FORWARDS[op], DIFFERENTIATE.get(op, FORWARDS[op]))
+    if compile_ref:
+        compiled = torch.compile(DIFFERENTIATE.get(op, FORWARDS[op]))
+        add("compiled ref", compiled)
+    add("hub", kernelhub.op(op))
+    for name, impl in sorted(hub.registry.impls(op).items()):
+        try:
+            kernelhub.op(op, backend=name)(*leaves_args)  # compiles or raises here, not in the timing
+        except Exception as exc:
+            print(f"  {op}: {name} skipped ({type(exc).__name__}: {str(exc).splitlines()[0][:100]})",
+                  file=sys.stderr)
+            continue
+        add(f"hub:{name}", kernelhub.op(op, backend=name))
+        add(f"min:{name}", minimal(impl, spec))
+    runnable = {}
+    for label, (fwd, step) in fns.items():
+        try:
+            with torch.no_grad():
+                fwd()
+            step()
+            runnable[label] = (fwd, step)
+        except Exception as exc:
+            print(f"  {op}: {label} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:100]})", file=sys.stderr)
+    with torch.no_grad():
+        f_us = timed_rounds({k: v[0] for k, v in runnable.items()}, sync, repeat)
+    s_us = timed_rounds({k: v[1] for k, v in runnable.items()}, sync, repeat)
+    out = {label: {"forward_us": f_us[label], "step_us": s_us[label]} for label in runnable}
+    out["_chosen"] = kernelhub.explain(op, *args).chosen
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    p.add_argument("--sizes", nargs="+", default=["tiny", "medium", "large"], choices=["tiny", "medium", "large"])
+    p.add_argument("--repeat", type=int, default=15)
+    p.add_argument("--no-compile", action="store_true", help="leave out torch.compile of the reference")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    warnings.simplefilter("ignore")
+    results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+               "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": {}}
+    for fam in args.families:
+        op, sizes = FAMILIES[fam]
+        for size in args.sizes:
+            call = sizes[size](device, torch.Generator().manual_seed(0))
+            r = rows_for(op, call, device, args.repeat, not args.no_compile)
+            results["rows"][f"{fam}/{size}"] = r
+            chosen = r.pop("_chosen")
+            print(f"{fam}/{size} ({op}; hub picks {chosen}): wall us per call, forward | forward+backward")
+            for label, v in r.items():
+                print(f"  {label:16s} {v['forward_us']:10.1f} | {v['step_us']:10.1f}")
+            ratios = []
+            for label in r:
+                if label.startswith("hub:") and "min:" + label[4:] in r:
+                    m = r["min:" + label[4:]]
+                    ratios.append(f"{label[4:]} {r[label]['forward_us'] / m['forward_us']:.2f}x | "
+                                  f"{r[label]['step_us'] / m['step_us']:.2f}x")
+            if ratios:
+                print("  hub:B / min:B    " + "; ".join(ratios))
+            if "compiled ref" in r:
+                print(f"  hub / compiled   {r['hub']['forward_us'] / r['compiled ref']['forward_us']:.2f}x | "
+                      f"{r['hub']['step_us'] / r['compiled ref']['step_us']:.2f}x", flush=True)
+            r["_chosen"] = chosen
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The eager fast path (kernelhub/dispatch.py) and the torch.library operators serve a call alike: same backend,
+same values and gradients, same errors; the fast path is taken in plain eager code only, never while dynamo,
+a functorch transform or a dispatch mode traces. Fallback and WrongOutputError on both paths:
+tests/test_selector.py runs those tests once per path (its `path` fixture)."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import kernelhub
+from kernelhub import dispatch, testing
+
+OPS = kernelhub.op_names()
+FAST_FN = "KernelhubFunctionBackward"
+
+
+def _call(op, args, fast, monkeypatch):
+    monkeypatch.setattr(dispatch, "EAGER_FAST_PATH", fast)
+    spec = kernelhub.get_hub().registry.spec(op)
+    args = testing.with_grad(op, args)  # fresh leaves per call
+    out = kernelhub.op(op)(*args)
+    leaves = [t for i in spec.differentiable for t in (args[i] if isinstance(args[i], list) else [args[i]])]
+    grads = torch.autograd.grad(out, leaves, testing.upstream_grad(out), allow_unused=True)
+    return out, grads, kernelhub.explain(op, *args).chosen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("op", OPS)
+def test_both_paths_choose_the_same_backend_and_agree(op, dtype, monkeypatch):
+    spec = kernelhub.get_hub().registry.spec(op)
+    dtype = dtype if dtype in spec.dtypes else {torch.float32: torch.complex64, torch.float64: torch.complex128}[dtype]
+    for sample in testing.samples(op, "small", dtype)[:2]:
+        out, grads, chosen = _call(op, sample.args, True, monkeypatch)
+        ref, ref_grads, ref_chosen = _call(op, sample.args, False, monkeypatch)
+        assert type(out.grad_fn).__name__ == FAST_FN and type(ref.grad_fn).__name__ != FAST_FN
+        assert chosen == ref_chosen
+        torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
+        for g, r in zip(grads, ref_grads, strict=True):
+            torch.testing.assert_close(g, r, rtol=1e-12, atol=0, equal_nan=True)  # an impl may add with atomics
+
+
+def test_no_grad_inference_mode_and_inputs_without_grad_take_the_fast_path_without_a_graph():
+    v = torch.randn(3, 4, 5)
+    assert kernelhub.op("tv_loss_l1_3d")(v).grad_fn is None
+    w = v.clone().requires_grad_()
+    with torch.no_grad():
+        assert kernelhub.op("tv_loss_l1_3d")(w).grad_fn is None
+    with torch.inference_mode():
+        torch.testing.assert_close(kernelhub.op("tv_loss_l1_3d")(w), kernelhub.op("tv_loss_l1_3d")(v))
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_same_errors_on_both_paths(fast, monkeypatch):
+    monkeypatch.setattr(dispatch, "EAGER_FAST_PATH", fast)
+    with pytest.raises(ValueError, match="tv_loss_l1_3d: argument 'volume' must have at least 3 dims"):
+        kernelhub.op("tv_loss_l1_3d")(torch.ones(4, 4))
+    pts, rot, planes = torch.zeros(4, 3), torch.eye(3)[None], torch.ones(3, 2, 4, 4)
+    torch.use_deterministic_algorithms(True)
+    try:  # its planes gradient adds with atomics
+        with pytest.raises(kernelhub.NoImplementationError, match="forced backend 'triton' cannot serve"):
+            kernelhub.op("kplanes_interp_tilted", backend="triton")(pts, rot, planes)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    v = torch.randn(3, 4, 5, requires_grad=True)
+    (g,) = torch.autograd.grad(kernelhub.op("tv_loss_sq_3d")(v), v, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward is not supported|no autograd formula"):
+        g.sum().backward()
+
+
+def test_the_fast_path_is_not_taken_while_dynamo_traces(monkeypatch):
+    calls = []
+    real = dispatch.KernelhubFunction.apply
+    monkeypatch.setattr(dispatch.KernelhubFunction, "apply", lambda *a: calls.append(1) or real(*a))
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    fn = kernelhub.op("tv_loss_sq_3d")
+    compiled = torch.compile(lambda v: fn(v * 2.0), backend=backend, fullgraph=True)
+    v = torch.randn(3, 4, 5, requires_grad=True)
+    torch.testing.assert_close(compiled(v), fn(v * 2.0))
+    assert len(calls) == 1  # the eager call only
+    targets = {n.target for g in graphs for n in g.graph.nodes}
+    assert torch.ops.kernelhub.tv_loss_sq_3d.default in targets
+
+
+def test_functorch_transforms_dispatch_modes_and_meta_tensors_take_the_operators():
+    seen = []
+
+    def f(v):
+        seen.append(dispatch.traced((v,)))
+        return kernelhub.op("tv_loss_sq_3d")(v)
+
+    v = torch.randn(3, 4, 5)
+    torch.func.vmap(f)(torch.randn(2, 3, 4, 5))
+    assert seen == [True] and not dispatch.traced((v,))
+
+    class Recording(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Recording():
+        assert dispatch.traced((v,))
+        kernelhub.op("tv_loss_sq_3d")(v)
+    assert torch.ops.kernelhub.tv_loss_sq_3d.default in seen  # the mode saw the operator
+    meta = torch.empty(3, 4, 5, device="meta")
+    assert dispatch.traced((meta,)) and kernelhub.op("tv_loss_sq_3d")(meta).device.type == "meta"
+    assert not dispatch.traced(([v, torch.nn.Parameter(v)], 1.0))
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert dispatch.traced(([v, v.as_subclass(Sub)],))

@@ -18,8 +18,10 @@ such as fake tensors, only plain tensors off the meta device), `OpHandle` skips 
 operators and runs the same hub calls (`Hub.run_forward` / `Hub.backward_grads`: the same
 cached decision, fallback, output checks, kill switch, pins, tuned winners) through one
 `torch.autograd.Function`. The Python custom-op dispatch (schema binding, the autograd
-kernel, the operator's redispatch) costs about as much again as such a Function (the
-per-call cost issue, docs/benchmarks.md); what is left per call is the argument checks,
+kernel, the operator's redispatch) costs more than such a Function: a 1x16^3 TV forward +
+backward on cuda_ext took 304-332 us through the operators, 213-258 us on the fast path and
+184 us in a minimal Function on the 2-core CPU (docs/benchmarks.md, "Per-call host cost").
+What is left per call is the argument checks,
 the decision-cache key (a tuple of each tensor's device, dtype, shape and contiguity), one
 dict lookup and the Function's own bookkeeping; where no input requires grad (or grad mode is off), not
 even the Function: the hub's forward is called directly. ``KERNELHUB_EAGER_FAST_PATH=0`` (read at

@@ -84,6 +84,30 @@ def flatten_grads(spec: OpSpec, args: Sequence[Any], needs: Sequence[bool], grad
     return flat
 
 
+def _split(args: Sequence[Any], tensor_pos: Sequence[int]) -> tuple[list[torch.Tensor], tuple, list[Any]]:
+    """What autograd saves of a call: every tensor of the tensor arguments in order (a "tensors" argument's
+    elements one by one), each tensor argument's (position, count, is a list), and the other arguments (None
+    at the tensor positions); `_join` puts them back together."""
+    flat, layout, others = [], [], list(args)
+    for i in tensor_pos:
+        is_list = isinstance(args[i], (list, tuple))
+        group = list(args[i]) if is_list else [args[i]]
+        layout.append((i, len(group), is_list))
+        flat += group
+        others[i] = None
+    return flat, tuple(layout), others
+
+
+def _join(others: Sequence[Any], layout: tuple, flat: Sequence[torch.Tensor]) -> tuple[list[Any], dict]:
+    """The arguments `_split` took apart, and each tensor argument's range in ``flat``."""
+    args, spans, pos = list(others), {}, 0
+    for i, count, is_list in layout:
+        args[i] = list(flat[pos:pos + count]) if is_list else flat[pos]
+        spans[i] = range(pos, pos + count)
+        pos += count
+    return args, spans
+
+
 def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable) -> Any:
     """Define (once per process) the two operators of ``spec``; returns the forward OpOverload.
 
@@ -115,23 +139,11 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable) -> A
         ctx.backend = inputs[n]
         ctx.needs = [any(t.requires_grad for t in (args[i] if isinstance(args[i], (list, tuple)) else [args[i]]))
                      for i in spec.differentiable]
-        flat, ctx.layout = [], []
-        for i in tensor_pos:
-            group = list(args[i]) if isinstance(args[i], (list, tuple)) else [args[i]]
-            ctx.layout.append((i, len(group), isinstance(args[i], (list, tuple))))
-            flat += group
+        flat, ctx.layout, ctx.others = _split(args, tensor_pos)
         ctx.save_for_backward(*flat)
-        ctx.others = {i: a for i, a in enumerate(args) if i not in tensor_pos}
 
     def autograd_backward(ctx, grad):
-        saved = list(ctx.saved_tensors)
-        args: list[Any] = [None] * n
-        for i, a in ctx.others.items():
-            args[i] = a
-        pos = 0
-        for i, count, is_list in ctx.layout:
-            args[i] = saved[pos:pos + count] if is_list else saved[pos]
-            pos += count
+        args, _ = _join(ctx.others, ctx.layout, ctx.saved_tensors)
         flat = bwd(grad, *args, ctx.needs, ctx.backend)
         result: list[Any] = [None] * (n + 1)
         pos = 0
@@ -149,16 +161,13 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable) -> A
 
 
 class KernelhubFunction(torch.autograd.Function):
-    """The eager fast path's autograd glue: ``apply(handle, args, layout, *tensors)``, ``tensors`` being every
-    tensor of ``args`` in order (a "tensors" argument's elements one by one, so autograd sees them) and
-    ``layout`` each tensor argument's (position, -1 for a tensor or the length of a list)."""
+    """The eager fast path's autograd glue: ``apply(handle, args, (layout, others), *tensors)``, the call taken
+    apart by `_split` (``tensors``: every tensor of ``args``, a "tensors" argument's elements one by one, so
+    autograd sees them)."""
 
     @staticmethod
-    def forward(ctx, handle: OpHandle, args: tuple, layout: tuple, *tensors: torch.Tensor) -> torch.Tensor:
-        ctx.handle, ctx.layout = handle, layout
-        ctx.others = list(args)
-        for i, _ in layout:
-            ctx.others[i] = None
+    def forward(ctx, handle: OpHandle, args: tuple, parts: tuple, *tensors: torch.Tensor) -> torch.Tensor:
+        ctx.handle, (ctx.layout, ctx.others) = handle, parts
         ctx.save_for_backward(*tensors)
         return handle.run_forward(handle.spec.name, args, handle.backend)
 
@@ -175,28 +184,15 @@ class KernelhubFunction(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, grad: torch.Tensor) -> list:
-        handle = ctx.handle
-        tensors, needs_input = ctx.saved_tensors, ctx.needs_input_grad[3:]
-        args, flat_of, pos = list(ctx.others), {}, 0
-        for i, n in ctx.layout:  # the tensors back into their arguments
-            if n < 0:
-                args[i], flat_of[i] = tensors[pos], pos
-                pos += 1
-            else:
-                args[i], flat_of[i] = list(tensors[pos:pos + n]), range(pos, pos + n)
-                pos += n
+        handle, needs_input = ctx.handle, ctx.needs_input_grad[3:]
+        args, spans = _join(ctx.others, ctx.layout, ctx.saved_tensors)
         diff = handle.spec.differentiable
-        needs = [needs_input[flat_of[i]] if isinstance(flat_of[i], int) else any(needs_input[k] for k in flat_of[i])
-                 for i in diff]
+        needs = [any(needs_input[k] for k in spans[i]) for i in diff]
         grads = handle.run_backward(handle.spec.name, grad, tuple(args), needs, handle.backend)
-        out: list[Any] = [None, None, None] + [None] * len(tensors)
+        out: list[Any] = [None] * (3 + len(needs_input))
         for i, g in zip(diff, grads):  # each differentiable argument's gradient -> its tensors' slots
-            if g is None:
-                continue
-            if isinstance(flat_of[i], int):
-                out[3 + flat_of[i]] = g
-            else:
-                for k, gk in zip(flat_of[i], g):
+            if g is not None:
+                for k, gk in zip(spans[i], g if isinstance(args[i], list) else (g,)):
                     out[3 + k] = gk if needs_input[k] else None
         return out
 
@@ -205,7 +201,7 @@ class OpHandle:
     """The callable returned by ``kernelhub.op(name)``: normalises arguments, then runs the eager fast path
     (`KernelhubFunction`) where nothing traces (`traced`), else calls the operator."""
 
-    __slots__ = ("spec", "backend", "_overload", "run_forward", "run_backward", "_tensor_args")
+    __slots__ = ("spec", "backend", "_overload", "run_forward", "run_backward", "tensor_args")
 
     def __init__(self, spec: OpSpec, overload: Any, backend: str = "", run_forward: Callable | None = None,
                  run_backward: Callable | None = None) -> None:
@@ -213,25 +209,16 @@ class OpHandle:
         self.backend = backend
         self._overload = overload
         self.run_forward, self.run_backward = run_forward, run_backward  # the operators' own run functions
-        self._tensor_args = tuple(i for i, a in enumerate(spec.args) if a.is_tensor)
+        self.tensor_args = tuple(i for i, a in enumerate(spec.args) if a.is_tensor)
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         args = self.spec.normalize(*args, **kwargs)
         if not EAGER_FAST_PATH or self.run_forward is None or traced(args):
             return self._overload(*args, self.backend)
-        tensors: list[torch.Tensor] = []
-        layout = []
-        for i in self._tensor_args:
-            a = args[i]
-            if isinstance(a, torch.Tensor):
-                layout.append((i, -1))
-                tensors.append(a)
-            else:  # a "tensors" argument: a list
-                layout.append((i, len(a)))
-                tensors += a
+        tensors, layout, others = _split(args, self.tensor_args)
         if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
             return self.run_forward(self.spec.name, args, self.backend)  # nothing to differentiate: no graph node
-        return KernelhubFunction.apply(self, args, tuple(layout), *tensors)
+        return KernelhubFunction.apply(self, args, (layout, others), *tensors)
 
     @property
     def doc(self) -> str:

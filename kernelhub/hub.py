@@ -93,18 +93,21 @@ class Hub:
                         raise WrongOutputError(f"kernelhub: {op}: backend {impl.backend!r} returned {len(g)} "
                                                f"gradients for {name!r}, which holds {len(arg)} tensors")
                     for j, (t, gt) in enumerate(zip(arg, g) if isinstance(arg, list) else ((arg, g),)):
-                        if not (isinstance(gt, torch.Tensor) and gt.shape == t.shape and gt.dtype == t.dtype
-                                and gt.device == t.device):  # the message only for a wrong one
-                            label = f"a gradient of {name!r}" + (f"[{j}]" if isinstance(arg, list) else "")
-                            _check_output(op, impl.backend, label, gt, (t.shape, t.dtype, t.device))
+                        _check_output(op, impl.backend, (name, j if isinstance(arg, list) else None), gt,
+                                      (t.shape, t.dtype, t.device))
             return grads
         return self._run(op, args, forced, call)[1]
 
 
-def _check_output(op: str, backend: str, what: str, out: Any, expected: tuple) -> None:
-    """Raise WrongOutputError unless ``out`` is a tensor of the expected (shape, dtype, device)."""
+def _check_output(op: str, backend: str, what: str | tuple, out: Any, expected: tuple) -> None:
+    """Raise WrongOutputError unless ``out`` is a tensor of the expected (shape, dtype, device). ``what``: "an
+    output", or (argument name, index in its list or None) for a gradient, whose words are built only for the
+    error (the backward checks every gradient of every call)."""
     if isinstance(out, torch.Tensor) and (out.shape, out.dtype, out.device) == expected:
         return
+    if isinstance(what, tuple):
+        name, j = what
+        what = f"a gradient of {name!r}" + ("" if j is None else f"[{j}]")
     got = (f"{str(out.dtype).removeprefix('torch.')}{list(out.shape)}@{out.device}" if isinstance(out, torch.Tensor)
            else type(out).__name__)
     shape, dtype, device = expected

@@ -175,6 +175,77 @@ def rows_for(op: str, args: tuple, device: torch.device, repeat: int, compile_re
     return out
 
 
+def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int) -> dict:
+    """Wall us per forward + backward of a step ``(op(*args) * w).sum()`` compiled with torch.compile (fullgraph,
+    inductor), calling the reference, the hub (its default choice: an opaque node unless that is inductor) and
+    the hub with inductor forced (the graph holds the reference's ops), against the eager hub step."""
+    from kernelhub_torch_ref.plugin import DIFFERENTIATE, FORWARDS
+
+    spec = kernelhub.get_hub().registry.spec(op)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    args = testing.with_grad(op, spec.normalize(*args))
+    leaves = testing.leaves(op, args)
+    w = torch.randn_like(kernelhub.op(op)(*args).detach())
+    steps = {"eager hub": kernelhub.op(op)}
+    compiled = {"compiled ref": DIFFERENTIATE.get(op, FORWARDS[op]), "compiled hub": kernelhub.op(op),
+                "compiled hub:inductor": kernelhub.op(op, backend="inductor")}
+    torch._dynamo.reset()
+    for label, f in compiled.items():
+        steps[label] = torch.compile(lambda *a, f=f: (f(*a) * w).sum(), fullgraph=True)
+    fns = {}
+    for label, f in steps.items():
+        def fn(f=f, label=label):
+            out = f(*args) if label.startswith("compiled") else (f(*args) * w).sum()
+            return torch.autograd.grad(out, leaves, allow_unused=True)
+        try:
+            fn()  # compiles here, not in the timing
+            fns[label] = fn
+        except Exception as exc:
+            print(f"  {op}: {label} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:100]})", file=sys.stderr)
+    return timed_rounds(fns, sync, repeat)
+
+
+def launch_rows(device: torch.device, repeat: int) -> dict:
+    """Wall us per call of a trivial Triton kernel (one load and store of 1024 floats) launched by Triton
+    (``kernel[grid](...)``) and by the triton backend's `launch`, against each triton impl's forward and
+    backward functions at the tiny size (no autograd, no hub): what a launcher costs beyond its launch."""
+    import triton
+    import triton.language as tl
+    from kernelhub_triton._launch import launch
+
+    @triton.jit
+    def trivial(x_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1.0, mask=offs < n)
+
+    x = torch.randn(1024, device=device)
+    sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
+    fns = {"trivial kernel[grid]": lambda: trivial[(1,)](x, 1024, BLOCK=1024),
+           "trivial launch()": lambda: launch(trivial, (1,), x, 1024, BLOCK=1024),
+           "one torch op (x.add_)": lambda: x.add_(1.0)}
+    hub = kernelhub.get_hub()
+    for fam, (op, sizes) in FAMILIES.items():
+        impl = hub.registry.impls(op).get("triton")
+        if impl is None:
+            continue
+        spec = hub.registry.spec(op)
+        args = spec.normalize(*sizes["tiny"](device, torch.Generator().manual_seed(0)))
+        out = impl.forward(*args)
+        grad = testing.upstream_grad(out)
+        needs = [True] * len(spec.differentiable)
+        fns[f"{fam} triton forward"] = lambda impl=impl, args=args: impl.forward(*args)
+        fns[f"{fam} triton backward"] = lambda impl=impl, args=args, grad=grad, needs=needs: impl.backward(
+            grad, *args, needs=needs)
+    for fn in fns.values():
+        fn()
+    us = timed_rounds(fns, sync, repeat)
+    print("launchers (tiny sizes, the functions alone): wall us per call")
+    base = us["trivial kernel[grid]"]
+    for label, v in us.items():
+        print(f"  {label:28s} {v:8.1f}   {v / base:5.2f}x a trivial kernel[grid]")
+    return us
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -183,15 +254,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=15)
     p.add_argument("--no-compile", action="store_true", help="leave out torch.compile of the reference")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--launch", action="store_true", help="also time the triton launchers against a trivial launch")
+    p.add_argument("--compiled-steps", action="store_true",
+                   help="time compiled steps calling the hub against ones calling the reference instead of the rows")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     warnings.simplefilter("ignore")
     results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": {}}
+    if args.launch and device.type == "cuda":
+        results["launch"] = launch_rows(device, args.repeat)
     for fam in args.families:
         op, sizes = FAMILIES[fam]
         for size in args.sizes:
             call = sizes[size](device, torch.Generator().manual_seed(0))
+            if args.compiled_steps:
+                r = results["rows"][f"{fam}/{size}/compiled"] = compiled_step_rows(op, call, device, args.repeat)
+                print(f"{fam}/{size} ({op}; hub picks {kernelhub.explain(op, *call).chosen}): compiled steps, wall us "
+                      "per forward+backward")
+                for label, v in r.items():
+                    print(f"  {label:22s} {v:10.1f}   {v / r['compiled ref']:5.2f}x compiled ref" if "compiled ref" in r
+                          else f"  {label:22s} {v:10.1f}", flush=True)
+                continue
             r = rows_for(op, call, device, args.repeat, not args.no_compile)
             results["rows"][f"{fam}/{size}"] = r
             chosen = r.pop("_chosen")

@@ -26,6 +26,11 @@ the decision-cache key (a tuple of each tensor's device, dtype, shape and contig
 dict lookup and the Function's own bookkeeping; where no input requires grad (or grad mode is off), not
 even the Function: the hub's forward is called directly. ``KERNELHUB_EAGER_FAST_PATH=0`` (read at
 import) always takes the operators.
+
+Under ``torch.compile``, where the hub would serve a traced call (of sizes known at compile time) with an
+impl that has ``Impl.inline`` (the inductor backend: a tuned winner, a pin or a force), `OpHandle` puts that
+function's torch ops into the graph instead of the operator (`_inline_choice`), so inductor fuses them with
+the step's other ops instead of calling a separately compiled graph through an opaque node.
 """
 
 from __future__ import annotations
@@ -106,6 +111,57 @@ def _join(others: Sequence[Any], layout: tuple, flat: Sequence[torch.Tensor]) ->
         spans[i] = range(pos, pos + count)
         pos += count
     return args, spans
+
+
+def _describe(args: Sequence[Any]) -> tuple | None:
+    """A call's arguments as constants (a tensor's dtype, device, shape and strides), which dynamo can hand to
+    `_inline_choice`; None where a size is symbolic. Traced by dynamo, so plain Python only."""
+    # dynamo shows a symbolic size as an int to isinstance and type; this asks it (torch >= 2.6; dynamo has
+    # imported the module, which costs an eager import 0.4 s)
+    static = getattr(torch.fx.experimental.symbolic_shapes, "has_static_value", None)
+    out = []
+    for a in args:
+        if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+            parts = _describe(a)
+            if parts is None:
+                return None
+            out.append(list(parts))
+        elif isinstance(a, torch.Tensor):
+            sizes = (*a.shape, *a.stride())
+            if static is None or not all(static(d) for d in sizes):
+                return None
+            out.append(("tensor", a.dtype, a.device, *[tuple(int(d) for d in x) for x in (a.shape, a.stride())]))
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+_INLINE_IMPL: dict[str, Callable] = {}  # op -> the hub's Hub.inline_impl (set by its OpHandles)
+_INLINE_FUNCTIONS: dict[tuple[str, str], Callable] = {}  # (op, backend) -> its Impl.inline, as _inline_choice found
+
+
+def _inline_choice(op: str, forced: str, described: tuple) -> str:
+    """The backend the hub would run for a call so described where its impl has ``inline`` (then in
+    `_INLINE_FUNCTIONS`), else ''. Dynamo runs this while it traces (`torch.compiler.assume_constant_result`:
+    a constant of the graph; its arguments must be constants), on fake tensors of the described layouts."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        def fake(d):
+            if isinstance(d, list):
+                return [fake(x) for x in d]
+            if isinstance(d, tuple) and d and d[0] == "tensor":
+                return torch.empty_strided(d[3], d[4], dtype=d[1], device=d[2])
+            return d
+        args = [fake(d) for d in described]
+    impl = _INLINE_IMPL[op](op, args, forced)
+    if impl is None:
+        return ""
+    _INLINE_FUNCTIONS[(impl.op, impl.backend)] = impl.inline
+    return impl.backend
+
+
+_inline_choice = torch.compiler.assume_constant_result(_inline_choice)
 
 
 def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable) -> Any:
@@ -201,19 +257,28 @@ class OpHandle:
     """The callable returned by ``kernelhub.op(name)``: normalises arguments, then runs the eager fast path
     (`KernelhubFunction`) where nothing traces (`traced`), else calls the operator."""
 
-    __slots__ = ("spec", "backend", "_overload", "run_forward", "run_backward", "tensor_args")
+    __slots__ = ("spec", "backend", "_overload", "run_forward", "run_backward", "inline_impl", "tensor_args")
 
     def __init__(self, spec: OpSpec, overload: Any, backend: str = "", run_forward: Callable | None = None,
-                 run_backward: Callable | None = None) -> None:
+                 run_backward: Callable | None = None, inline_impl: Callable | None = None) -> None:
         self.spec = spec
         self.backend = backend
         self._overload = overload
         self.run_forward, self.run_backward = run_forward, run_backward  # the operators' own run functions
+        self.inline_impl = inline_impl  # the hub's Hub.inline_impl: see _inline_choice
+        if inline_impl is not None:
+            _INLINE_IMPL[spec.name] = inline_impl
         self.tensor_args = tuple(i for i, a in enumerate(spec.args) if a.is_tensor)
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         args = self.spec.normalize(*args, **kwargs)
         if not EAGER_FAST_PATH or self.run_forward is None or traced(args):
+            if self.inline_impl is not None and torch.compiler.is_compiling():
+                described = _describe(args)
+                backend = "" if described is None else _inline_choice(self.spec.name, self.backend, described)
+                if backend:
+                    # the impl's own torch ops go into the graph: inductor fuses them, autograd differentiates them
+                    return _INLINE_FUNCTIONS[(self.spec.name, backend)](*args)
             return self._overload(*args, self.backend)
         tensors, layout, others = _split(args, self.tensor_args)
         if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):

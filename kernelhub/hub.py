@@ -39,8 +39,23 @@ class Hub:
                     f"kernelhub.op({name!r}, backend={backend!r}): backend not available: "
                     f"{self.registry.unavailable_reason(backend)} (registered: {sorted(self.registry.backends)})")
             overload = define_ops(spec, _run_forward, _run_backward)
-            h = self._handles[key] = OpHandle(spec, overload, backend or "", _run_forward, _backward_grads)
+            h = self._handles[key] = OpHandle(spec, overload, backend or "", _run_forward, _backward_grads,
+                                              _inline_impl)
         return h
+
+    def inline_impl(self, op: str, args: Sequence[Any], forced: str) -> Any:
+        """The impl whose ``inline`` function a graph being compiled holds for this call (fake tensors of static
+        sizes) in place of the op (`dispatch._inline_choice`), or None: the op stays."""
+        for a in args:
+            for t in (a if isinstance(a, (list, tuple)) else (a,)):
+                if isinstance(t, torch.Tensor) and not all(isinstance(d, int) for d in t.shape):
+                    return None  # symbolic sizes: the hub decides per call, at run time
+        try:
+            decision = self.selector.peek(op, args, forced)
+        except Exception:  # a forced backend that cannot serve the call raises at run time, with the reason
+            return None
+        impl = decision.eligible[0] if decision.chosen is not None else None
+        return impl if impl is not None and impl.inline is not None else None
 
     def explain(self, name: str, *args: Any, **kwargs: Any) -> Decision:
         return self.selector.decide(name, self.registry.spec(name).normalize(*args, **kwargs))
@@ -146,3 +161,7 @@ def _run_backward(op, grad, args, needs, backend):
 
 def _backward_grads(op, grad, args, needs, backend):
     return get_hub().backward_grads(op, grad, args, needs, backend)
+
+
+def _inline_impl(op, args, backend):
+    return get_hub().inline_impl(op, args, backend)

@@ -119,6 +119,13 @@ class Selector:
                 self._cache[key] = decision
         return decision
 
+    def peek(self, op: str, args: Sequence[Any], forced: str = "") -> Decision:
+        """The decision for a call without caching a new one: for the fake tensors of a graph being compiled,
+        whose impls' ``not_supported_reasons`` may not see what they would see in a real call."""
+        key = call_key(op, args, forced)
+        decision = self._cache.get(key)
+        return decision if decision is not None else self._decide(op, args, forced, key, tuned=True)[0]
+
     def untuned(self, op: str, args: Sequence[Any]) -> Decision:
         """The decision without tuned winners (what a tuner must time: every eligible backend). Not cached."""
         return self._decide(op, args, "", call_key(op, args, ""), tuned=False)[0]

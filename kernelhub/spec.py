@@ -166,6 +166,10 @@ class Impl:
     ``tuned_only``, when not empty, says why priority alone never picks this impl: the tuner times it,
     and it serves calls whose shape bucket it won (or that force or pin its backend). The inductor
     backend, which compiles for seconds on first use, is one.
+    ``inline``, when set, is a function of plain differentiable torch ops whose value and autograd gradients
+    are this impl's results: where ``torch.compile`` traces a call that the hub would serve with this impl,
+    the graph holds this function's ops instead of the op's opaque node, so the compiler fuses them with the
+    graph's other ops (the inductor backend sets it to the reference it compiles).
     """
 
     op: str
@@ -178,6 +182,7 @@ class Impl:
     deterministic: bool = True
     forced_only: str = ""
     tuned_only: str = ""
+    inline: Callable[..., torch.Tensor] | None = None
 
     def static_reasons(self, device_type: str, dtype: torch.dtype) -> list[str]:
         """Reasons that follow from the declared devices and dtypes alone."""

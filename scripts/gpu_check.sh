@@ -5,15 +5,17 @@
 #            installed (the tests that need most of the GPU's memory share one worker: xdist_group "gpu_memory")
 #   bench  - benchmarks/kernels.py: every kernel backend against eager and compiled torch_ref
 #   tune   - kernelhub tune (benchmark shapes, every backend), kernelhub list, kernelhub bench --plot
-#   examples - examples/ptycho_tv.py and examples/phase_2d.py at their --benchmark sizes (PNGs and JSON under $OUT)
+#   examples - examples/ptycho_tv.py and examples/phase_2d.py (EXAMPLES narrows) at their --benchmark sizes (PNGs and JSON under $OUT)
 #   host   - benchmarks/host_overhead.py: per-call wall time of the hub against minimal glue (HOST_ARGS narrows it)
 #   ddp    - two GPUs: examples/ddp_step.py under torchrun (NCCL) and the second-GPU tests
 #   all    - tests and bench (the default)
+# Several steps in one call: scripts/gpu_check.sh tests host examples
 # CUDA_EXT=0 leaves cuda_ext (and its build) out. PYTEST_ARGS (default: tests), PYTEST_K (a -k expression) and BENCH_ARGS narrow the steps; PYTEST_TIMEOUT
 # (seconds) stops pytest itself, so its log is complete up to there even when the device call's limit is near.
 # Prints a short summary last and exits non-zero if a step failed. Logs go under $OUT if set.
 set -uo pipefail
-what="${1:-all}"
+steps=" ${*:-all} "  # one or more steps, run in the order below
+has() { [[ "$steps" == *" $1 "* ]]; }
 OUT="${OUT:-/tmp/kernelhub-gpu}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 # the full tier unless the caller asks for the fast one (KERNELHUB_TEST_TIER=fast)
@@ -36,7 +38,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
 (git rev-parse --short HEAD 2>/dev/null; git status --short | head -5) | tee -a "$OUT/device.txt"
 rc=0
-if [ "$what" = tests ] || [ "$what" = all ]; then
+if has tests || has all; then
   kernelhub list 2>&1 | tee "$OUT/list.txt" | head -8
   python3 -c "from kernelhub_cuda_ext import _lib; print('cuda_ext:', _lib.load() or 'loaded', 'from', _lib.loaded_from(), '| CUDA kernels:', _lib.cuda_reason() or 'yes')" 2>&1 | tee -a "$OUT/list.txt"
   python3 examples/demo.py 2>&1 | tee "$OUT/demo.txt" | tail -3
@@ -48,16 +50,16 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   timeout -s INT -k 30 "${PYTEST_TIMEOUT:-0}" python3 -m pytest -q -p no:cacheprovider -rfE --tb=short --durations=15 $workers ${PYTEST_ARGS:-tests} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest_cuda.txt" | grep -E "FAILED|ERROR|passed|failed" | tail -30
   rc=${PIPESTATUS[0]}
 fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
+if has bench || has all; then
   python3 benchmarks/kernels.py ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | grep -v "^sweep" \
     || rc=1
   grep "^sweep" "$OUT/bench.txt"
 fi
-if [ "$what" = host ]; then
+if has host; then
   timeout -k 10 "${HOST_TIMEOUT:-420}" python3 benchmarks/host_overhead.py ${HOST_ARGS:-} --json "$OUT/host_overhead.json" \
     2>&1 | tee "$OUT/host_overhead.txt" || rc=1
 fi
-if [ "$what" = ddp ]; then
+if has ddp; then
   for dtype in float64 float32; do  # float32: atomics in the K-Planes backward, so a looser default --utol
     timeout -k 10 240 torchrun --standalone --nproc_per_node 2 examples/ddp_step.py --dtype $dtype \
       --cache "$OUT/ddp_tuning.json" --json "$OUT/ddp_$dtype.json" 2>&1 | grep -v "^W[0-9]\|OMP_NUM\|^\*" \
@@ -67,13 +69,13 @@ if [ "$what" = ddp ]; then
     | tail -3
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
-if [ "$what" = examples ]; then
-  for ex in ptycho_tv phase_2d; do
+if has examples; then
+  for ex in ${EXAMPLES:-ptycho_tv phase_2d}; do
     timeout -k 10 "${EXAMPLE_TIMEOUT:-240}" python3 examples/$ex.py --benchmark --out "$OUT/${ex}_gpu.png" \
       --json "$OUT/$ex.json" 2>&1 | tee "$OUT/$ex.txt" || rc=1
   done
 fi
-if [ "$what" = tune ]; then
+if has tune; then
   ops="${TUNE_OPS:-tv_loss_l1_3d tv_loss_sq_3d tv_loss_iso_3d trilinear_interp tikhonov_inverse_2xn}"
   export KERNELHUB_CONFIG="$OUT/kernelhub.toml"
   printf '[tune]\ncache = "%s"\n' "$OUT/tuning.json" > "$KERNELHUB_CONFIG"

@@ -1,4 +1,5 @@
-"""Each op inside torch.compile(fullgraph=True): one opaque node, same values and gradients as eager."""
+"""Each op inside torch.compile(fullgraph=True): one opaque node, same values and gradients as eager; where the
+hub would run the inductor backend, the reference's own torch ops in the graph instead."""
 
 import pytest
 import torch
@@ -46,3 +47,48 @@ def test_compile_inductor_backend_once():
     (op(v).sqrt() * 2).backward()
     torch.testing.assert_close(out, op(v).sqrt() * 2)
     torch.testing.assert_close(g, v.grad)
+
+
+def _graph_of(fn, *args, dynamic=None):
+    """The FX graphs dynamo builds for ``fn`` (fullgraph), and the compiled function's value and gradient."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)
+    out = compiled(*args)
+    grad, = torch.autograd.grad(out, args[0])
+    return {n.target for g in graphs for n in g.graph.nodes}, out, grad
+
+
+def _reference_step(v):
+    return (kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(v) * torch.tensor([1.0, 2.0, 3.0])).sum()
+
+
+@pytest.mark.parametrize("how", ["forced", "pinned"])
+def test_where_the_hub_would_run_inductor_the_graph_holds_the_references_ops(how, tmp_path, monkeypatch):
+    if how == "pinned":
+        (tmp_path / "kernelhub.toml").write_text('[ops.tv_loss_l1_3d]\npin = "inductor"\n')
+        kernelhub.reload()
+    op = kernelhub.op("tv_loss_l1_3d", backend="inductor" if how == "forced" else None)
+    v = torch.randn(2, 5, 6, 7, dtype=torch.float64, requires_grad=True)
+    assert kernelhub.explain("tv_loss_l1_3d", v).chosen == "inductor" or how == "forced"
+    targets, out, grad = _graph_of(lambda x: (op(x) * torch.tensor([1.0, 2.0, 3.0])).sum(), v)
+    assert not any("kernelhub" in str(t) for t in targets)  # no opaque node: the reference's ops
+    want = _reference_step(v)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(grad, torch.autograd.grad(want, v)[0])
+
+
+def test_elsewhere_and_for_symbolic_sizes_the_graph_holds_the_operator():
+    v = torch.randn(2, 5, 6, 7, dtype=torch.float64, requires_grad=True)
+    for op, dynamic in [(kernelhub.op("tv_loss_l1_3d"), None),  # torch_ref or cuda_ext: the opaque node
+                        (kernelhub.op("tv_loss_l1_3d", backend="inductor"), True)]:  # sizes unknown at compile time
+        targets, out, grad = _graph_of(lambda x: (op(x) * torch.tensor([1.0, 2.0, 3.0])).sum(), v, dynamic=dynamic)
+        assert torch.ops.kernelhub.tv_loss_l1_3d.default in targets
+        want = _reference_step(v)
+        torch.testing.assert_close(out, want)
+        torch.testing.assert_close(grad, torch.autograd.grad(want, v)[0])

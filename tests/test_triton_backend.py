@@ -188,3 +188,29 @@ def test_kplanes_non_finite_points_read_an_in_range_neighbour_as_torch_does(back
     got = kernelhub.op("kplanes_interp_tilted", backend=backend)(pts, rot, planes)
     torch.testing.assert_close(got, kernelhub.op("kplanes_interp_tilted", backend="torch_ref")(pts, rot, planes),
                                equal_nan=True)
+
+
+@pytest.mark.skipif(not CUDA, reason="launch keeps compiled kernels for CUDA tensors (the interpreter has none)")
+def test_launch_keeps_the_compiled_kernel_per_key_and_matches_tritons_own_launch():
+    from kernelhub_triton import _launch, tv
+
+    v = torch.randn(2, 9, 10, 11, device="cuda", dtype=torch.float64)
+    expected = kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(v)
+    _launch._HANDLES.clear()
+    first = tv.l1_forward(v)  # Triton's own launch, which compiles; its kernel is kept
+    assert len(_launch._HANDLES) == 1
+    again = tv.l1_forward(v)  # the kept kernel, called directly
+    assert len(_launch._HANDLES) == 1 and torch.equal(first, again)
+    torch.testing.assert_close(again, expected)
+    # a pointer that is not 16-byte aligned is another specialisation: a key of its own, the right result
+    buf = torch.empty(v.numel() + 1, device="cuda", dtype=v.dtype)
+    shifted = buf[1:].view(v.shape).copy_(v)
+    torch.testing.assert_close(tv.l1_forward(shifted), expected)
+    assert len(_launch._HANDLES) == 2
+    # a launch on a stream other than the default one runs on that stream
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        on_side = tv.l1_forward(v)
+    side.synchronize()
+    torch.testing.assert_close(on_side, expected)

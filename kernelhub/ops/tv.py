@@ -17,7 +17,8 @@ def _volume(op: str, volume: object) -> torch.Tensor:
     return c.tensor(op, "volume", volume, c.FLOATS, min_ndim=3)
 
 
-def _out_dtype(volume: torch.Tensor) -> torch.dtype:
+def output_dtype(volume: torch.Tensor) -> torch.dtype:
+    """The TV ops' output dtype: float64 for a float64 volume, else float32 (accumulated sums)."""
     return torch.float64 if volume.dtype == torch.float64 else torch.float32
 
 
@@ -73,7 +74,7 @@ TV_L1 = OpSpec(
     dtypes=c.FLOATS,
     tolerances=TOLERANCES["tv_loss_l1_3d"],
     normalize=_normalize_plain("tv_loss_l1_3d"),
-    output=lambda volume: volume.new_empty((3,), dtype=_out_dtype(volume)),
+    output=lambda volume: volume.new_empty((3,), dtype=output_dtype(volume)),
     samples=_samples(False),
     bad_inputs=_bad_inputs(False),
 )
@@ -85,7 +86,7 @@ TV_SQ = OpSpec(
     dtypes=c.FLOATS,
     tolerances=TOLERANCES["tv_loss_sq_3d"],
     normalize=_normalize_plain("tv_loss_sq_3d"),
-    output=lambda volume: volume.new_empty((), dtype=_out_dtype(volume)),
+    output=lambda volume: volume.new_empty((), dtype=output_dtype(volume)),
     samples=_samples(False),
     bad_inputs=_bad_inputs(False),
 )
@@ -97,7 +98,7 @@ TV_ISO = OpSpec(
     dtypes=c.FLOATS,
     tolerances=TOLERANCES["tv_loss_iso_3d"],
     normalize=_normalize_iso,
-    output=lambda volume, eps: volume.new_empty((), dtype=_out_dtype(volume)),
+    output=lambda volume, eps: volume.new_empty((), dtype=output_dtype(volume)),
     samples=_samples(True),
     bad_inputs=_bad_inputs(True),
 )

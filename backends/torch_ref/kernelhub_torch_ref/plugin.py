@@ -78,4 +78,5 @@ def kernelhub_register_impls(registry) -> None:
                                forward=inductor.compiled_pass(op, "forward", compiled_forward),
                                backward=inductor.compiled_pass(op, "backward", backward), dtypes=spec.dtypes,
                                devices=("cpu", "cuda"), not_supported_reasons=inductor.reasons(op),
-                               deterministic=op not in SCATTERING_BACKWARD, tuned_only=inductor.TUNED_ONLY))
+                               deterministic=op not in SCATTERING_BACKWARD, tuned_only=inductor.TUNED_ONLY,
+                               inline=compiled_forward))

@@ -1,12 +1,18 @@
-"""What every launcher here shares: accumulation dtype, device guard, grid sizing."""
+"""What every launcher here shares: accumulation dtype, grid sizing, and `launch`, the one way a kernel is
+launched."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
+import inspect
 
 import torch
 import triton.language as tl
+
+try:
+    from triton import knobs as _knobs  # triton >= 3.4: the launch hooks live here
+except ImportError:  # older triton: every launch takes Triton's own path
+    _knobs = None
 
 
 def acc_type(dtype: torch.dtype):
@@ -14,9 +20,61 @@ def acc_type(dtype: torch.dtype):
     return tl.float64 if dtype in (torch.float64, torch.complex128) else tl.float32
 
 
-def on_device(t: torch.Tensor):
-    """Launch on ``t``'s GPU: Triton launches on the *current* device, which may be another one."""
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+# launch's compiled kernels: (kernel, device index, each argument's specialization) -> (compiled kernel, the
+# names of the kernel's parameters after the positional arguments, with their defaults)
+_HANDLES: dict[tuple, tuple] = {}
+_MAX_HANDLES = 4096
+
+
+def _spec(a):
+    """What Triton specialises a kernel on for one argument: a tensor's dtype and 16-byte alignment, an
+    integer's value (Triton looks at == 1, divisibility by 16 and the width; the value covers them all), a
+    float's type (floats are not specialised), any other value (constexprs) with its type (True == 1)."""
+    if isinstance(a, torch.Tensor):
+        return a.dtype, a.data_ptr() % 16 == 0
+    return float if type(a) is float else (type(a), a)
+
+
+def launch(kernel, grid: tuple, *args, **kwargs) -> None:
+    """``kernel[grid](*args, **kwargs)`` on the device of ``args[0]`` (a tensor), with Triton's per-call work
+    done once per key.
+
+    Triton's own launch binds the arguments to the signature, computes the specialisation key and looks the
+    compiled kernel up on every call; on a host that is most of a small kernel's time (a trivial kernel's
+    launch costs 11-15 us on an H200 host, docs/benchmarks.md). Here the compiled kernel Triton returned for the
+    first call of a key (the kernel, the device, each argument's `_spec`) is kept, and later calls of the key
+    hand it the arguments and the current stream directly, as Triton's own launch does after its lookup. The
+    first call of a key, CPU tensors (Triton's interpreter), a triton without ``triton.knobs`` and a launch on a
+    device that is not the current one take Triton's path.
+    """
+    t = args[0]
+    if not t.is_cuda or _knobs is None:
+        kernel[grid](*args, **kwargs)
+        return
+    device = t.device.index
+    key = (kernel, device, *map(_spec, args), *[(k, _spec(v)) for k, v in kwargs.items()])
+    entry = _HANDLES.get(key)
+    if entry is None or torch.cuda.current_device() != device:
+        with torch.cuda.device(device):  # Triton launches on the current device
+            compiled = kernel[grid](*args, **kwargs)
+        if entry is None and compiled is not None:
+            if len(_HANDLES) >= _MAX_HANDLES:
+                _HANDLES.clear()
+            params = list(inspect.signature(kernel.fn).parameters.values())[len(args):]
+            _HANDLES[key] = (compiled, tuple((p.name, p.default) for p in params))
+        return
+    compiled, rest = entry
+    values = (*args, *[kwargs[name] if name in kwargs else default for name, default in rest])
+    g = (*grid, 1, 1)
+    stream = _current_stream(device)
+    hooks = _knobs.runtime
+    compiled.run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata,
+                 compiled.launch_metadata(grid, stream, *values), hooks.launch_enter_hook, hooks.launch_exit_hook,
+                 *values)
+
+
+_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (  # what Triton's launch uses
+    lambda device: torch.cuda.current_stream(device).cuda_stream)
 
 
 @functools.cache

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from kernelhub import accumulation_dtype
-from kernelhub_triton._launch import acc_type, on_device
+from kernelhub_triton._launch import acc_type, launch
 
 __all__ = ["forward", "backward", "ms_forward", "ms_backward", "taps_forward", "taps_backward",
            "not_supported_reasons"]
@@ -233,12 +233,11 @@ def _launch_forward(pts, rotations, planes, out, taps, h, col0):
     _, C, H, W = planes.shape
     if B == 0 or C == 0:
         return
-    with on_device(pts):
-        _kplanes_forward_kernel[(triton.cdiv(B, BLOCK_B),)](
-            pts, rotations, _channels_last(planes), out, B, T, C, H, W, _step(pts, taps, h),
-            *pts.stride(), *rotations.stride(), out.stride(0) if taps > 1 else 0, out.stride(-2), col0,
-            TAPS=taps, BB=BLOCK_B, BC=max(triton.next_power_of_2(C), 2), ACC=acc_type(pts.dtype),
-            num_warps=NUM_WARPS)
+    launch(_kplanes_forward_kernel, (triton.cdiv(B, BLOCK_B),),
+           pts, rotations, _channels_last(planes), out, B, T, C, H, W, _step(pts, taps, h),
+           *pts.stride(), *rotations.stride(), out.stride(0) if taps > 1 else 0, out.stride(-2), col0,
+           TAPS=taps, BB=BLOCK_B, BC=max(triton.next_power_of_2(C), 2), ACC=acc_type(pts.dtype),
+           num_warps=NUM_WARPS)
 
 
 def _launch_backward(grad, pts, rotations, planes, needs, taps, h, col0):
@@ -252,13 +251,12 @@ def _launch_backward(grad, pts, rotations, planes, needs, taps, h, col0):
     gp = torch.zeros((B, 3), dtype=acc, device=pts.device) if need_p else None
     gr = torch.zeros((programs, T, 9), dtype=acc, device=pts.device) if need_r else None
     if B > 0 and C > 0 and (need_pl or need_p or need_r):
-        with on_device(pts):
-            _kplanes_backward_kernel[(programs,)](
-                grad, pts, rotations, _channels_last(planes), gpl if need_pl else pts, gp if need_p else pts,
-                gr if need_r else pts, B, T, C, H, W, _step(pts, taps, h), *pts.stride(), *rotations.stride(),
-                grad.stride(0) if taps > 1 else 0, grad.stride(-2), grad.stride(-1), col0 * grad.stride(-1),
-                TAPS=taps, NEED_PLANES=need_pl, NEED_PTS=need_p, NEED_ROT=need_r,
-                BB=BLOCK_B, BC=max(triton.next_power_of_2(C), 2), ACC=acc_type(pts.dtype), num_warps=NUM_WARPS)
+        launch(_kplanes_backward_kernel, (programs,),
+               grad, pts, rotations, _channels_last(planes), gpl if need_pl else pts, gp if need_p else pts,
+               gr if need_r else pts, B, T, C, H, W, _step(pts, taps, h), *pts.stride(), *rotations.stride(),
+               grad.stride(0) if taps > 1 else 0, grad.stride(-2), grad.stride(-1), col0 * grad.stride(-1),
+               TAPS=taps, NEED_PLANES=need_pl, NEED_PTS=need_p, NEED_ROT=need_r,
+               BB=BLOCK_B, BC=max(triton.next_power_of_2(C), 2), ACC=acc_type(pts.dtype), num_warps=NUM_WARPS)
     return [None if gpl is None else gpl.permute(0, 3, 1, 2).to(planes.dtype).contiguous(),
             None if gp is None else gp.to(pts.dtype),
             None if gr is None else gr.sum(0).reshape(T, 3, 3).to(rotations.dtype)]

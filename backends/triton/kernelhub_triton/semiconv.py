@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from kernelhub.ops.semiconv import lift_3d, semifield_zero
-from kernelhub_triton._launch import acc_type, on_device
+from kernelhub_triton._launch import acc_type, launch
 
 __all__ = ["forward", "backward", "not_supported_reasons"]
 
@@ -276,9 +276,8 @@ def forward(img, kernel, semifield, stride, padding, dilation, groups, kind):
     if out.numel() == 0:
         return out
     grid, scalars, sizes = _launch_args(a, semifield, groups)
-    with on_device(x):
-        _semiconv_forward_kernel[grid](x, k, out, *scalars, **sizes, SF=a.code, BLOCK=BLOCK, ACC=acc_type(img.dtype),
-                                       num_warps=NUM_WARPS)
+    launch(_semiconv_forward_kernel, grid, x, k, out, *scalars, **sizes, SF=a.code, BLOCK=BLOCK,
+           ACC=acc_type(img.dtype), num_warps=NUM_WARPS)
     return out
 
 
@@ -290,9 +289,8 @@ def backward(grad, img, kernel, semifield, stride, padding, dilation, groups, ki
     gk = torch.zeros(k.shape, dtype=acc, device=x.device)
     if g.numel() and (needs[0] or needs[1]):
         grid, scalars, sizes = _launch_args(a, semifield, groups)
-        with on_device(x):
-            _semiconv_backward_kernel[grid](g, x, k, gx, gk, *scalars, **sizes, SF=a.code, NEED_IMG=bool(needs[0]),
-                                            NEED_KERNEL=bool(needs[1]), BLOCK=BLOCK, ACC=acc_type(img.dtype),
-                                            num_warps=NUM_WARPS)
+        launch(_semiconv_backward_kernel, grid, g, x, k, gx, gk, *scalars, **sizes, SF=a.code,
+               NEED_IMG=bool(needs[0]), NEED_KERNEL=bool(needs[1]), BLOCK=BLOCK, ACC=acc_type(img.dtype),
+               num_warps=NUM_WARPS)
     return [gx.to(img.dtype).view(img.shape) if needs[0] else None,
             gk.to(kernel.dtype).view(kernel.shape) if needs[1] else None]

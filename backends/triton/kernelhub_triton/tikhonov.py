@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelhub_triton._launch import on_device
+from kernelhub_triton._launch import launch
 
 __all__ = ["forward", "backward"]
 
@@ -253,10 +253,9 @@ def forward(M: torch.Tensor, lam: float) -> torch.Tensor:
         return out.view(M.shape)
     src, strides = _storage(m)
     dst, _ = _storage(out)
-    with on_device(M):
-        _tikhonov_forward_kernel[(triton.cdiv(P, BLOCK_P),)](
-            src, dst, P, Z, *strides, lam, COMPLEX=M.is_complex(), BP=BLOCK_P, BZ=_block_z(Z),
-            ONE_CHUNK=Z <= _block_z(Z), num_warps=NUM_WARPS)
+    launch(_tikhonov_forward_kernel, (triton.cdiv(P, BLOCK_P),),
+           src, dst, P, Z, *strides, lam, COMPLEX=M.is_complex(), BP=BLOCK_P, BZ=_block_z(Z),
+           ONE_CHUNK=Z <= _block_z(Z), num_warps=NUM_WARPS)
     return out.view(M.shape)
 
 
@@ -272,8 +271,7 @@ def backward(grad: torch.Tensor, M: torch.Tensor, lam: float, needs) -> list:
     src, strides = _storage(m)
     gsrc, gstrides = _storage(g)
     dst, _ = _storage(out)
-    with on_device(M):
-        _tikhonov_backward_kernel[(triton.cdiv(P, BLOCK_P),)](
-            gsrc, src, dst, P, Z, *strides, *gstrides, lam, COMPLEX=M.is_complex(), BP=BLOCK_P,
-            BZ=_block_z(Z), num_warps=NUM_WARPS)
+    launch(_tikhonov_backward_kernel, (triton.cdiv(P, BLOCK_P),),
+           gsrc, src, dst, P, Z, *strides, *gstrides, lam, COMPLEX=M.is_complex(), BP=BLOCK_P,
+           BZ=_block_z(Z), num_warps=NUM_WARPS)
     return [out.view(M.shape)]

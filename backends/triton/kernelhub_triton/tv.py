@@ -23,13 +23,12 @@ import triton
 import triton.language as tl
 
 from kernelhub.ops import tv as tv_specs
-from kernelhub_triton._launch import acc_type, on_device, sm_count
+from kernelhub_triton._launch import acc_type, launch, sm_count
 
 __all__ = ["l1_forward", "l1_backward", "sq_forward", "sq_backward", "iso_forward", "iso_backward",
            "not_supported_reasons"]
 
 L1, SQ, ISO = 0, 1, 2
-SPECS = {L1: tv_specs.TV_L1, SQ: tv_specs.TV_SQ, ISO: tv_specs.TV_ISO}
 # Tile of 512 voxels (4 per thread at 4 warps), 32 programs per multiprocessor: the best or within
 # 3% of the best of 8 configurations at each benchmark shape, GPU time on an H200 (docs/benchmarks.md):
 # at 512^3 forward + backward L1 0.56 ms, SQ 0.52, iso 0.88, against 0.56-0.70, 0.52-0.59 and
@@ -243,13 +242,12 @@ def _batched(volume: torch.Tensor) -> torch.Tensor:
 def _forward(volume: torch.Tensor, mode: int, eps: float = 0.0) -> torch.Tensor:
     x = _batched(volume)
     nout = 3 if mode == L1 else 1
-    dtype = SPECS[mode].output(volume, *((eps,) if mode == ISO else ())).dtype  # the spec's output dtype
+    dtype = tv_specs.output_dtype(volume)  # the specs' output dtype
     if x.numel() == 0 or (mode == ISO and min(x.shape[1:]) < 2):
         return torch.zeros((3,) if mode == L1 else (), dtype=dtype, device=volume.device)
     programs, lay = _launch(x)
     partial = torch.empty((programs, nout), dtype=dtype, device=x.device)
-    with on_device(x):
-        _tv_forward_kernel[(programs,)](x, partial, eps64=eps, MODE=mode, NOUT=nout, ACC=acc_type(x.dtype), **lay)
+    launch(_tv_forward_kernel, (programs,), x, partial, eps64=eps, MODE=mode, NOUT=nout, ACC=acc_type(x.dtype), **lay)
     total = partial.sum(0)  # fixed order over a fixed-size array: deterministic
     if mode == L1:
         return total
@@ -270,9 +268,8 @@ def _backward(grad: torch.Tensor, volume: torch.Tensor, mode: int, eps: float = 
         return out.zero_().view(volume.shape)
     scale = 1.0 / _corners(x) if mode == ISO else 2.0 if mode == SQ else 1.0
     programs, lay = _launch(x)
-    with on_device(x):
-        _tv_backward_kernel[(programs,)](x, grad.contiguous(), out, eps64=eps, scale64=scale, MODE=mode,
-                                         ACC=acc_type(x.dtype), **lay)
+    launch(_tv_backward_kernel, (programs,), x, grad.contiguous(), out, eps64=eps, scale64=scale, MODE=mode,
+           ACC=acc_type(x.dtype), **lay)
     return out.view(volume.shape)
 
 

@@ -186,17 +186,19 @@ def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int) 
     args = testing.with_grad(op, spec.normalize(*args))
     leaves = testing.leaves(op, args)
     w = torch.randn_like(kernelhub.op(op)(*args).detach())
-    steps = {"eager hub": kernelhub.op(op)}
-    compiled = {"compiled ref": DIFFERENTIATE.get(op, FORWARDS[op]), "compiled hub": kernelhub.op(op),
-                "compiled hub:inductor": kernelhub.op(op, backend="inductor")}
+
+    def step(f):
+        return lambda *a: (f(*a) * w).sum()
+
     torch._dynamo.reset()
-    for label, f in compiled.items():
-        steps[label] = torch.compile(lambda *a, f=f: (f(*a) * w).sum(), fullgraph=True)
+    steps = {"eager hub": step(kernelhub.op(op))}
+    for label, f in {"compiled ref": DIFFERENTIATE.get(op, FORWARDS[op]), "compiled hub": kernelhub.op(op),
+                     "compiled hub:inductor": kernelhub.op(op, backend="inductor")}.items():
+        steps[label] = torch.compile(step(f), fullgraph=True)
     fns = {}
     for label, f in steps.items():
-        def fn(f=f, label=label):
-            out = f(*args) if label.startswith("compiled") else (f(*args) * w).sum()
-            return torch.autograd.grad(out, leaves, allow_unused=True)
+        def fn(f=f):
+            return torch.autograd.grad(f(*args), leaves, allow_unused=True)
         try:
             fn()  # compiles here, not in the timing
             fns[label] = fn

@@ -45,11 +45,8 @@ class Hub:
 
     def inline_impl(self, op: str, args: Sequence[Any], forced: str) -> Any:
         """The impl whose ``inline`` function a graph being compiled holds for this call (fake tensors of static
-        sizes) in place of the op (`dispatch._inline_choice`), or None: the op stays."""
-        for a in args:
-            for t in (a if isinstance(a, (list, tuple)) else (a,)):
-                if isinstance(t, torch.Tensor) and not all(isinstance(d, int) for d in t.shape):
-                    return None  # symbolic sizes: the hub decides per call, at run time
+        sizes: `dispatch._describe` leaves symbolic ones to the op) in place of the op (`dispatch._inline_choice`),
+        or None: the op stays."""
         try:
             decision = self.selector.peek(op, args, forced)
         except Exception:  # a forced backend that cannot serve the call raises at run time, with the reason

@@ -17,11 +17,6 @@ def _volume(op: str, volume: object) -> torch.Tensor:
     return c.tensor(op, "volume", volume, c.FLOATS, min_ndim=3)
 
 
-def output_dtype(volume: torch.Tensor) -> torch.dtype:
-    """The TV ops' output dtype: float64 for a float64 volume, else float32 (accumulated sums)."""
-    return torch.float64 if volume.dtype == torch.float64 else torch.float32
-
-
 def _samples(with_eps: bool):
     def samples(size: str, dtype: torch.dtype, device: torch.device, gen: torch.Generator) -> list[SampleInput]:
         shapes = {
@@ -74,7 +69,7 @@ TV_L1 = OpSpec(
     dtypes=c.FLOATS,
     tolerances=TOLERANCES["tv_loss_l1_3d"],
     normalize=_normalize_plain("tv_loss_l1_3d"),
-    output=lambda volume: volume.new_empty((3,), dtype=output_dtype(volume)),
+    output=lambda volume: volume.new_empty((3,), dtype=c.accumulation_dtype(volume.dtype)),
     samples=_samples(False),
     bad_inputs=_bad_inputs(False),
 )
@@ -86,7 +81,7 @@ TV_SQ = OpSpec(
     dtypes=c.FLOATS,
     tolerances=TOLERANCES["tv_loss_sq_3d"],
     normalize=_normalize_plain("tv_loss_sq_3d"),
-    output=lambda volume: volume.new_empty((), dtype=output_dtype(volume)),
+    output=lambda volume: volume.new_empty((), dtype=c.accumulation_dtype(volume.dtype)),
     samples=_samples(False),
     bad_inputs=_bad_inputs(False),
 )
@@ -98,7 +93,7 @@ TV_ISO = OpSpec(
     dtypes=c.FLOATS,
     tolerances=TOLERANCES["tv_loss_iso_3d"],
     normalize=_normalize_iso,
-    output=lambda volume, eps: volume.new_empty((), dtype=output_dtype(volume)),
+    output=lambda volume, eps: volume.new_empty((), dtype=c.accumulation_dtype(volume.dtype)),
     samples=_samples(True),
     bad_inputs=_bad_inputs(True),
 )

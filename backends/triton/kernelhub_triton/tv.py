@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelhub.ops import tv as tv_specs
+from kernelhub import accumulation_dtype
 from kernelhub_triton._launch import acc_type, launch, sm_count
 
 __all__ = ["l1_forward", "l1_backward", "sq_forward", "sq_backward", "iso_forward", "iso_backward",
@@ -242,7 +242,7 @@ def _batched(volume: torch.Tensor) -> torch.Tensor:
 def _forward(volume: torch.Tensor, mode: int, eps: float = 0.0) -> torch.Tensor:
     x = _batched(volume)
     nout = 3 if mode == L1 else 1
-    dtype = tv_specs.output_dtype(volume)  # the specs' output dtype
+    dtype = accumulation_dtype(volume.dtype)  # the specs' output dtype
     if x.numel() == 0 or (mode == ISO and min(x.shape[1:]) < 2):
         return torch.zeros((3,) if mode == L1 else (), dtype=dtype, device=volume.device)
     programs, lay = _launch(x)

@@ -15,15 +15,15 @@ nodes and never breaks the graph.
 
 The eager fast path: where nothing traces (no dynamo, no functorch transform, no dispatch mode
 such as fake tensors, only plain tensors off the meta device), `OpHandle` skips the
-operators and runs the same hub calls (`Hub.run_forward` / `Hub.backward_grads`: the same
+operators and runs the same hub calls (`Hub.forward` / `Hub.backward_grads`: the same
 cached decision, fallback, output checks, kill switch, pins, tuned winners) through one
-`torch.autograd.Function`. The Python custom-op dispatch (schema binding, the autograd
+`torch.autograd.Function`, whose backward reuses the forward's decision. The Python custom-op dispatch (schema binding, the autograd
 kernel, the operator's redispatch) costs more than such a Function: a 1x16^3 TV forward +
 backward on cuda_ext took 304-332 us through the operators, 213-258 us on the fast path and
 184 us in a minimal Function on the 2-core CPU (docs/benchmarks.md, "Per-call host cost").
 What is left per call is the argument checks,
 the decision-cache key (a tuple of each tensor's device, dtype, shape and contiguity), one
-dict lookup and the Function's own bookkeeping; where no input requires grad (or grad mode is off), not
+dict lookup (in the forward only) and the Function's own bookkeeping; where no input requires grad (or grad mode is off), not
 even the Function: the hub's forward is called directly. ``KERNELHUB_EAGER_FAST_PATH=0`` (read at
 import) always takes the operators.
 
@@ -182,11 +182,23 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable) -> A
         args, needs, backend = rest[:n], rest[n], rest[n + 1]
         return run_backward(name, grad, args, needs, backend)
 
-    fwd = torch.library.custom_op(f"{NAMESPACE}::{name}", forward, mutates_args=(), schema=spec.schema())
-    bwd = torch.library.custom_op(f"{NAMESPACE}::{name}_backward", backward_kernel, mutates_args=(),
-                                  schema=spec.backward_schema())
-    fwd.register_fake(lambda *args: spec.output(*args[:n]))
-    bwd.register_fake(lambda grad, *rest: _placeholders(spec, rest[:n], rest[n]))
+    # torch.library.define + impl, not custom_op: custom_op wraps each call in a dynamo-disable guard and an
+    # aliasing check, 16.8 against 4.3 us per call of a trivial op on the 2-core CPU (docs/benchmarks.md)
+    lib = _library()
+    lib.define(f"{name}{spec.schema()}")
+    lib.define(f"{name}_backward{spec.backward_schema()}")
+    lib.impl(name, forward, "CompositeExplicitAutograd")
+    lib.impl(f"{name}_backward", backward_kernel, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{NAMESPACE}::{name}", lambda *args: spec.output(*args[:n]), lib=lib)
+    torch.library.register_fake(f"{NAMESPACE}::{name}_backward",
+                                lambda grad, *rest: _placeholders(spec, rest[:n], rest[n]), lib=lib)
+    ops = getattr(torch.ops, NAMESPACE)
+    overload, bwd = getattr(ops, name).default, getattr(ops, f"{name}_backward").default
+
+    def refuse_double_backward(ctx, *grads):
+        raise RuntimeError(f"double backward is not supported by kernelhub.{name}")
+
+    torch.library.register_autograd(bwd, refuse_double_backward, lib=lib)
 
     tensor_pos = [i for i, a in enumerate(spec.args) if a.is_tensor]
 
@@ -210,61 +222,72 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable) -> A
             pos += count
         return tuple(result)
 
-    fwd.register_autograd(autograd_backward, setup_context=setup_context)
-    overload = getattr(getattr(torch.ops, NAMESPACE), name).default
-    _DEFINED[name] = (overload, getattr(getattr(torch.ops, NAMESPACE), f"{name}_backward").default)
+    torch.library.register_autograd(overload, autograd_backward, setup_context=setup_context, lib=lib)
+    _DEFINED[name] = (overload, bwd)
     return overload
+
+
+_LIBRARY: list = []
+
+
+def _library() -> torch.library.Library:
+    """The ``kernelhub`` namespace's library fragment, made once and kept for the process (dropping it would
+    remove the operators)."""
+    if not _LIBRARY:
+        _LIBRARY.append(torch.library.Library(NAMESPACE, "FRAGMENT"))
+    return _LIBRARY[0]
 
 
 class KernelhubFunction(torch.autograd.Function):
     """The eager fast path's autograd glue: ``apply(handle, args, (layout, others), *tensors)``, the call taken
     apart by `_split` (``tensors``: every tensor of ``args``, a "tensors" argument's elements one by one, so
-    autograd sees them)."""
+    autograd sees them). The backward runs the backend of the forward's decision (no second selection)."""
 
     @staticmethod
     def forward(ctx, handle: OpHandle, args: tuple, parts: tuple, *tensors: torch.Tensor) -> torch.Tensor:
         ctx.handle, (ctx.layout, ctx.others) = handle, parts
         ctx.save_for_backward(*tensors)
-        return handle.run_forward(handle.spec.name, args, handle.backend)
+        ctx.decision, out = handle.forward(handle.spec.name, args, handle.backend)
+        return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
+        if not torch.is_grad_enabled():  # torch.autograd.grad / .backward() without create_graph
+            return KernelhubFunction._backward(ctx, grad)
         with torch.no_grad():
-            grads = tuple(KernelhubFunction._backward(ctx, grad))
-        if not torch.is_grad_enabled():
-            return grads
+            grads = KernelhubFunction._backward(ctx, grad)
         # create_graph=True: gradients that raise if differentiated (what once_differentiable does, with a message)
         err = torch._C._functions.DelayedError(
-            f"kernelhub.{ctx.handle.spec.name}: double backward is not supported".encode(), len(grads))
+            f"double backward is not supported by kernelhub.{ctx.handle.spec.name}".encode(), len(grads))
         return err(*[g if g is None else g.detach().requires_grad_() for g in grads])
 
     @staticmethod
-    def _backward(ctx, grad: torch.Tensor) -> list:
+    def _backward(ctx, grad: torch.Tensor) -> tuple:
         handle, needs_input = ctx.handle, ctx.needs_input_grad[3:]
         args, spans = _join(ctx.others, ctx.layout, ctx.saved_tensors)
         diff = handle.spec.differentiable
         needs = [any(needs_input[k] for k in spans[i]) for i in diff]
-        grads = handle.run_backward(handle.spec.name, grad, tuple(args), needs, handle.backend)
+        grads = handle.backward_grads(handle.spec.name, grad, tuple(args), needs, handle.backend, ctx.decision)
         out: list[Any] = [None] * (3 + len(needs_input))
         for i, g in zip(diff, grads):  # each differentiable argument's gradient -> its tensors' slots
             if g is not None:
                 for k, gk in zip(spans[i], g if isinstance(args[i], list) else (g,)):
                     out[3 + k] = gk if needs_input[k] else None
-        return out
+        return tuple(out)
 
 
 class OpHandle:
     """The callable returned by ``kernelhub.op(name)``: normalises arguments, then runs the eager fast path
     (`KernelhubFunction`) where nothing traces (`traced`), else calls the operator."""
 
-    __slots__ = ("spec", "backend", "_overload", "run_forward", "run_backward", "inline_impl", "tensor_args")
+    __slots__ = ("spec", "backend", "_overload", "forward", "backward_grads", "inline_impl", "tensor_args")
 
-    def __init__(self, spec: OpSpec, overload: Any, backend: str = "", run_forward: Callable | None = None,
-                 run_backward: Callable | None = None, inline_impl: Callable | None = None) -> None:
+    def __init__(self, spec: OpSpec, overload: Any, backend: str = "", forward: Callable | None = None,
+                 backward_grads: Callable | None = None, inline_impl: Callable | None = None) -> None:
         self.spec = spec
         self.backend = backend
         self._overload = overload
-        self.run_forward, self.run_backward = run_forward, run_backward  # the operators' own run functions
+        self.forward, self.backward_grads = forward, backward_grads  # the hub's Hub.forward and Hub.backward_grads
         self.inline_impl = inline_impl  # the hub's Hub.inline_impl: see _inline_choice
         if inline_impl is not None:
             _INLINE_IMPL[spec.name] = inline_impl
@@ -272,7 +295,7 @@ class OpHandle:
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         args = self.spec.normalize(*args, **kwargs)
-        if not EAGER_FAST_PATH or self.run_forward is None or traced(args):
+        if not EAGER_FAST_PATH or self.forward is None or traced(args):
             if self.inline_impl is not None and torch.compiler.is_compiling():
                 described = _describe(args)
                 backend = "" if described is None else _inline_choice(self.spec.name, self.backend, described)
@@ -282,7 +305,7 @@ class OpHandle:
             return self._overload(*args, self.backend)
         tensors, layout, others = _split(args, self.tensor_args)
         if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
-            return self.run_forward(self.spec.name, args, self.backend)  # nothing to differentiate: no graph node
+            return self.forward(self.spec.name, args, self.backend)[1]  # nothing to differentiate: no graph node
         return KernelhubFunction.apply(self, args, (layout, others), *tensors)
 
     @property

@@ -39,7 +39,7 @@ class Hub:
                     f"kernelhub.op({name!r}, backend={backend!r}): backend not available: "
                     f"{self.registry.unavailable_reason(backend)} (registered: {sorted(self.registry.backends)})")
             overload = define_ops(spec, _run_forward, _run_backward)
-            h = self._handles[key] = OpHandle(spec, overload, backend or "", _run_forward, _backward_grads,
+            h = self._handles[key] = OpHandle(spec, overload, backend or "", _forward, _backward_grads,
                                               _inline_impl)
         return h
 
@@ -57,14 +57,17 @@ class Hub:
     def explain(self, name: str, *args: Any, **kwargs: Any) -> Decision:
         return self.selector.decide(name, self.registry.spec(name).normalize(*args, **kwargs))
 
-    def _run(self, op: str, args: Sequence[Any], forced: str, call):
+    def _run(self, op: str, args: Sequence[Any], forced: str, call, decision: Decision | None = None):
+        """``(decision, call(impl, decision))`` for the first eligible impl that does not raise (the decision's
+        first unless given: the backward reuses its forward's), marking each that raises as failed for the key."""
         while True:
-            decision = self.selector.decide(op, args, forced)
+            if decision is None:
+                decision = self.selector.decide(op, args, forced)
             if decision.chosen is None:
                 raise NoImplementationError(f"kernelhub: no implementation can serve this call:\n{decision}")
             impl = decision.eligible[0]
             try:
-                return impl, call(impl, decision)
+                return decision, call(impl, decision)
             except Exception as exc:
                 if forced or len(decision.eligible) == 1:
                     raise
@@ -72,14 +75,19 @@ class Hub:
                     f"{op}: backend {impl.backend!r} raised {type(exc).__name__}: {exc} (would fall back to "
                     f"{decision.eligible[1].backend!r})")
                 self.selector.mark_failed(op, args, forced, impl.backend, exc)
+                decision = None
 
     def run_forward(self, op: str, args: Sequence[Any], forced: str) -> torch.Tensor:
+        return self.forward(op, args, forced)[1]
+
+    def forward(self, op: str, args: Sequence[Any], forced: str) -> tuple[Decision, torch.Tensor]:
+        """The decision that served the call, and the checked output."""
         def call(impl, decision):
             out = impl.forward(*args)
             _check_output(op, impl.backend, "an output", out, decision.output)
-            return out
-        # outputs are contiguous, as the fake implementations promise torch.compile
-        return self._run(op, args, forced, call)[1].contiguous()
+            # outputs are contiguous, as the fake implementations promise torch.compile
+            return out.contiguous()
+        return self._run(op, args, forced, call)
 
     def run_backward(self, op: str, grad: torch.Tensor, args: Sequence[Any], needs: Sequence[bool],
                      forced: str) -> list[torch.Tensor]:
@@ -87,10 +95,10 @@ class Hub:
         return flatten_grads(self.registry.spec(op), args, needs, self.backward_grads(op, grad, args, needs, forced))
 
     def backward_grads(self, op: str, grad: torch.Tensor, args: Sequence[Any], needs: Sequence[bool],
-                       forced: str) -> list[Any]:
+                       forced: str, decision: Decision | None = None) -> list[Any]:
         """One entry per differentiable argument (a tensor, a list for a "tensors" one, None where not needed),
-        checked against the arguments, from the backend the selector picks for the call (the one that ran
-        its forward)."""
+        checked against the arguments, from the backend that ran the forward: ``decision``'s first eligible where
+        the forward's decision is given (the eager fast path), else the one the selector picks for the call."""
         spec = self.registry.spec(op)
 
         def call(impl, decision):
@@ -108,7 +116,7 @@ class Hub:
                         _check_output(op, impl.backend, (name, j if isinstance(arg, list) else None), gt,
                                       (t.shape, t.dtype, t.device))
             return grads
-        return self._run(op, args, forced, call)[1]
+        return self._run(op, args, forced, call, decision)[1]
 
 
 def _check_output(op: str, backend: str, what: str | tuple, out: Any, expected: tuple) -> None:
@@ -156,8 +164,12 @@ def _run_backward(op, grad, args, needs, backend):
     return get_hub().run_backward(op, grad, args, needs, backend)
 
 
-def _backward_grads(op, grad, args, needs, backend):
-    return get_hub().backward_grads(op, grad, args, needs, backend)
+def _forward(op, args, backend):
+    return get_hub().forward(op, args, backend)
+
+
+def _backward_grads(op, grad, args, needs, backend, decision):
+    return get_hub().backward_grads(op, grad, args, needs, backend, decision)
 
 
 def _inline_impl(op, args, backend):

@@ -271,6 +271,18 @@ def test_call_time_failure_falls_back_once(install, tmp_path, path):
         kernelhub.op("tv_loss_l1_3d")(v)
 
 
+def test_the_fast_path_backward_runs_the_backend_of_its_forward(install, tmp_path):
+    mod = fast(install)
+    kernelhub.reload()
+    v = torch.randn(3, 4, 5, requires_grad=True)
+    out = kernelhub.op("tv_loss_l1_3d")(v)  # served by fast
+    config(tmp_path, 'priority = ["torch_ref", "fast"]')  # a new hub that would now pick torch_ref
+    before = dict(sys.modules[mod].CALLS)
+    (g,) = torch.autograd.grad(out.sum(), v)
+    assert sys.modules[mod].CALLS["backward"] == before["backward"] + 1
+    torch.testing.assert_close(g, torch.autograd.grad(kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(v).sum(), v)[0])
+
+
 @pytest.mark.parametrize("shape", [False, True])
 def test_a_wrong_output_shape_or_dtype_never_reaches_the_user(install, tmp_path, path, shape):
     install("badshape", BADSHAPE, shape=shape)

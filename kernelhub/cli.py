@@ -10,6 +10,7 @@ import argparse
 import ast
 import importlib.metadata
 import json
+import math
 import platform
 import shutil
 import sys
@@ -122,10 +123,21 @@ def render_list(data: dict, console: Console) -> None:
 
 
 # -- explain ----------------------------------------------------------------
-def _example_args(op: str, shapes: list[list[int]], values: list[str], dtype: torch.dtype, device: str) -> tuple:
+EXPLAIN_REAL_BYTES = 1 << 28  # `explain` allocates real tensors up to this much, fake ones (no memory) above
+
+
+def _example_args(op: str, shapes: list[list[int]], values: list[str], dtype: torch.dtype, device: str,
+                  fake_above: int | None = None) -> tuple:
     """Arguments for ``op``: tensors of the given shapes, other arguments from ``values`` (NAME=VALUE)
-    or else from the spec's first small sample; validated by the spec like a real call."""
+    or else from the spec's first small sample; validated by the spec like a real call. Where the tensors
+    would take more than ``fake_above`` bytes they are fake tensors (shapes, no memory)."""
     spec = kernelhub.get_hub().registry.spec(op)
+    nbytes = sum(math.prod(shape) for shape in shapes) * torch.empty((), dtype=dtype).element_size()
+    if fake_above is not None and nbytes > fake_above:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode():
+            return _example_args(op, shapes, values, dtype, device)
     gen = torch.Generator(device=device).manual_seed(0)
     template = spec.samples("small", dtype, torch.device(device), gen)[0].args
     tensors = [i for i, a in enumerate(spec.args) if a.kind == "tensor"]
@@ -147,8 +159,9 @@ def _example_args(op: str, shapes: list[list[int]], values: list[str], dtype: to
 
 
 def cmd_explain(args: argparse.Namespace) -> dict:
-    call = _example_args(args.op, args.shape or [], args.arg or [], args.dtype, args.device)
-    return kernelhub.get_hub().selector.decide(args.op, call).as_dict()
+    call = _example_args(args.op, args.shape or [], args.arg or [], args.dtype, args.device,
+                         fake_above=EXPLAIN_REAL_BYTES)
+    return kernelhub.get_hub().selector.peek(args.op, call).as_dict()
 
 
 def render_explain(data: dict, console: Console) -> None:
@@ -212,8 +225,10 @@ def cmd_tune(args: argparse.Namespace) -> dict:
                                              progress=lambda name: progress.advance(task))
             rows.append(entry)
     hub.selector.forget()
-    return {"device": args.device, "cache": str(hub.selector.tuning.cache.path), "tuned": rows, "skipped": skipped,
-            "not_timed": sorted(left_out)}
+    cache = hub.selector.tuning.cache
+    failed = [f"the winners were not written to {cache.path}: {cache.write_error}"] if rows and cache.write_error else []
+    return {"device": args.device, "cache": str(cache.path), "tuned": rows, "skipped": skipped,
+            "not_timed": sorted(left_out), "failed": failed}
 
 
 def render_tune(data: dict, console: Console) -> None:
@@ -235,6 +250,8 @@ def render_tune(data: dict, console: Console) -> None:
     if data["not_timed"]:
         console.print(f"--quick did not time {', '.join(data['not_timed'])} (compiles on first use; "
                       "`kernelhub tune` without --quick does)")
+    for message in data["failed"]:
+        console.print(f"[red]{message}[/]")
 
 
 # -- bench ------------------------------------------------------------------
@@ -444,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = cmd(args)
     except (KernelhubError, KeyError, ValueError, TypeError, RuntimeError) as exc:
-        console.print(f"[red]kernelhub {args.command}: {exc}[/]")
+        Console(stderr=True).print(f"[red]kernelhub {args.command}: {exc}[/]")
         return 2
     if args.json:
         print(json.dumps(data, indent=2, default=str))

@@ -29,7 +29,7 @@ from pathlib import Path
 from kernelhub.errors import ConfigError
 from kernelhub.ops.kplanes import KPLANES_OPS
 
-__all__ = ["Config", "OpConfig", "TuneConfig", "load_config", "find_config_file", "DEFAULT_PRIORITY", "DEFAULT_OP_PRIORITY",
+__all__ = ["Config", "OpConfig", "TuneConfig", "load_config", "find_config_file", "make_private_dirs", "DEFAULT_PRIORITY", "DEFAULT_OP_PRIORITY",
            "ENV_VARS", "TUNE_MODES"]
 
 DEFAULT_PRIORITY = ("cuda_ext", "triton", "inductor", "torch_ref")
@@ -40,6 +40,20 @@ DEFAULT_OP_PRIORITY = {op: ("triton",) for op in (*KPLANES_OPS, "semiconv")}
 ENV_VARS = ("KERNELHUB_CONFIG", "KERNELHUB_KILL_SWITCH", "KERNELHUB_DISABLE")
 REFERENCE_BACKEND = "torch_ref"
 TUNE_MODES = ("off", "cached", "online")
+
+
+def make_private_dirs(path: Path) -> None:
+    """Create ``path`` and each missing ancestor as 0700, whatever the umask: a directory kernelhub makes is one
+    it may later refuse if others could write it (cuda_ext's build cache). Existing directories are left as
+    they are."""
+    missing = []
+    for p in (path, *path.parents):
+        if p.exists():
+            break
+        missing.append(p)
+    for p in reversed(missing):
+        p.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(p, 0o700)  # mkdir's mode goes through the umask (one of 0277 would leave it unusable)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,9 +146,11 @@ def find_config_file(cwd: Path | None = None) -> Path | None:
 def _names(value: object, where: str, known: frozenset[str]) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{where}: expected a list of backend names, got {value!r}")
-    for v in value:
+    for i, v in enumerate(value):
         if v not in known:
             raise ConfigError(f"{where}: unknown backend {v!r}; allowed: {sorted(known)}")
+        if v in value[:i]:
+            raise ConfigError(f"{where}: backend {v!r} is listed twice")
     return tuple(value)
 
 
@@ -143,8 +159,9 @@ def _check_keys(table: Mapping, allowed: Mapping[str, type], where: str) -> None
         if key not in allowed:
             raise ConfigError(f"{where}: unknown key {key!r}; allowed keys: {sorted(allowed)}")
         if not isinstance(value, allowed[key]):
-            raise ConfigError(
-                f"{where}.{key}: expected {allowed[key].__name__}, got {type(value).__name__} {value!r}")
+            kind = "a table" if allowed[key] is dict else allowed[key].__name__
+            name = f"{where}.{key}" if ": " in where else f"{where}: {key}"  # "f.toml: [tune].mode", "f.toml: ops"
+            raise ConfigError(f"{name}: expected {kind}, got {type(value).__name__} {value!r}")
 
 
 def parse_config(data: Mapping, source: str, known_backends: frozenset[str]) -> Config:
@@ -185,9 +202,11 @@ def load_config(known_backends: frozenset[str], path: Path | None = None) -> Con
         config = parse_config({}, "built-in defaults", known_backends)
     else:
         try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: not valid TOML (UTF-8): {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot be read: {exc}") from None
         config = parse_config(data, str(path), known_backends)
 
     overrides = []

@@ -22,7 +22,7 @@ kernel, the operator's redispatch) costs more than such a Function: a 1x16^3 TV 
 backward on cuda_ext took 304-332 us through the operators, 213-258 us on the fast path and
 184 us in a minimal Function on the 2-core CPU (docs/benchmarks.md, "Per-call host cost").
 What is left per call is the argument checks,
-the decision-cache key (a tuple of each tensor's device, dtype, shape and contiguity), one
+the decision-cache key (a tuple of each tensor's device, dtype, shape and strides), one
 dict lookup (in the forward only) and the Function's own bookkeeping; where no input requires grad (or grad mode is off), not
 even the Function: the hub's forward is called directly. ``KERNELHUB_EAGER_FAST_PATH=0`` (read at
 import) always takes the operators.
@@ -40,10 +40,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as _fwad
 
 from kernelhub.spec import OpSpec
 
-__all__ = ["define_ops", "OpHandle", "NAMESPACE", "traced", "EAGER_FAST_PATH"]
+__all__ = ["define_ops", "OpHandle", "NAMESPACE", "traced", "EAGER_FAST_PATH", "refuse_unsupported_autodiff"]
 
 NAMESPACE = "kernelhub"
 _DEFINED: dict[str, tuple[Any, Any]] = {}
@@ -64,6 +65,27 @@ def traced(args: Sequence[Any]) -> bool:
             if isinstance(t, torch.Tensor) and (type(t) not in _PLAIN or t.is_meta):
                 return True
     return False
+
+
+def refuse_unsupported_autodiff(op: str, args: Sequence[Any]) -> None:
+    """Raise NotImplementedError, naming the op, for forward-mode AD (dual tensors of torch.autograd.forward_ad,
+    torch.func.jvp / jacfwd / hessian) and torch.func's reverse-mode transforms (grad, vjp, jacrev): the ops have
+    no JVP rule, and those transforms cannot run the hub's autograd glue (they gave zeros or torch's own
+    message). vmap works; reverse mode through torch.autograd is what the ops support."""
+    if _fwad._current_level >= 0 and any(_fwad.unpack_dual(t).tangent is not None for a in args
+                                         for t in (a if isinstance(a, list) else (a,)) if isinstance(t, torch.Tensor)):
+        raise NotImplementedError(f"kernelhub.{op}: forward-mode AD is not supported (no JVP rule); differentiate "
+                                  "in reverse mode (loss.backward(), torch.autograd.grad)")
+    if _functorch_active():
+        from torch._C._functorch import TransformType
+        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+
+        for interpreter in retrieve_all_functorch_interpreters():
+            if interpreter.key() in (TransformType.Grad, TransformType.Jvp):
+                raise NotImplementedError(
+                    f"kernelhub.{op}: torch.func's grad, vjp, jacrev, jvp, jacfwd and hessian are not supported "
+                    "(no JVP rule, and the op's backward runs outside those transforms); differentiate with "
+                    "torch.autograd (loss.backward(), torch.autograd.grad); torch.func.vmap works")
 
 
 def _placeholders(spec: OpSpec, args: Sequence[Any], needs: Sequence[bool]) -> list[torch.Tensor]:
@@ -294,7 +316,9 @@ class OpHandle:
         self.tensor_args = tuple(i for i, a in enumerate(spec.args) if a.is_tensor)
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        args = self.spec.normalize(*args, **kwargs)
+        args = self.spec.canonical(*args, **kwargs)
+        if _fwad._current_level >= 0 or _functorch_active():
+            refuse_unsupported_autodiff(self.spec.name, args)
         if not EAGER_FAST_PATH or self.forward is None or traced(args):
             if self.inline_impl is not None and torch.compiler.is_compiling():
                 described = _describe(args)

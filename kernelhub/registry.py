@@ -22,7 +22,8 @@ from kernelhub import hookspecs
 from kernelhub.errors import PluginValidationError
 from kernelhub.spec import Backend, Impl, OpSpec
 
-__all__ = ["Registry", "PluginError", "ENTRY_POINT_GROUP", "declared_backend_names", "FIRST_PARTY_BACKENDS"]
+__all__ = ["Registry", "PluginError", "ENTRY_POINT_GROUP", "declared_backend_names", "FIRST_PARTY_BACKENDS",
+           "CONTAINED"]
 
 ENTRY_POINT_GROUP = "kernelhub.backends"
 
@@ -30,6 +31,11 @@ ENTRY_POINT_GROUP = "kernelhub.backends"
 # even where they are not installed (one config file serves laptop and GPU box);
 # any other name must belong to an installed plugin.
 FIRST_PARTY_BACKENDS = ("torch_ref", "inductor", "triton", "cuda_ext")
+# the distribution whose entry point each first-party backend is (inductor comes with torch_ref's)
+FIRST_PARTY_DISTRIBUTIONS = {"torch_ref": "kernelhub-torch-ref", "inductor": "kernelhub-torch-ref",
+                             "triton": "kernelhub-triton", "cuda_ext": "kernelhub-cuda-ext"}
+OPS_PLUGIN = "kernelhub.ops"  # the plugin that registers kernelhub's own op specs
+CONTAINED = (Exception, SystemExit)  # what a plugin may raise without ending the host program
 _SOURCE_SUFFIXES = (".py", ".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp")
 
 
@@ -64,55 +70,78 @@ class Registry:
         self._fingerprints: dict[str, str] = {}
         self._errors: list[PluginError] = []
         self._current_plugin: str | None = None
+        self._first_party: set[str] = {OPS_PLUGIN}
         self.specs: Mapping[str, OpSpec] = types.MappingProxyType(self._specs)
         self.backends: Mapping[str, Backend] = types.MappingProxyType(self._backends)
         self.plugin_errors: list[PluginError] = self._errors
 
     # -- loading -----------------------------------------------------------
     def load(self, extra_plugins: Iterable[tuple[str, object]] = (), strict: bool = False) -> Registry:
-        """Register kernelhub's own specs, every installed plugin, and ``extra_plugins`` (name, module)."""
-        plugins: list[tuple[str, object]] = [("kernelhub.ops", importlib.import_module("kernelhub.ops"))]
+        """Register kernelhub's own specs, every installed plugin, and ``extra_plugins`` (name, module).
+
+        kernelhub's own ops and first-party backends load first and keep their names: a third-party entry point
+        named like a first-party backend, a plugin name used twice and a third-party backend taking a
+        first-party backend's name are the ones skipped, with an error naming them (`plugin_errors`). A plugin
+        failure of any kind (``SystemExit`` included, ``KeyboardInterrupt`` not) is contained the same way."""
+        plugins: list[tuple[str, object]] = [(OPS_PLUGIN, importlib.import_module(OPS_PLUGIN))]
+        first, third = [], []
         for ep in _entry_points():
+            dist = ep.dist.name if ep.dist is not None else "?"
+            if ep.name in FIRST_PARTY_BACKENDS and dist != FIRST_PARTY_DISTRIBUTIONS[ep.name]:
+                self._record(f"{ep.name} (entry point of {dist})", "import", PluginValidationError(
+                    ep.name, f"the entry point of distribution {dist!r} takes the name of kernelhub's own backend "
+                             f"(from {FIRST_PARTY_DISTRIBUTIONS[ep.name]!r}); skipped"), strict)
+                continue
+            (first if ep.name in FIRST_PARTY_BACKENDS else third).append(ep)
+        for ep in sorted(first, key=lambda e: FIRST_PARTY_BACKENDS.index(e.name)) + third:
             try:
                 plugins.append((ep.name, ep.load()))
-            except Exception as exc:  # a broken plugin must never break the host program
+            except CONTAINED as exc:  # a broken plugin must never break the host program
                 self._record(ep.name, "import", exc, strict)
         plugins.extend(extra_plugins)
         registered = []
         for name, module in plugins:
+            if self._pm.has_plugin(name) or self._pm.is_registered(module):
+                self._record(f"{name} (a second plugin of that name)", "import", PluginValidationError(
+                    name, f"plugin name {name!r} (or its module) is already taken; this one is skipped"), strict)
+                continue
             try:
                 self._pm.register(module, name=name)
                 registered.append(name)
-            except Exception as exc:
+            except CONTAINED as exc:
                 self._record(name, "import", exc, strict)
+        self._first_party = {OPS_PLUGIN, *(e.name for e in first if e.name in registered)}
+        failed: set[str] = set()
         for stage in ("kernelhub_register_specs", "kernelhub_register_impls"):
             for name in registered:
-                if any(e.plugin == name for e in self._errors):
-                    continue
-                self._call_plugin(name, stage, strict)
+                if name not in failed and not self._call_plugin(name, stage, strict):
+                    failed.add(name)
         return self
 
-    def _call_plugin(self, name: str, hook_name: str, strict: bool) -> None:
+    def _call_plugin(self, name: str, hook_name: str, strict: bool) -> bool:
+        """Run one plugin's hook; False (rolled back, recorded) if it failed."""
         plugin = self._pm.get_plugin(name)
         hook = getattr(self._pm.hook, hook_name)
         impls = [h for h in hook.get_hookimpls() if h.plugin is plugin]
         if not impls:
-            return
+            return True
         snapshot = (dict(self._specs), dict(self._backends), dict(self._backend_plugin),
                     {k: dict(v) for k, v in self._impls.items()})
         self._current_plugin = name
         try:
             for h in impls:
                 h.function(registry=self)
-        except Exception as exc:
+        except CONTAINED as exc:
             # roll back whatever this plugin added before failing
             self._specs.clear(); self._specs.update(snapshot[0])
             self._backends.clear(); self._backends.update(snapshot[1])
             self._backend_plugin.clear(); self._backend_plugin.update(snapshot[2])
             self._impls.clear(); self._impls.update(snapshot[3])
             self._record(name, hook_name.removeprefix("kernelhub_"), exc, strict)
+            return False
         finally:
             self._current_plugin = None
+        return True
 
     def _record(self, plugin: str, stage: str, exc: BaseException, strict: bool) -> None:
         if strict:
@@ -137,6 +166,8 @@ class Registry:
         plugin = self._plugin()
         if not isinstance(backend, Backend):
             raise PluginValidationError(plugin, f"add_backend expects a Backend, got {type(backend).__name__}")
+        if backend.name in FIRST_PARTY_BACKENDS and plugin not in self._first_party:
+            raise PluginValidationError(plugin, f"backend name {backend.name!r} belongs to kernelhub's own backends")
         if backend.name in self._backends:
             raise PluginValidationError(
                 plugin, f"backend {backend.name!r} is already registered by {self._backend_plugin[backend.name]!r}")
@@ -207,7 +238,7 @@ class Registry:
             else:
                 try:
                     reason = b.unavailable_reason()
-                except Exception as exc:
+                except CONTAINED as exc:
                     reason = f"availability check raised {type(exc).__name__}: {exc}"
             self._availability[backend] = reason
         return self._availability[backend]

@@ -16,9 +16,9 @@ CUDA graph is captured: that call uses the priority order and its decision is no
 cached, so a later call tunes.
 
 Decisions are cached by `call_key`: the op, the forced backend, the deterministic
-switch, and for each argument its device, dtype, shape and contiguity (tensors) or value (others).
-The hot path is one dict lookup; the cache is dropped when the config or the
-registry changes.
+switch, and for each argument its device, dtype, shape and strides (tensors), its type (floats) or its
+value (others). The hot path is one dict lookup; the cache holds at most `MAX_CACHED_DECISIONS` and is
+dropped when the config or the registry changes.
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ import torch
 
 from kernelhub.config import REFERENCE_BACKEND, Config
 from kernelhub.errors import NoImplementationError, StrictModeError
-from kernelhub.registry import Registry
+from kernelhub.registry import CONTAINED, Registry
 from kernelhub.spec import Impl
 from kernelhub.tune import Tuning, first_tensor, may_tune_now
 
-__all__ = ["Candidate", "Decision", "Selector", "call_key", "describe_args"]
+__all__ = ["Candidate", "Decision", "Selector", "call_key", "describe_args", "MAX_CACHED_DECISIONS"]
+
+MAX_CACHED_DECISIONS = 4096  # a decision is ~1 KB; a full cache is dropped whole (re-deciding costs ~0.1 ms)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,15 +79,18 @@ class Decision:
 
 def _arg_key(a: Any) -> Any:
     if isinstance(a, torch.Tensor):
-        return (a.device, a.dtype, a.shape, a.is_contiguous())
+        return (a.device, a.dtype, a.shape, a.stride())
+    if type(a) is float:  # impls may not object on a float's value (Impl): one decision for every lam, eps, h
+        return float
     if isinstance(a, (list, tuple)):
         return tuple(_arg_key(x) for x in a)
     return a
 
 
 def call_key(op: str, args: Sequence[Any], forced: str) -> tuple:
-    """The decision-cache key: everything an impl's constraints may depend on, no values (and whether
-    torch.use_deterministic_algorithms is on)."""
+    """The decision-cache key: everything an impl's constraints may depend on (`Impl.not_supported_reasons`: each
+    tensor's device, dtype, shape and strides, every argument but a float's value) and whether
+    torch.use_deterministic_algorithms is on. No tensor values, no data pointers."""
     return (op, forced, torch.are_deterministic_algorithms_enabled(), *map(_arg_key, args))
 
 
@@ -116,6 +121,8 @@ class Selector:
         if decision is None:
             decision, cacheable = self._decide(op, args, forced, key, tuned=True)
             if cacheable:
+                if len(self._cache) >= MAX_CACHED_DECISIONS:  # a program of ever-new shapes: start over
+                    self._cache.clear()
                 self._cache[key] = decision
         return decision
 
@@ -174,7 +181,7 @@ class Selector:
             if not reasons:
                 try:
                     reasons += impl.not_supported_reasons(args)
-                except Exception as exc:
+                except CONTAINED as exc:
                     reasons.append(f"not_supported_reasons raised {type(exc).__name__}: {exc}")
             if name in failed:
                 reasons.append(failed[name])
@@ -195,7 +202,7 @@ class Selector:
                     cacheable = False
                     note = " (no winner for this shape bucket; not tuned while tracing or capturing)"
             if entry is not None:
-                passed, whys, failed_parity = self.tuning.rank(entry, ordered)
+                passed, whys, failed_parity = self.tuning.rank(entry, ordered, op, args)
                 if passed and not self.tuning.is_verified(op, args, passed[0]) and not may_tune_now(args):
                     entry, cacheable, whys = None, False, {}
                     note = " (the tuned winner is checked in this process first; not while tracing or capturing)"
@@ -203,7 +210,7 @@ class Selector:
                 unverified: dict[str, str] = {}  # recorded as passing parity, failing it in this process
                 while passed and (problem := self.tuning.verify(op, args, passed[0])) is not None:
                     unverified[passed[0]] = f"recorded as passing parity when tuned, but here it {problem}"
-                    passed, whys, failed_parity = self.tuning.rank(entry, [n for n in ordered if n not in unverified])
+                    passed, whys, failed_parity = self.tuning.rank(entry, [n for n in ordered if n not in unverified], op, args)
                 failed_parity.update(unverified)
                 for name, reason in failed_parity.items():
                     rejected[name] = [reason]

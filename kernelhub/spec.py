@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -104,6 +105,19 @@ class OpSpec:
         if not any(a.differentiable for a in self.args):
             raise ValueError(f"OpSpec {self.name!r}: at least one argument must be differentiable")
 
+    def canonical(self, *args: Any, **kwargs: Any) -> tuple:
+        """``normalize(*args, **kwargs)``, where a call that does not fit the signature (an unknown keyword, a
+        missing or extra argument) raises TypeError naming the op and its arguments."""
+        try:
+            return self.normalize(*args, **kwargs)
+        except TypeError as exc:
+            message = str(exc)
+            if message.startswith(self.name):  # the spec's own check, which names the op and the argument
+                raise
+            message = re.sub(r"^[\w.<>]+\(\) ", "", message)  # "normalize() got ..." -> "got ..."
+            raise TypeError(f"{self.name}: {message}; its arguments: "
+                            f"({', '.join(a.name for a in self.args)})") from None
+
     @property
     def default_dtype(self) -> torch.dtype:
         """The dtype `kernelhub tune` and `kernelhub bench` use unless told: float32 where the op takes it,
@@ -156,9 +170,10 @@ class Impl:
     needs=...)`` returns one entry per differentiable argument (in order): a tensor,
     a list of tensors for a "tensors" argument, or None where ``needs`` is False.
     ``devices`` are device types ("cpu", "cuda"); None means every device.
-    ``not_supported_reasons(args)`` may inspect shapes, strides, dtypes, devices and
-    non-tensor arguments (never tensor values: decisions are cached by those
-    properties) and returns why this impl cannot serve the call, or [].
+    ``not_supported_reasons(args)`` may inspect each tensor's shape, strides, dtype and
+    device and the non-tensor arguments other than floats, and nothing else (no tensor
+    values, data pointers or float values: decisions are cached by the rest,
+    `kernelhub.select.call_key`); it returns why this impl cannot serve the call, or [].
     ``deterministic`` is False when results may vary run to run (atomics).
     ``forced_only``, when not empty, says why this impl serves only calls that force its
     backend (``kernelhub.op(name, backend=...)``) and is never picked by selection: the

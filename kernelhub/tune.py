@@ -30,11 +30,20 @@ entries naming an op or backend this process does not have are ignored with a wa
 the file runs only after it passed parity in this process (`Tuning.verify`, once per process and entry: a copied
 or hand-edited file can reorder the registered impls that pass here, never add one that does not).
 
-Writes are atomic (a temporary file renamed over the old one) under a file lock, merged with whatever
-other processes wrote meanwhile. Online tuning (`Tuning.tune_shared`) holds the lock while it tunes, and a
-process that then finds the entry written by another uses it: the ranks of one distributed job that share the
-file tune each shape bucket once. A file that cannot
-be read as ours is ignored with one warning and replaced at the next write.
+Writes are atomic (a temporary file renamed over the old one, keeping the old file's mode) under a file lock,
+merged with whatever other processes wrote meanwhile. Online tuning (`Tuning.tune_shared`) holds the lock while
+it tunes, and a process that then finds the entry written by another uses it: the ranks of one distributed job
+that share the file tune each shape bucket once.
+
+Only our own file is ever replaced: a path that holds anything but a winners file (JSON with our ``format``
+marker; a malformed one of ours is rewritten) is left untouched, no lock file is put beside it, and tuning
+results stay in this process's memory, with one warning. So are results that cannot be written (a directory at
+the path, a read-only place): calls keep being served, and `kernelhub tune` reports the path and exits 1.
+
+A file can reorder the backends that pass parity here, never remove one: a backend recorded as failing parity is
+set aside for that bucket (a file may be copied from elsewhere: it is set aside only after failing here too, see
+`Tuning.verify`), the spec's reference backend never, and a backend recorded as having raised while tuned (an
+out-of-memory, a transient fault) only loses its place as a winner.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ import json
 import math
 import os
 import platform
+import stat
 import tempfile
 import time
 import warnings
@@ -55,6 +65,7 @@ from typing import Any
 import torch
 
 from kernelhub import testing
+from kernelhub.config import make_private_dirs
 from kernelhub.testing.tolerances import call_tolerance
 
 __all__ = ["FORMAT", "WinnerCache", "Tuning", "bucket", "device_model", "entry_key", "first_tensor", "may_tune_now",
@@ -198,6 +209,10 @@ class WinnerCache:
         self._entries: dict[str, dict] | None = None
         self._warned = False
         self._lock = None
+        self.not_ours: str | None = None  # why the path is left alone (it holds something that is not ours)
+        self.write_error: str | None = None  # why the last write failed, if it did
+        self._unsaved: dict[str, dict] = {}  # entries of this process that the file could not take
+        self._write_warned: set[str] = set()
 
     def lock(self, timeout: float = 120):
         """The file's lock, acquired (a context manager). One lock object per cache, so it is re-entrant in this
@@ -205,7 +220,7 @@ class WinnerCache:
         if self._lock is None:
             from filelock import FileLock
 
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(self.path.parent)
             self._lock = FileLock(str(self.path) + ".lock")
         return self._lock.acquire(timeout=timeout)
 
@@ -214,15 +229,30 @@ class WinnerCache:
         self._entries = None
 
     def _read(self) -> dict[str, dict]:
+        self.not_ours = None
         try:
-            data = json.loads(self.path.read_text())
-            if not (isinstance(data, dict) and data.get("format") == FORMAT and isinstance(data.get("entries"), dict)):
-                raise ValueError(f"not a {FORMAT} file")
+            text = self.path.read_bytes()
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
-            self._warn(f"tuning cache {self.path} ignored ({type(exc).__name__}: {exc}); it will be rewritten by "
-                       "the next tuning")
+        except OSError as exc:  # a directory at the path, no permission
+            self.not_ours = f"{type(exc).__name__}: {exc}"
+            self._warn(f"tuning cache {self.path} cannot be read ({self.not_ours}); tuning results stay in memory")
+            return {}
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            data, error = None, f"{type(exc).__name__}: {str(exc)[:200]}"
+        else:
+            error = None
+        fmt = data.get("format") if isinstance(data, dict) else None
+        if not (isinstance(fmt, str) and fmt.startswith(FORMAT.split("/")[0] + "/")):
+            self.not_ours = f"not a {FORMAT} file" + (f" ({error})" if error else "")
+            self._warn(f"tuning cache {self.path} is {self.not_ours}: left untouched, tuning results stay in memory "
+                       "(set [tune].cache to another path)")
+            return {}
+        if fmt != FORMAT or not isinstance(data.get("entries"), dict):
+            self._warn(f"tuning cache {self.path} ignored (format {fmt!r}, this kernelhub reads {FORMAT!r}); it will "
+                       "be rewritten by the next tuning")
             return {}
         entries = {k: v for k, v in data["entries"].items() if _well_formed(v)}
         bad = sorted(set(data["entries"]) - set(entries))
@@ -238,27 +268,54 @@ class WinnerCache:
 
     def entries(self) -> dict[str, dict]:
         if self._entries is None:
-            self._entries = self._read()
+            self._entries = {**self._read(), **self._unsaved}
         return self._entries
 
     def get(self, key: str) -> dict | None:
         return self.entries().get(key)
 
-    def put(self, new: dict[str, dict]) -> None:
-        with self.lock():
-            merged = self._read()
-            merged.update(new)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-", suffix=".tmp")
+    def put(self, new: dict[str, dict], to_disk: bool = True) -> None:
+        """Record ``new`` in memory, and in the file where asked, the file is ours and it can be written (else it
+        stays in memory for the process, with one warning per reason, and `write_error` says why)."""
+        import filelock
+
+        self.entries()
+        if to_disk and self.not_ours is None:
             try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump({"format": FORMAT, "entries": merged}, f, indent=1, sort_keys=True)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self.path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
-        self._entries = merged
+                with self.lock():
+                    merged = self._read()
+                    if self.not_ours is None:
+                        merged.update(new)
+                        self._write(merged)
+                        self._entries, self.write_error = {**merged, **self._unsaved}, None
+                        return
+            except (OSError, filelock.Timeout) as exc:
+                self.write_error = f"{type(exc).__name__}: {exc}"
+        self._unsaved.update(new)
+        self._entries = {**self.entries(), **new}
+        if to_disk:
+            self.write_error = self.write_error or self.not_ours
+            if self.write_error not in self._write_warned and self.write_error != self.not_ours:  # warned at read
+                self._write_warned.add(self.write_error)
+                warnings.warn(f"kernelhub: tuning cache {self.path} not written ({self.write_error}); tuning results "
+                              "stay in memory", RuntimeWarning, stacklevel=3)
+
+    def _write(self, entries: dict[str, dict]) -> None:
+        try:
+            mode = stat.S_IMODE(self.path.stat().st_mode)
+        except FileNotFoundError:
+            mode = 0o644
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                os.fchmod(f.fileno(), mode)
+                json.dump({"format": FORMAT, "entries": entries}, f, indent=1, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 class Tuning:
@@ -312,13 +369,18 @@ class Tuning:
         together) uses it instead of tuning. After ``SHARED_TUNE_WAIT_S`` of waiting it tunes without saving."""
         import filelock
 
-        try:
-            with self.cache.lock(timeout=SHARED_TUNE_WAIT_S):
-                self.cache.refresh()
-                entry = self.lookup(op, args, eligible)
-                return entry if entry is not None else self.tune(op, args, eligible)
-        except filelock.Timeout:
-            return self.tune(op, args, eligible, save=False)
+        self.cache.entries()
+        if self.cache.not_ours is None and self.cache.write_error is None:
+            try:
+                with self.cache.lock(timeout=SHARED_TUNE_WAIT_S):
+                    self.cache.refresh()
+                    entry = self.lookup(op, args, eligible)
+                    return entry if entry is not None else self.tune(op, args, eligible)
+            except filelock.Timeout:
+                return self.tune(op, args, eligible, save=False)
+            except OSError:  # no lock there: put() says why the results stay in memory
+                pass
+        return self.tune(op, args, eligible)
 
     def tune(self, op: str, args: Sequence[Any], eligible: Sequence[str], quick: bool = False,
              progress: Callable[[str], None] | None = None, save: bool = True) -> dict:
@@ -351,8 +413,7 @@ class Tuning:
                  "tuned": datetime.datetime.now().isoformat(timespec="seconds"), "candidates": cands,
                  "winner": min(ok, key=ok.get) if ok else None}
         self.tuned_here.append(entry_key(op, args))
-        if save:
-            self.cache.put({entry_key(op, args): entry})
+        self.cache.put({entry_key(op, args): entry}, to_disk=save)
         return entry
 
     def _parity(self, op: str, name: str, fresh: Sequence[Any], ref_out: torch.Tensor, grad: torch.Tensor,
@@ -378,7 +439,7 @@ class Tuning:
     def is_verified(self, op: str, args: Sequence[Any], name: str) -> bool:
         return name == self.registry.spec(op).reference_backend or (entry_key(op, args), name) in self._verified
 
-    def verify(self, op: str, args: Sequence[Any], name: str) -> str | None:
+    def verify(self, op: str, args: Sequence[Any], name: str, recorded_passing: bool = True) -> str | None:
         """Why ``name``, which the winners file records as passing parity for this call's entry, fails it in this
         process, or None. Checked once per process and entry on fresh inputs shaped like ``args``, so a winners
         file (copied from another machine, edited by hand) can only choose among impls that pass here. The
@@ -393,19 +454,29 @@ class Tuning:
                                                        call_tolerance(op, fresh, reference=reference))
                 except Exception as exc:  # the check itself could not run (the reference out of memory): not used
                     self._verified[key] = f"could not be checked: {type(exc).__name__}: {exc}"
-            if self._verified[key] is not None:
+            if self._verified[key] is not None and recorded_passing:
                 warnings.warn(f"kernelhub: tuning cache {self.cache.path}: {key[0]}: backend {name!r} is recorded as "
                               f"passing parity, but here it {self._verified[key]}; not used for this entry", RuntimeWarning, stacklevel=5)
         return self._verified.get(key)
 
-    @staticmethod
-    def rank(entry: dict, eligible: Sequence[str]) -> tuple[list[str], dict[str, str], dict[str, str]]:
-        """(eligible backends that passed, fastest first; why each of them is placed; why each failed one is out)."""
+    def rank(self, entry: dict, eligible: Sequence[str], op: str,
+             args: Sequence[Any]) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        """(eligible backends that passed, fastest first; why each of them is placed; why each backend recorded as
+        failing parity is set aside). Never the spec's reference backend; a backend recorded as having raised
+        (out of memory, a transient fault) is in neither list, and neither is one recorded as failing parity
+        that passes it here (`verify`, where a check can run now)."""
         cands = entry["candidates"]
+        reference = self.registry.spec(op).reference_backend
         timed = [n for n in eligible if n in cands]
         passed = sorted((n for n in timed if cands[n]["error"] is None), key=lambda n: cands[n]["step_ms"])
-        failed = {n: f"{cands[n]['error']} (when tuned on {entry.get('call', '?')}, {entry.get('tuned', '?')})"
-                  for n in timed if cands[n]["error"] is not None}
+        failed = {}
+        for n in timed:
+            error = cands[n]["error"]
+            if error is None or n == reference or not error.startswith("failed parity"):
+                continue
+            if may_tune_now(args) and self.verify(op, args, n, recorded_passing=False) is None:
+                continue  # the file says it failed; here it passes
+            failed[n] = f"{error} (when tuned on {entry.get('call', '?')}, {entry.get('tuned', '?')})"
         why = {}
         if passed:
             best = cands[passed[0]]["step_ms"]

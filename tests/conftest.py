@@ -9,6 +9,8 @@ case that only the full tier runs carries the ``full`` marker, with its reason; 
 """
 
 import os
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -106,3 +108,27 @@ def tier_selection(request):
     """(tier, the items this session runs, the items the fast tier left out)."""
     config = request.config
     return config.stash[TIER], list(request.session.items), config.stash.get(DESELECTED, [])
+
+
+@pytest.fixture
+def install(tmp_path, monkeypatch):
+    """Install a plugin distribution (module + dist-info with an entry point) on sys.path."""
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+
+    def _install(name, source, **fmt):
+        mod = f"khtest_{name}"
+        text = source.replace("{name}", name)
+        for key, value in fmt.items():
+            text = text.replace("{%s!r}" % key, repr(value))
+        (site / f"{mod}.py").write_text(textwrap.dedent(text))
+        dist = site / f"{mod}-0.1.dist-info"
+        dist.mkdir(exist_ok=True)  # installing again (a property test's examples) replaces it
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {mod}\nVersion: 0.1\n")
+        (dist / "entry_points.txt").write_text(f"[kernelhub.backends]\n{name} = {mod}\n")
+        sys.modules.pop(mod, None)
+        return mod
+    yield _install
+    for m in [m for m in sys.modules if m.startswith("khtest_")]:
+        del sys.modules[m]

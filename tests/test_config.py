@@ -70,6 +70,9 @@ def test_lookup_order(tmp_path, monkeypatch):
     ("[ops.tv_loss_l1_3d]\npin = 'nope'", "\\[ops.tv_loss_l1_3d\\].pin: unknown backend 'nope'"),
     ("[ops.tv_loss_l1_3d]\npinned = 'triton'", "unknown key 'pinned'; allowed keys: \\['pin', 'priority'\\]"),
     ("kill_switch = ", "not valid TOML"),
+    ("ops = 3", "kernelhub.toml: ops: expected a table, got int 3"),  # not "kernelhub.toml.ops"
+    ("priority = ['triton', 'torch_ref', 'triton']", "priority: backend 'triton' is listed twice"),
+    ("[ops.semiconv]\npriority = ['cuda_ext', 'cuda_ext']", "priority: backend 'cuda_ext' is listed twice"),
 ])
 def test_schema_errors_name_file_key_and_allowed_values(tmp_path, text, message):
     path = write(tmp_path / "kernelhub.toml", text + "\n")
@@ -101,3 +104,11 @@ def test_tuning_cache_default_location_and_override(tmp_path, monkeypatch):
     write(tmp_path / "kernelhub.toml", "[tune]\nmode = 'online'\ncache = '~/winners.json'\n")
     cfg = load_config(KNOWN)
     assert cfg.tune.mode == "online" and cfg.tune.cache_path() == Path("~/winners.json").expanduser()
+
+
+def test_a_file_that_is_not_utf8_is_a_config_error_naming_it(tmp_path):
+    path = tmp_path / "kernelhub.toml"
+    path.write_bytes(b"strict = true\n# \xff\xfe\n")
+    with pytest.raises(ConfigError, match="not valid TOML") as info:
+        load_config(KNOWN)
+    assert str(path) in str(info.value)

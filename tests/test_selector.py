@@ -108,30 +108,6 @@ def kernelhub_register_impls(registry):
 '''
 
 
-@pytest.fixture
-def install(tmp_path, monkeypatch):
-    """Install a plugin distribution (module + dist-info with an entry point) on sys.path."""
-    site = tmp_path / "site"
-    site.mkdir()
-    monkeypatch.syspath_prepend(str(site))
-
-    def _install(name, source, **fmt):
-        mod = f"khtest_{name}"
-        text = source.replace("{name}", name)
-        for key, value in fmt.items():
-            text = text.replace("{%s!r}" % key, repr(value))
-        (site / f"{mod}.py").write_text(textwrap.dedent(text))
-        dist = site / f"{mod}-0.1.dist-info"
-        dist.mkdir()
-        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {mod}\nVersion: 0.1\n")
-        (dist / "entry_points.txt").write_text(f"[kernelhub.backends]\n{name} = {mod}\n")
-        sys.modules.pop(mod, None)
-        return mod
-    yield _install
-    for m in [m for m in sys.modules if m.startswith("khtest_")]:
-        del sys.modules[m]
-
-
 def fast(install, name="fast", devices=("cpu",), unavailable=None):
     mod = install(name, FAST, devices=devices, unavailable=unavailable)
     return mod
@@ -389,7 +365,7 @@ def test_cli_explain(capsys, install, tmp_path):
     out = capsys.readouterr().out
     assert "rejected" in out and "dtype torch.float64 not in" in out
     assert cli.main(["explain", "semiconv", "--shape", "1,2,8,8", "--shape", "2,1,3,3"]) == 2
-    assert "groups" in capsys.readouterr().out
+    assert "groups" in capsys.readouterr().err  # errors go to stderr
 
 
 WRONG = '''
@@ -424,7 +400,7 @@ def test_cli_check_passes_a_correct_backend_and_fails_a_wrong_one(capsys, instal
     out = capsys.readouterr().out
     assert "FAIL" in out and "forward error" in out
     assert cli.main(["check", "no_such_backend"]) == 2
-    assert "unknown backend" in capsys.readouterr().out
+    assert "unknown backend" in capsys.readouterr().err
 
 
 def test_cli_check_runs_opcheck_and_gradcheck_where_float64_is_declared(capsys):
@@ -440,4 +416,4 @@ def test_cli_check_runs_opcheck_and_gradcheck_where_float64_is_declared(capsys):
 
 def test_cli_check_refuses_an_op_the_backend_does_not_serve(capsys):
     assert cli.main(["check", "torch_ref", "--op", "no_such_op"]) == 2
-    assert "--op 'no_such_op'" in capsys.readouterr().out
+    assert "--op 'no_such_op'" in " ".join(capsys.readouterr().err.split())

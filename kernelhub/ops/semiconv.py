@@ -7,6 +7,7 @@ pairs, dilation[n], groups, kind)`` with n the number of spatial dims.
 from __future__ import annotations
 
 import math
+import re
 from typing import NamedTuple
 
 import torch
@@ -19,20 +20,19 @@ __all__ = ["SEMICONV", "parse_semifield", "output_size", "Lifted", "lift_3d"]
 
 OP = "semiconv"
 SEMIFIELDS = ("tropical_max", "tropical_min", "linear", "root:p", "log:mu")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+_INT_MAX = 2**31 - 1  # stride, padding and dilation beyond this reach no kernel (32-bit sizes there)
 
 
 def parse_semifield(semifield: str) -> tuple[str, float]:
     """``"root:2"`` -> ("root", 2.0); ``"tropical_max"`` -> ("tropical_max", 0.0)."""
     if not isinstance(semifield, str):
         raise TypeError(f"{OP}: argument 'semifield' must be a str, got {type(semifield).__name__}")
-    name, _, param = semifield.partition(":")
-    if name in ("tropical_max", "tropical_min", "linear") and not param:
+    name, sep, param = semifield.partition(":")
+    if name in ("tropical_max", "tropical_min", "linear") and not sep:
         return name, 0.0
-    if name in ("root", "log") and param:
-        try:
-            value = float(param)
-        except ValueError:
-            value = float("nan")
+    if name in ("root", "log") and sep:
+        value = float(param) if _NUMBER.fullmatch(param) else float("nan")  # no "1_000", "inf", " 2"
         if value != 0 and math.isfinite(value):
             return name, value
         raise ValueError(f"{OP}: argument 'semifield' {semifield!r}: the parameter must be a finite number != 0")
@@ -95,8 +95,8 @@ def _ints(name: str, value, nd: int, minimum: int) -> list[int]:
     if not isinstance(value, (list, tuple)) or len(value) != nd or not all(
             isinstance(v, int) and not isinstance(v, bool) for v in value):
         raise TypeError(f"{OP}: argument {name!r} must be an int or {nd} ints (one per spatial dim), got {value!r}")
-    if any(v < minimum for v in value):
-        raise ValueError(f"{OP}: argument {name!r} must be >= {minimum}, got {value!r}")
+    if any(v < minimum or v > _INT_MAX for v in value):
+        raise ValueError(f"{OP}: argument {name!r} must be >= {minimum} and < 2**31, got {value!r}")
     return list(value)
 
 
@@ -144,6 +144,9 @@ def _normalize(img, kernel, semifield="tropical_max", stride=1, padding=0, dilat
     if kernel.shape[1] != C // groups:
         raise ValueError(f"{OP}: argument 'kernel' must have C/groups = {C // groups} input channels in dim 1, "
                          f"got shape {tuple(kernel.shape)}")
+    if C == 0:  # docs/ops.md: the (+) over an empty window is not defined here
+        raise ValueError(f"{OP}: argument 'img' must have at least one channel (the (+) over (c, tap) of an "
+                         f"empty window has no value), got shape {tuple(img.shape)}")
     ksize = list(kernel.shape[2:])
     if any(k < 1 for k in ksize):
         raise ValueError(f"{OP}: argument 'kernel' must have spatial sizes >= 1, got shape {tuple(kernel.shape)}")
@@ -151,12 +154,17 @@ def _normalize(img, kernel, semifield="tropical_max", stride=1, padding=0, dilat
     dilation = _ints("dilation", dilation, nd, 1)
     spatial = list(img.shape[2:])
     pad = _padding(padding, nd, spatial, ksize, stride, dilation)
+    sizes = []
     for i in range(nd):
         size = output_size(spatial[i], ksize[i], stride[i], pad[2 * i], pad[2 * i + 1], dilation[i])
         if size <= 0:
             raise ValueError(f"{OP}: output size {size} <= 0 in spatial dim {i}: input {spatial[i]}, kernel "
                              f"{ksize[i]}, stride {stride[i]}, padding {pad[2 * i:2 * i + 2]}, "
                              f"dilation {dilation[i]}; check 'padding' or 'kernel'")
+        sizes.append(size)
+    if math.prod(sizes) * img.shape[0] * kernel.shape[0] >= 2**48:  # no allocation of that size can succeed
+        raise ValueError(f"{OP}: the output would be [{img.shape[0]}, {kernel.shape[0]}, "
+                         f"{', '.join(map(str, sizes))}]; check 'padding', 'stride' and 'dilation'")
     return (img, kernel, semifield, stride, pad, dilation, groups, kind)
 
 
@@ -238,6 +246,10 @@ def _bad_inputs():
         ((img, ker), {"kind": "xcorr"}, ValueError, "kind"),
         ((img, torch.zeros(2, 2, 7, 7)), {}, ValueError, "output size"),
         ((img, ker.double()), {}, TypeError, "kernel"),
+        ((torch.zeros(1, 0, 6, 6), torch.zeros(2, 0, 3, 3)), {}, ValueError, "img"),  # no channel: no window
+        ((img, ker, "tropical_max:"), {}, ValueError, "semifield"),
+        ((img, ker, "root:1_000"), {}, ValueError, "semifield"),
+        ((img, ker), {"padding": 2**62}, ValueError, "padding"),
     ]
 
 

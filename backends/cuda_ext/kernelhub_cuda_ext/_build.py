@@ -96,8 +96,6 @@ def library_dir(name: str, sources: list[Path], with_cuda: bool, root: Path | No
     return root / f"{name}-{library_key(sources, _flags(with_cuda), with_cuda)}"
 
 
-def _make_private(path: Path) -> None:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
 def check_private(path: Path, owners: tuple[int, ...] = ()) -> None:
@@ -133,13 +131,14 @@ def build(name: str, sources: list[Path], with_cuda: bool, root: Path | None = N
 
     from filelock import FileLock, Timeout
 
+    from kernelhub.config import make_private_dirs  # here: setup.py loads this file without kernelhub
+
     timeout = BUILD_TIMEOUT_S if timeout is None else timeout
     root = cache_root() if root is None else root
     flags = _flags(with_cuda)
     directory = library_dir(name, sources, with_cuda, root)
     try:
-        _make_private(root)
-        _make_private(directory)
+        make_private_dirs(directory)  # and root, and what is missing above it: 0700 whatever the umask
     except OSError as exc:
         raise BuildError(f"cannot create the build directory {directory}: {exc}") from exc
     check_private(root)

@@ -93,6 +93,9 @@ inline ScGeo sc_geo(const char* fn, const at::Tensor& img, const at::Tensor& ker
               "kernelhub_cuda_ext::", fn, ": argument 'groups' does not match img and kernel");
   TORCH_CHECK(img.scalar_type() == ker.scalar_type() && img.device() == ker.device(),
               "kernelhub_cuda_ext::", fn, ": img and kernel must share dtype and device");
+  TORCH_CHECK(ker.size(1) >= 1 && ker.size(2) >= 1 && ker.size(3) >= 1 && ker.size(4) >= 1,
+              "kernelhub_cuda_ext::", fn, ": argument 'img' needs a channel and 'kernel' a tap (an empty window "
+              "has no value; docs/ops.md)");
   return ScGeo{img.size(0), img.size(1), img.size(2), img.size(3), img.size(4),
                ker.size(0), ker.size(1), ker.size(2), ker.size(3), ker.size(4),
                out_size[0], out_size[1], out_size[2], ker.size(0) / groups,

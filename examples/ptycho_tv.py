@@ -13,8 +13,9 @@ loss plus the TV constraint of ptychography codes, composed from the op's per-ax
     TV(v) = sum over active axes a of  w_a * sums[a] / count[a],  divided by the number of active axes,
 
 where ``sums = tv_loss_l1_3d(v)``, ``count = [(D-1)HW, D(H-1)W, DH(W-1)]`` and an axis is active when its
-weight and its count are positive. It is applied to the phase and to the amplitude (stacked: one call of the op
-serves both, since its sums add the volumes of a batch up).
+weight and its count are positive: `kernelhub.nn.TVLoss3d("l1", (w_z, w_xy, w_xy), "mean")`. It is applied to
+the phase and to the amplitude (stacked: one call of the op serves both, since its sums add the volumes of a batch
+up).
 
 The run is made twice from the same start, with the backend the hub picks and with torch_ref, in float32.
 Their phases are compared by the structural similarity (SSIM, per slice over the scanned field, averaged).
@@ -58,30 +59,10 @@ import torch
 import torch.nn.functional as F
 
 import kernelhub
+from kernelhub.nn import TVLoss3d
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import add_io_args, save_json, timed_ms, write_png  # noqa: E402
-
-
-_COEFFICIENTS: dict[tuple, torch.Tensor] = {}
-
-
-def tv_constraint(tv, v: torch.Tensor, tv_weight_z: float, tv_weight_xy: float) -> torch.Tensor:
-    """The anisotropic TV of each volume ``v[i]`` of ``v [..., D, H, W]`` (weighted per-axis mean |difference|
-    over the active axes), summed over the volumes: one hub call, whose per-axis sums already add the volumes
-    up, and one dot product with the per-axis coefficients ``w_a / count[a] / active axes`` (kept per shape, so a
-    step launches no host-to-device copy). Two small ops around the hub call, not one per axis and term."""
-    D, H, W = v.shape[-3:]
-    key = (D, H, W, tv_weight_z, tv_weight_xy, v.device, v.dtype)
-    coefficients = _COEFFICIENTS.get(key)
-    if coefficients is None:
-        count = ((D - 1) * H * W, D * (H - 1) * W, D * H * (W - 1))
-        weight = (tv_weight_z, tv_weight_xy, tv_weight_xy)
-        active = [a for a in range(3) if weight[a] > 0 and count[a] > 0]
-        coefficients = _COEFFICIENTS[key] = torch.tensor(
-            [weight[a] / count[a] / len(active) if a in active else 0.0 for a in range(3)],
-            dtype=torch.float64 if v.dtype == torch.float64 else torch.float32, device=v.device)
-    return (tv(v) * coefficients).sum()
 
 
 def disc(n: int, cy: float, cx: float, r: float, device) -> torch.Tensor:
@@ -145,14 +126,15 @@ class Multislice:
 
 
 def reconstruct(model: Multislice, measured: torch.Tensor, backend: str | None, args, device):
-    tv = kernelhub.op("tv_loss_l1_3d", backend=backend)
+    # the constraint above: per-axis mean |difference|, weighted, averaged over the active axes, summed over volumes
+    tv = TVLoss3d("l1", (args.tv_weight_z, args.tv_weight_xy, args.tv_weight_xy), "mean", backend=backend)
     phase = torch.zeros(model.S, model.N, model.N, device=device, requires_grad=True)
     amplitude = torch.ones(model.S, model.N, model.N, device=device, requires_grad=True)
     opt = torch.optim.Adam([phase, amplitude], lr=args.lr)
     scale = measured.square().mean()
 
     def constraint(phase, amplitude):  # TV(phase) + TV(amplitude) in one call
-        return tv_constraint(tv, torch.stack((phase, amplitude)), args.tv_weight_z, args.tv_weight_xy)
+        return tv(torch.stack((phase, amplitude)))
 
     def step():
         opt.zero_grad(set_to_none=True)

@@ -27,6 +27,7 @@ ARG_KINDS = {
     "int": "int",
     "ints": "int[]",
     "str": "str",
+    "bool": "bool",
 }
 
 

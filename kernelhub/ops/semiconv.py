@@ -1,7 +1,7 @@
 """Semifield convolution: morphology (max-plus, min-plus) and its smooth relatives (OPS.md, op 7).
 
 Canonical arguments: ``(img, kernel, semifield, stride[n], padding[2n] as (begin, end)
-pairs, dilation[n], groups, kind)`` with n the number of spatial dims.
+pairs, dilation[n], groups, kind, group_broadcasting)`` with n the number of spatial dims.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from kernelhub.ops import _checks as c
 from kernelhub.ops.tolerances import TOLERANCES
 from kernelhub.spec import Arg, OpSpec, SampleInput
 
-__all__ = ["SEMICONV", "parse_semifield", "output_size", "Lifted", "lift_3d"]
+__all__ = ["SEMICONV", "parse_semifield", "output_size", "Lifted", "lift_3d", "fold_broadcast"]
 
 OP = "semiconv"
 SEMIFIELDS = ("tropical_max", "tropical_min", "linear", "root:p", "log:mu")
@@ -56,9 +56,10 @@ class Lifted(NamedTuple):
     """A call in the 3-spatial-dim form kernels take: 1-D and 2-D get leading size-1 dims, and only the begin
     padding is kept (the end padding is in the output size). The kernel is not flipped here (torch.flip costs
     0.3 ms of host time per call on CUDA): for kind="conv" a kernel reads kernel tap ``taps - 1 - t`` for window
-    tap t (reversing every spatial dim reverses the row-major tap index)."""
-    img: torch.Tensor          # [B, C, D, H, W] (a view of the caller's img where strides allow)
-    kernel: torch.Tensor       # [O, Cg, KD, KH, KW], a view of the caller's kernel (not flipped)
+    tap t (reversing every spatial dim reverses the row-major tap index). A group-broadcasting call is the
+    plain call it equals (`fold_broadcast`): each group of img a batch entry of its own, groups 1."""
+    img: torch.Tensor          # [B', C', D, H, W] (a view of the caller's img where strides allow)
+    kernel: torch.Tensor       # [O', Cg, KD, KH, KW], a view of the caller's kernel (not flipped)
     semifield: str             # tropical_max | tropical_min | linear | root | log
     code: int                  # its index in SEMIFIELD_CODES
     param: float               # p (root) or mu (log), else 0
@@ -67,26 +68,39 @@ class Lifted(NamedTuple):
     dilation: list[int]
     out_size: list[int]
     flip: bool                 # kind == "conv"
+    groups: int                # the groups the kernels see (1 for a group-broadcasting call)
+    output_shape: tuple[int, ...]  # the op's output shape (the caller's: [B, O, *out])
 
-    def output_shape(self, img: torch.Tensor, kernel: torch.Tensor) -> tuple[int, ...]:
-        """The op's output shape for the caller's (un-lifted) arguments."""
-        return (img.shape[0], kernel.shape[0], *self.out_size[3 - (img.ndim - 2):])
+    def grad_5d(self, grad: torch.Tensor) -> torch.Tensor:
+        """The upstream gradient ([B, O, *out]) in the lifted call's output layout [B', O', OD, OH, OW]."""
+        return grad.reshape(self.img.shape[0], self.kernel.shape[0], *self.out_size)
 
 
 SEMIFIELD_CODES = {"tropical_max": 0, "tropical_min": 1, "linear": 2, "root": 3, "log": 4}
 
 
-def lift_3d(img, kernel, semifield, stride, padding, dilation, kind) -> Lifted:
+def fold_broadcast(img: torch.Tensor, groups: int, group_broadcasting: bool) -> tuple[torch.Tensor, int]:
+    """(img, groups) of the plain call a call equals: with group broadcasting, img [B, G*Cg, *S] as
+    [B*G, Cg, *S] and groups 1, so the one group's kernel serves every group (its gradient adds over them)
+    with no repeated copy; the plain call's output [B*G, Og, *out] is the op's [B, G*Og, *out]."""
+    if not group_broadcasting or groups == 1:
+        return img, groups
+    return img.reshape(img.shape[0] * groups, img.shape[1] // groups, *img.shape[2:]), 1
+
+
+def lift_3d(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting=False) -> Lifted:
     """A call's canonical arguments (after the spec's normalize) in the form the kernels take (`Lifted`)."""
     nd = img.ndim - 2
     one = [1] * (3 - nd)
     name, param = parse_semifield(semifield)
     sizes = [output_size(img.shape[2 + i], kernel.shape[2 + i], stride[i], padding[2 * i], padding[2 * i + 1],
                          dilation[i]) for i in range(nd)]
-    return Lifted(img.reshape(*img.shape[:2], *one, *img.shape[2:]),
+    out_shape = (img.shape[0], kernel.shape[0] * (groups if group_broadcasting else 1), *sizes)
+    x, groups = fold_broadcast(img, groups, group_broadcasting)
+    return Lifted(x.reshape(*x.shape[:2], *one, *x.shape[2:]),
                   kernel.reshape(*kernel.shape[:2], *one, *kernel.shape[2:]), name, SEMIFIELD_CODES[name], param,
                   one + list(stride), [0] * (3 - nd) + list(padding[0::2]), one + list(dilation), one + sizes,
-                  kind == "conv")
+                  kind == "conv", groups, out_shape)
 
 
 def _ints(name: str, value, nd: int, minimum: int) -> list[int]:
@@ -124,7 +138,7 @@ def _padding(padding, nd: int, spatial, ksize, stride, dilation) -> list[int]:
 
 
 def _normalize(img, kernel, semifield="tropical_max", stride=1, padding=0, dilation=1, groups=1,
-               kind="conv") -> tuple:
+               kind="conv", group_broadcasting=False) -> tuple:
     c.tensor(OP, "img", img, c.FLOATS)
     if img.ndim not in (3, 4, 5):
         raise ValueError(f"{OP}: argument 'img' must be [B, C, *S] with 1, 2 or 3 spatial dims, "
@@ -137,7 +151,9 @@ def _normalize(img, kernel, semifield="tropical_max", stride=1, padding=0, dilat
         raise ValueError(f"{OP}: argument 'kind' must be 'conv' or 'corr', got {kind!r}")
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
         raise ValueError(f"{OP}: argument 'groups' must be an int >= 1, got {groups!r}")
-    C, O = img.shape[1], kernel.shape[0]
+    if not isinstance(group_broadcasting, bool):
+        raise TypeError(f"{OP}: argument 'group_broadcasting' must be a bool, got {group_broadcasting!r}")
+    C, O = img.shape[1], kernel.shape[0] * (groups if group_broadcasting else 1)
     if C % groups or O % groups:
         raise ValueError(f"{OP}: argument 'groups' = {groups} must divide img channels C = {C} and "
                          f"kernel outputs O = {O}")
@@ -162,17 +178,17 @@ def _normalize(img, kernel, semifield="tropical_max", stride=1, padding=0, dilat
                              f"{ksize[i]}, stride {stride[i]}, padding {pad[2 * i:2 * i + 2]}, "
                              f"dilation {dilation[i]}; check 'padding' or 'kernel'")
         sizes.append(size)
-    if math.prod(sizes) * img.shape[0] * kernel.shape[0] >= 2**48:  # no allocation of that size can succeed
-        raise ValueError(f"{OP}: the output would be [{img.shape[0]}, {kernel.shape[0]}, "
+    if math.prod(sizes) * img.shape[0] * O >= 2**48:  # no allocation of that size can succeed
+        raise ValueError(f"{OP}: the output would be [{img.shape[0]}, {O}, "
                          f"{', '.join(map(str, sizes))}]; check 'padding', 'stride' and 'dilation'")
-    return (img, kernel, semifield, stride, pad, dilation, groups, kind)
+    return (img, kernel, semifield, stride, pad, dilation, groups, kind, group_broadcasting)
 
 
-def _output(img, kernel, semifield, stride, padding, dilation, groups, kind):
+def _output(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting):
     nd = img.ndim - 2
     sizes = [output_size(img.shape[2 + i], kernel.shape[2 + i], stride[i], padding[2 * i], padding[2 * i + 1],
                          dilation[i]) for i in range(nd)]
-    return img.new_empty((img.shape[0], kernel.shape[0], *sizes))
+    return img.new_empty((img.shape[0], kernel.shape[0] * (groups if group_broadcasting else 1), *sizes))
 
 
 _CASES = {
@@ -184,6 +200,7 @@ _CASES = {
         ((1, 2, 5, 6, 4), (2, 1, 2, 3, 2), "log:2.5", 1, [(1, 0), (0, 1), (1, 1)], 1, 2, "corr"),
         ((2, 4, 7, 9), (4, 2, 3, 3), "root:3", (2, 1), "valid", (1, 2), 2, "conv"),
         ((2, 2, 7, 6), (2, 2, 3, 3), "log:-1.5", 1, 2, 1, 1, "conv"),
+        ((1, 6, 5, 4), (2, 2, 3, 3), "tropical_max", 1, 1, 1, 3, "conv", True),  # one group's kernel, 3 groups
     ],
     "medium": [
         ((2, 8, 24, 20), (8, 1, 5, 5), "tropical_max", 1, 2, 1, 8, "conv"),
@@ -197,6 +214,8 @@ _CASES = {
         ((1, 2, 2, 3), (2, 1, 3, 3), "tropical_min", 1, 2, 1, 2, "corr"),   # windows of padding only
         ((0, 2, 5, 5), (2, 2, 3, 3), "linear", 1, 0, 1, 1, "conv"),        # empty batch
         ((1, 1, 4), (1, 1, 1), "log:3", 1, 0, 1, 1, "corr"),
+        ((2, 4, 9), (1, 1, 3), "linear", 2, "same", 1, 4, "corr", True),  # depthwise, one kernel for all
+        ((1, 4, 3, 4, 3), (3, 2, 2, 2, 2), "log:1", 1, 1, 1, 2, "conv", True),
     ],
     "benchmark": [  # issue 8: 3x3 depthwise dilation against F.max_pool2d; dense, 5x5, 3-D and log beside it
         ((16, 32, 256, 256), (32, 1, 3, 3), "tropical_max", 1, 1, 1, 32, "conv"),
@@ -211,15 +230,16 @@ _CASES = {
 
 def _samples(size: str, dtype: torch.dtype, device: torch.device, gen: torch.Generator) -> list[SampleInput]:
     out = []
-    for ishape, kshape, sf, stride, pad, dil, groups, kind in _CASES[size]:
+    for ishape, kshape, sf, stride, pad, dil, groups, kind, *bcast in _CASES[size]:
         name, p = parse_semifield(sf)
         if name == "root":  # root semifields take inputs >= 0
             img, ker = (c.randn(ishape, dtype, device, gen, low=0.1, high=2.0),
                         c.randn(kshape, dtype, device, gen, low=0.1, high=2.0))
         else:
             img, ker = c.randn(ishape, dtype, device, gen), c.randn(kshape, dtype, device, gen)
-        args = _normalize(img, ker, sf, stride, pad, dil, groups, kind)
-        out.append(SampleInput(f"{sf}_{'x'.join(map(str, ishape))}_k{'x'.join(map(str, kshape[2:]))}_g{groups}", args))
+        args = _normalize(img, ker, sf, stride, pad, dil, groups, kind, *bcast)
+        out.append(SampleInput(f"{sf}_{'x'.join(map(str, ishape))}_k{'x'.join(map(str, kshape[2:]))}_g{groups}"
+                               + ("_bcast" if bcast and bcast[0] else ""), args))
     if size == "edge":
         # integer values: many exact ties, the winner must be the first in (c, tap) order
         img = torch.randint(0, 3, (2, 4, 6, 6), generator=gen, device=device).to(dtype)
@@ -250,6 +270,9 @@ def _bad_inputs():
         ((img, ker, "tropical_max:"), {}, ValueError, "semifield"),
         ((img, ker, "root:1_000"), {}, ValueError, "semifield"),
         ((img, ker), {"padding": 2**62}, ValueError, "padding"),
+        ((img, ker), {"group_broadcasting": 1}, TypeError, "group_broadcasting"),
+        ((torch.zeros(1, 4, 5, 5), torch.zeros(2, 1, 3, 3)), {"groups": 2, "group_broadcasting": True}, ValueError,
+         "kernel"),  # one group's kernel takes C/groups = 2 channels
     ]
 
 
@@ -259,7 +282,8 @@ SEMICONV = OpSpec(
           Arg("kernel", "tensor", differentiable=True, doc="[O, C/groups, *K]"),
           Arg("semifield", "str", doc=" | ".join(SEMIFIELDS)),
           Arg("stride", "ints"), Arg("padding", "ints", doc="(begin, end) per spatial dim, flattened"),
-          Arg("dilation", "ints"), Arg("groups", "int"), Arg("kind", "str", doc="'conv' flips the kernel, 'corr' not")),
+          Arg("dilation", "ints"), Arg("groups", "int"), Arg("kind", "str", doc="'conv' flips the kernel, 'corr' not"),
+          Arg("group_broadcasting", "bool", doc="the kernel [O/groups, C/groups, *K] serves every group")),
     doc="Convolution in a semifield: out = (+)_(c, tap) img_pad (x) kernel'; max/min gradients go to the first winner.",
     dtypes=c.FLOATS,
     tolerances=TOLERANCES[OP],

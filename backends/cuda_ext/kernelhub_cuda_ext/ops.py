@@ -113,16 +113,17 @@ def tikhonov_backward(grad, M, lam, needs):
     return [_lib().tikhonov_backward(_pixels(grad), _pixels(M), lam).view(M.shape)]
 
 
-def semiconv_forward(img, kernel, semifield, stride, padding, dilation, groups, kind):
-    a = lift_3d(img, kernel, semifield, stride, padding, dilation, kind)
-    out = _lib().semiconv_forward(a.img, a.kernel, a.code, a.param, groups, a.stride, a.pad_begin, a.dilation,
+def semiconv_forward(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting=False):
+    a = lift_3d(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting)
+    out = _lib().semiconv_forward(a.img, a.kernel, a.code, a.param, a.groups, a.stride, a.pad_begin, a.dilation,
                                   a.out_size, a.flip)
-    return out.view(a.output_shape(img, kernel))
+    return out.view(a.output_shape)
 
 
-def semiconv_backward(grad, img, kernel, semifield, stride, padding, dilation, groups, kind, needs):
-    a = lift_3d(img, kernel, semifield, stride, padding, dilation, kind)
-    gx, gk = _lib().semiconv_backward(grad.reshape(grad.shape[0], grad.shape[1], *a.out_size), a.img, a.kernel,
-                                      a.code, a.param, groups, a.stride, a.pad_begin, a.dilation, bool(needs[0]),
+def semiconv_backward(grad, img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting,
+                      needs):
+    a = lift_3d(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting)
+    gx, gk = _lib().semiconv_backward(a.grad_5d(grad), a.img, a.kernel,
+                                      a.code, a.param, a.groups, a.stride, a.pad_begin, a.dilation, bool(needs[0]),
                                       bool(needs[1]), a.flip)
     return [gx.view(img.shape) if needs[0] else None, gk.view(kernel.shape) if needs[1] else None]

@@ -258,37 +258,37 @@ def not_supported_reasons(args) -> list[str]:
     return []
 
 
-def _launch_args(a, semifield: str, groups: int):
+def _launch_args(a, semifield: str):
     """The grid, the kernels' scalar arguments and their compile-time kernel sizes for a lifted call."""
     (B, C, D, H, W), (O, Cg, KD, KH, KW) = a.img.shape, a.kernel.shape
     OD, OH, OW = a.out_size
     start = float("inf") if a.code == MIN else float("-inf")  # the max/min's start
     grid = (B * O * triton.cdiv(OD * OH * OW, BLOCK),)
     sizes = {"KD": KD, "KH": KH, "KW": KW, "TP2": triton.next_power_of_2(KD * KH * KW), "FLIP": a.flip}
-    return grid, (C, D, H, W, O, Cg, O // groups, OD, OH, OW, *a.stride, *a.pad_begin, *a.dilation,
+    return grid, (C, D, H, W, O, Cg, O // a.groups, OD, OH, OW, *a.stride, *a.pad_begin, *a.dilation,
                   semifield_zero(semifield), a.param, start), sizes
 
 
-def forward(img, kernel, semifield, stride, padding, dilation, groups, kind):
-    a = lift_3d(img, kernel, semifield, stride, padding, dilation, kind)
+def forward(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting=False):
+    a = lift_3d(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting)
     x, k = a.img.contiguous(), a.kernel.contiguous()
-    out = img.new_empty(a.output_shape(img, kernel))
+    out = img.new_empty(a.output_shape)
     if out.numel() == 0:
         return out
-    grid, scalars, sizes = _launch_args(a, semifield, groups)
+    grid, scalars, sizes = _launch_args(a, semifield)
     launch(_semiconv_forward_kernel, grid, x, k, out, *scalars, **sizes, SF=a.code, BLOCK=BLOCK,
            ACC=acc_type(img.dtype), num_warps=NUM_WARPS)
     return out
 
 
-def backward(grad, img, kernel, semifield, stride, padding, dilation, groups, kind, needs):
-    a = lift_3d(img, kernel, semifield, stride, padding, dilation, kind)
-    x, k, g = a.img.contiguous(), a.kernel.contiguous(), grad.contiguous()
+def backward(grad, img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting, needs):
+    a = lift_3d(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting)
+    x, k, g = a.img.contiguous(), a.kernel.contiguous(), a.grad_5d(grad).contiguous()
     acc = torch.float64 if img.dtype == torch.float64 else torch.float32
     gx = torch.zeros(x.shape, dtype=acc, device=x.device)
     gk = torch.zeros(k.shape, dtype=acc, device=x.device)
     if g.numel() and (needs[0] or needs[1]):
-        grid, scalars, sizes = _launch_args(a, semifield, groups)
+        grid, scalars, sizes = _launch_args(a, semifield)
         launch(_semiconv_backward_kernel, grid, g, x, k, gx, gk, *scalars, **sizes, SF=a.code,
                NEED_IMG=bool(needs[0]), NEED_KERNEL=bool(needs[1]), BLOCK=BLOCK, ACC=acc_type(img.dtype),
                num_warps=NUM_WARPS)

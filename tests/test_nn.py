@@ -1,0 +1,166 @@
+"""kernelhub.nn and the semiconv op's group_broadcasting.
+
+pytorch_nd_semiconv is not installed here (it is not in the test extra: its compiled path needs a numpy it does
+not declare), so the expected values come from the formulas of its documentation: the isotropic quadratic
+kernel ``-|x|^2 / s^2``, dilation ``max_y x(p - y) + b(y)``, erosion with ``tropical_min_negated`` =
+``min_y x(p + y) - b(y)``, group broadcasting = the one group's kernel repeated for every group."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernelhub
+from kernelhub import nn as khnn
+
+BACKENDS = ["torch_ref", "cuda_ext", "triton"]
+
+
+def _backend(name):
+    hub = kernelhub.get_hub()
+    if name not in hub.registry.backends or (name != "triton" and hub.registry.unavailable_reason(name)):
+        pytest.skip(f"{name}: {hub.registry.unavailable_reason(name)}")
+    return name
+
+
+# -- group_broadcasting in the op ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("semifield, groups, nd", [("tropical_max", 3, 2), ("linear", 2, 1), ("log:1.5", 2, 2),
+                                                   ("tropical_min", 4, 2)])  # 3-D: the conformance edge samples
+def test_group_broadcasting_equals_the_kernel_repeated_and_sums_its_gradient(backend, semifield, groups, nd):
+    _backend(backend)
+    g = torch.Generator().manual_seed(0)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # triton: the GPU, or its interpreter on CPU tensors
+    img = torch.randn(2, groups * 2, *[6] * nd, generator=g, dtype=torch.float64).to(dev).requires_grad_()
+    ker = torch.randn(3, 2, *[3] * nd, generator=g, dtype=torch.float64).to(dev).requires_grad_()  # one group's
+    op = kernelhub.op("semiconv", backend=backend)
+    out = op(img, ker, semifield, 1, 1, 1, groups, "conv", True)
+    rep = ker.detach().repeat(groups, *[1] * (nd + 1)).requires_grad_()
+    ref = kernelhub.op("semiconv", backend="torch_ref")(img, rep, semifield, 1, 1, 1, groups, "conv")
+    assert out.shape == ref.shape == (2, 3 * groups, *[6] * nd)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    w = torch.randn(out.shape, generator=g, dtype=torch.float64).to(dev)
+    gi, gk = torch.autograd.grad((out * w).sum(), (img, ker))
+    ri, rk = torch.autograd.grad((ref * w).sum(), (img, rep))
+    torch.testing.assert_close(gi, ri, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(gk, rk.reshape(groups, *ker.shape).sum(0), rtol=1e-10, atol=1e-10)
+
+
+def test_group_broadcasting_is_checked_and_keyed():
+    img, ker = torch.randn(1, 4, 5, 5), torch.randn(2, 2, 3, 3)
+    assert kernelhub.op("semiconv")(img, ker, group_broadcasting=True, groups=2).shape == (1, 4, 3, 3)
+    with pytest.raises(ValueError, match="semiconv: argument 'kernel'"):
+        kernelhub.op("semiconv")(img, torch.randn(2, 4, 3, 3), groups=2, group_broadcasting=True)
+    with pytest.raises(TypeError, match="group_broadcasting"):
+        kernelhub.op("semiconv")(img, ker, groups=2, group_broadcasting="yes")
+
+
+# -- TVLoss3d ------------------------------------------------------------------------------------------------------
+def _tv_formula(v, kind, weights, reduction, eps=1e-8):
+    d = [v.diff(dim=a) for a in (-3, -2, -1)]
+    if kind == "l1":
+        sums = [x.abs().sum() for x in d]
+        counts = [x[0].numel() if v.ndim > 3 else x.numel() for x in d]
+        if reduction == "sum":
+            return sum(w * s for w, s in zip(weights, sums))
+        active = [a for a in range(3) if weights[a] > 0 and counts[a] > 0]
+        return sum(weights[a] * sums[a] / counts[a] for a in active) / len(active)
+    if kind == "sq":
+        total = sum((x * x).sum() for x in d)
+        per_volume = sum(x[0].numel() if v.ndim > 3 else x.numel() for x in d)
+        return weights[0] * (total / per_volume if reduction == "mean" else total)
+    D, H, W = v.shape[-3:]
+    corner = (d[0][..., :, :H - 1, :W - 1] ** 2 + d[1][..., :D - 1, :, :W - 1] ** 2
+              + d[2][..., :D - 1, :H - 1, :] ** 2 + eps).sqrt()
+    return weights[0] * (corner.mean() if reduction == "mean" else corner.sum())
+
+
+@pytest.mark.parametrize("kind, weights", [("l1", (1.0, 0.5, 0.25)), ("l1", (0.0, 1.0, 1.0)), ("sq", (2.0,) * 3),
+                                           ("iso", (1.5,) * 3)])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("shape", [(5, 6, 7), (2, 5, 6, 7), (1, 6, 7)])
+def test_tvloss3d_is_the_normalised_weighted_formula_values_and_gradients(kind, weights, reduction, shape):
+    if kind == "iso" and shape[-3] < 2:
+        pytest.skip("iso: no corner")
+    v = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    loss = khnn.TVLoss3d(kind, weights, reduction)
+    out = loss(v)
+    ref = _tv_formula(v, kind, weights, reduction)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(torch.autograd.grad(out, v)[0], torch.autograd.grad(ref, v)[0], rtol=1e-10,
+                               atol=1e-12)
+    assert out.ndim == 0
+
+
+def test_tvloss3d_refuses_what_it_cannot_weigh():
+    with pytest.raises(ValueError, match="takes one weight"):
+        khnn.TVLoss3d("sq", (1.0, 0.5, 0.5))
+    with pytest.raises(ValueError, match="kind must be one of"):
+        khnn.TVLoss3d("l2")
+    with pytest.raises(ValueError, match="weights"):
+        khnn.TVLoss3d("l1", (1.0, -1.0, 1.0))
+
+
+# -- kernels, SemiConv, Closing, Opening ---------------------------------------------------------------------------
+def test_quadratic_iso_kernel_is_minus_squared_distance_over_variance():
+    k = khnn.QuadraticKernelIso2D(2, 3, 5, {"var": 3.0})
+    w = k()
+    assert w.shape == (3, 2, 5, 5)
+    y, x = torch.meshgrid(torch.arange(5.0) - 2, torch.arange(5.0) - 2, indexing="ij")
+    torch.testing.assert_close(w[1, 0], -(y * y + x * x) / 3.0)
+    for init in ("ss", "log-ss", "uniform", "normal"):
+        var = khnn.QuadraticKernelIso2D(4, 4, 5, {"var": init}).log_std.detach().mul(2).exp()
+        assert var.min() >= 1 - 1e-5 and var.max() <= 16 + 1e-4, init
+    ss = khnn.QuadraticKernelIso2D(2, 2, 5).log_std.detach().mul(2).exp().flatten().sort().values
+    torch.testing.assert_close(ss, torch.linspace(1, 8, 4))  # scale-space: evenly spaced in [1, 2 (K//2)^2]
+
+
+def _dilation_formula(x, b):
+    """max_y x(p - y) + b(y) over the kernel's taps, x [B, C, H, W] padded 'same' with -inf, depthwise b [C, 1, K, K]."""
+    K = b.shape[-1]
+    xp = F.pad(x, [K // 2] * 4, value=-math.inf)
+    H, W = x.shape[-2:]
+    out = torch.full_like(x, -math.inf)
+    for i in range(K):
+        for j in range(K):  # tap (i, j) of the flipped kernel reads x at offset (i, j) of the window
+            out = torch.maximum(out, xp[..., i:i + H, j:j + W] + b[:, 0, K - 1 - i, K - 1 - j][None, :, None, None])
+    return out
+
+
+def test_semiconv_module_with_a_quadratic_kernel_is_the_dilation_formula_and_learns():
+    kernel = khnn.QuadraticKernelIso2D(1, 3, 5, {"var": 2.0})
+    conv = khnn.SemiConv(kernel, "tropical_max", padding="same", groups=3)
+    x = torch.randn(2, 3, 9, 8)
+    out = conv(x)
+    torch.testing.assert_close(out, _dilation_formula(x, kernel().detach()))
+    out.sum().backward()
+    assert kernel.log_std.grad is not None and kernel.log_std.grad.abs().sum() > 0
+    alias = khnn.SemiConv(kernel, "tropical_min_negated", padding="same", groups=3, kind="corr")
+    torch.testing.assert_close(alias(x), -_dilation_formula(-x, kernel().detach().flip(-1, -2)))
+
+
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_closing_is_above_and_opening_below_the_input(broadcast):
+    torch.manual_seed(0)
+    kernel = khnn.LearnedKernel(1, 1 if broadcast else 4, 3, init="normal")
+    x = torch.randn(2, 4, 10, 9)
+    close = khnn.Closing(kernel, padding="same", groups=4, group_broadcasting=broadcast)
+    open_ = khnn.Opening(kernel, padding="same", groups=4, group_broadcasting=broadcast)
+    assert (close(x) >= x - 1e-6).all() and (open_(x) <= x + 1e-6).all()
+    assert not torch.equal(close(x), x)  # it did something
+    close(x).sum().backward()
+    assert kernel.kernel.grad is not None
+
+
+def test_the_modules_go_through_the_hub():
+    calls = []
+    hub = kernelhub.get_hub()
+    real = hub.forward
+    hub.forward = lambda op, args, forced: calls.append(op) or real(op, args, forced)
+    try:
+        khnn.TVLoss3d()(torch.randn(4, 5, 6))
+        khnn.SemiConv(torch.zeros(2, 1, 3, 3), "tropical_max", groups=2)(torch.randn(1, 2, 5, 5))
+    finally:
+        hub.forward = real
+    assert calls == ["tv_loss_l1_3d", "semiconv"]

@@ -5,9 +5,9 @@ selection, tuning, the kill switch and `kernelhub.explain` apply to them as to a
 
 - `TVLoss3d`: the normalised, weighted total-variation term of ptychography and tomography codes, one scalar.
 - `SemiConv`, `Closing`, `Opening`: semifield convolution and morphology, with the kernel given by a module
-  (`QuadraticKernelIso2D`, `LearnedKernel`) or a tensor; the API of pytorch_nd_semiconv's ``GenericConv`` /
-  ``GenericClosing`` and its isotropic quadratic kernel (same parameterisation and initialisations), so a model
-  ports by changing imports (the user guide's porting table).
+  (`QuadraticKernelIso2D`, `QuadraticKernelSpectral2D`, `QuadraticKernelCholesky2D`, `LearnedKernel`) or a
+  tensor; the API of pytorch_nd_semiconv's ``GenericConv`` / ``GenericClosing`` and its quadratic kernels (same
+  parameterisations and initialisations), so a model ports by changing imports (the user guide's porting table).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from torch import nn
 import kernelhub
 from kernelhub import accumulation_dtype
 
-__all__ = ["TVLoss3d", "SemiConv", "Closing", "Opening", "QuadraticKernelIso2D", "LearnedKernel", "SEMIFIELD_ALIASES"]
+__all__ = ["TVLoss3d", "SemiConv", "Closing", "Opening", "QuadraticKernelIso2D", "QuadraticKernelSpectral2D",
+           "QuadraticKernelCholesky2D", "LearnedKernel", "SEMIFIELD_ALIASES"]
 
 # pytorch_nd_semiconv's names for semifields the op knows under another: its tropical_min_negated is
 # min(x - k), which is the op's tropical_min (docs/ops.md)
@@ -38,8 +39,8 @@ class TVLoss3d(nn.Module):
     difference along each active axis, weighted, averaged over the axes (what ptychography codes use);
     ``reduction="sum"``: ``c_a = w_a``. ``kind="sq"`` (squared differences) and ``kind="iso"`` (the corner-wise
     gradient norm, ``eps``) have one sum over the axes, so one weight: ``weights`` a number (or three equal ones);
-    ``"mean"`` divides the squared sum by the number of differences and takes the iso op's mean as it is, ``"sum"``
-    multiplies the iso mean back by its number of corners.
+    ``"mean"`` divides the squared sum by the number of differences in one volume and takes the iso op's mean
+    (over every volume's corners) as it is, ``"sum"`` multiplies the iso mean back by the number of corners.
 
     Its forward and backward are one hub forward and one hub backward plus a product with coefficients kept on
     the device per shape (no host synchronisation, no copy per step). ``backend`` forces one, as in
@@ -97,6 +98,13 @@ class TVLoss3d(nn.Module):
         return f"kind={self.kind!r}, weights={self.weights}, reduction={self.reduction!r}"
 
 
+def _scale_space(n: int, kernel_size: int, log: bool) -> torch.Tensor:
+    """``n`` variances evenly (or log-evenly) spaced in ``[1, 2 (K//2)^2]``, shuffled: the scale-space init."""
+    top = 2.0 * (kernel_size // 2) ** 2
+    spaced = torch.logspace(0, math.log10(max(top, 1.0)), n) if log else torch.linspace(1.0, top, n)
+    return spaced[torch.randperm(n)]
+
+
 def _pos_grid_2d(kernel_size: int) -> torch.Tensor:
     """Offsets of a kernel's taps from its centre, ``[2, k*k]`` (row, column), row-major."""
     r = torch.arange(kernel_size, dtype=torch.float32) - (kernel_size // 2)
@@ -104,7 +112,23 @@ def _pos_grid_2d(kernel_size: int) -> torch.Tensor:
     return torch.stack((y.flatten(), x.flatten()))
 
 
-class QuadraticKernelIso2D(nn.Module):
+class _Kernel2D(nn.Module):
+    """What the quadratic kernels share: their sizes and the taps' offsets ``_pos_grid [2, K*K]``."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int) -> None:
+        super().__init__()
+        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, kernel_size
+        self.register_buffer("_pos_grid", _pos_grid_2d(kernel_size))
+
+    def _shaped(self, dist: torch.Tensor) -> torch.Tensor:
+        """``-dist`` ([O, I, K*K]) as the kernel ``[O, I, K, K]``."""
+        return -dist.reshape(self.out_channels, self.in_channels, self.kernel_size, self.kernel_size)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
+
+
+class QuadraticKernelIso2D(_Kernel2D):
     """An isotropic quadratic kernel ``-|x|^2 / s^2`` per (output, input) channel, ``[O, I, K, K]`` from
     ``forward()``; parameter ``log_std [O, I]`` (``s = exp(log_std)``). ``init={"var": ...}``: a float (that
     variance), ``"uniform"`` (variances uniform in [1, 16]), ``"ss"`` (scale-space: evenly spaced in
@@ -112,33 +136,111 @@ class QuadraticKernelIso2D(nn.Module):
     around 8 in [1, 16]): pytorch_nd_semiconv's parameterisation and initialisations."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, init: dict | None = None) -> None:
-        super().__init__()
+        super().__init__(in_channels, out_channels, kernel_size)
         var = (init or {"var": "ss"})["var"]
         variances = torch.empty(out_channels, in_channels)
-        top = 2 * (kernel_size // 2) ** 2
-        n = out_channels * in_channels
         if isinstance(var, (int, float)) and not isinstance(var, bool):
             nn.init.constant_(variances, float(var))
         elif var == "uniform":
             nn.init.uniform_(variances, 1, 16)
         elif var in ("ss", "log-ss"):
-            spaced = torch.linspace(1, top, n) if var == "ss" else torch.logspace(0, math.log10(max(top, 1)), n)
-            variances[:] = spaced[torch.randperm(n)].reshape(out_channels, in_channels)
+            variances[:] = _scale_space(variances.numel(), kernel_size, var == "log-ss").reshape(variances.shape)
         elif var == "normal":
             nn.init.trunc_normal_(variances, mean=8.0, a=1.0, b=16.0)
         else:
             raise ValueError(f"QuadraticKernelIso2D: init['var'] must be a float, 'uniform', 'ss', 'log-ss' or "
                              f"'normal', got {var!r}")
         self.log_std = nn.Parameter(variances.log().mul(0.5))
-        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, kernel_size
-        self.register_buffer("_pos_grid", _pos_grid_2d(kernel_size))
 
     def forward(self) -> torch.Tensor:
-        dist = self._pos_grid.pow(2).sum(0) / self.log_std.mul(2).exp().unsqueeze(2)
-        return -dist.reshape(self.out_channels, self.in_channels, self.kernel_size, self.kernel_size)
+        return self._shaped(self._pos_grid.pow(2).sum(0) / self.log_std.mul(2).exp().unsqueeze(2))
 
-    def extra_repr(self) -> str:
-        return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
+
+def _variances_2d(shape: tuple[int, ...], var, kernel_size: int, axis: int) -> torch.Tensor:
+    """Initial variances of a 2-D covariance kernel, ``shape`` with the two principal axes along ``axis``:
+    pytorch_nd_semiconv's options (a float, "uniform", "ss-iso", "log-ss-iso", "uniform-iso", "normal",
+    "skewed")."""
+    v = torch.empty(shape)
+    first, second = v.select(axis, 0), v.select(axis, 1)
+    if isinstance(var, (int, float)) and not isinstance(var, bool):
+        nn.init.constant_(v, float(var))
+    elif var == "uniform":
+        nn.init.uniform_(v, 1, 16)
+    elif var in ("ss-iso", "log-ss-iso"):
+        first.copy_(_scale_space(first.numel(), kernel_size, var == "log-ss-iso").reshape(first.shape))
+        second.copy_(first)
+    elif var == "uniform-iso":
+        nn.init.uniform_(first, 1, 16)
+        second.copy_(first)
+    elif var == "normal":
+        nn.init.trunc_normal_(v, mean=8.0, std=4.0, a=1.0, b=16.0)
+    elif var == "skewed":
+        nn.init.uniform_(first, 1, 8.0)
+        nn.init.uniform_(second, 20.0, 24.0)
+    else:
+        raise ValueError(f"init['var'] must be a float, 'uniform', 'ss-iso', 'log-ss-iso', 'uniform-iso', 'normal' or "
+                         f"'skewed', got {var!r}")
+    return v
+
+
+class QuadraticKernelSpectral2D(_Kernel2D):
+    """An anisotropic quadratic kernel ``-x^T S^-1 x`` per (output, input) channel, ``[O, I, K, K]``, with
+    ``S^-1 = R(theta) diag(exp(-2 log_std)) R(theta)^T``: parameters ``log_std [O, I, 2]`` and ``theta [O, I]``
+    (the first principal axis' angle). ``init={"var": ..., "theta": "spin" | "uniform"}``, default
+    ``{"var": "skewed", "theta": "spin"}`` (evenly spaced angles in [0, pi), shuffled): pytorch_nd_semiconv's
+    parameterisation and initialisations."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, init: dict | None = None) -> None:
+        super().__init__(in_channels, out_channels, kernel_size)
+        init = init or {"var": "skewed", "theta": "spin"}
+        variances = _variances_2d((out_channels, in_channels, 2), init.get("var", "skewed"), kernel_size, -1)
+        n = out_channels * in_channels
+        if init.get("theta", "spin") == "spin":
+            theta = torch.linspace(0, math.pi, n + 1)[:-1][torch.randperm(n)].reshape(out_channels, in_channels)
+        elif init["theta"] == "uniform":
+            theta = torch.empty(out_channels, in_channels).uniform_(0, math.pi)
+        else:
+            raise ValueError(f"QuadraticKernelSpectral2D: init['theta'] must be 'spin' or 'uniform', got {init['theta']!r}")
+        self.log_std = nn.Parameter(variances.log().mul(0.5))
+        self.theta = nn.Parameter(theta)
+
+    def inverse_cov(self) -> torch.Tensor:
+        c, s = self.theta.cos(), self.theta.sin()
+        rot = torch.stack((torch.stack((c, -s), -1), torch.stack((s, c), -1)), -2)  # [O, I, 2, 2]
+        return rot @ torch.diag_embed(self.log_std.mul(-2).exp()) @ rot.transpose(-1, -2)
+
+    def forward(self) -> torch.Tensor:
+        p = self._pos_grid  # [2, K*K]
+        return self._shaped(torch.einsum("vk,oivw,wk->oik", p, self.inverse_cov(), p))
+
+
+class QuadraticKernelCholesky2D(_Kernel2D):
+    """An anisotropic quadratic kernel ``-|L^-1 x|^2`` (``S = L L^T``) per (output, input) channel,
+    ``[O, I, K, K]``, with ``L = [[s0, 0], [r s1, sqrt(s1^2 - (r s1)^2)]]``, ``s = exp(log_std)``,
+    ``r = tanh(corr)`` (Pearson's R): parameters ``log_std [2, O, I]`` and ``corr [O, I]`` (truncated normal,
+    std 0.5). ``init={"var": ...}``, default ``"skewed"``: pytorch_nd_semiconv's parameterisation and its documented
+    initialisations."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, init: dict | None = None) -> None:
+        super().__init__(in_channels, out_channels, kernel_size)
+        init = init or {"var": "skewed"}
+        variances = _variances_2d((2, out_channels, in_channels), init.get("var", "skewed"), kernel_size, 0)
+        corr = torch.empty(out_channels, in_channels)
+        nn.init.trunc_normal_(corr, mean=0.0, std=0.5, a=-1.0, b=1.0)
+        self.log_std = nn.Parameter(variances.log().mul(0.5))
+        self.corr = nn.Parameter(corr)
+
+    def cholesky(self) -> torch.Tensor:
+        std = self.log_std.exp()
+        cross = self.corr.tanh() * std[1]
+        zero = torch.zeros_like(cross)
+        return torch.stack((torch.stack((std[0], zero), -1),
+                            torch.stack((cross, (std[1].square() - cross.square()).sqrt()), -1)), -2)
+
+    def forward(self) -> torch.Tensor:
+        b = torch.linalg.solve_triangular(self.cholesky(), self._pos_grid.expand(self.out_channels, self.in_channels,
+                                                                                  2, -1), upper=False)
+        return self._shaped(b.pow(2).sum(-2))
 
 
 class LearnedKernel(nn.Module):

@@ -116,6 +116,36 @@ def test_quadratic_iso_kernel_is_minus_squared_distance_over_variance():
     torch.testing.assert_close(ss, torch.linspace(1, 8, 4))  # scale-space: evenly spaced in [1, 2 (K//2)^2]
 
 
+def test_anisotropic_quadratic_kernels_are_minus_the_mahalanobis_distance():
+    y, x = torch.meshgrid(torch.arange(5.0) - 2, torch.arange(5.0) - 2, indexing="ij")
+    p = torch.stack((y.flatten(), x.flatten()))  # tap offsets (row, column)
+    spec = khnn.QuadraticKernelSpectral2D(2, 3, 5)
+    chol = khnn.QuadraticKernelCholesky2D(2, 3, 5)
+    with torch.no_grad():
+        spec.theta.zero_()
+        spec.log_std.copy_(torch.tensor([2.0, 9.0]).log().mul(0.5))  # variances 2 (rows) and 9 (columns)
+        torch.testing.assert_close(spec()[2, 1], -(y * y / 2 + x * x / 9))
+        spec.theta.fill_(0.3)
+        c, s_ = math.cos(0.3), math.sin(0.3)
+        rot = torch.tensor([[c, -s_], [s_, c]])
+        inv = rot @ torch.diag(torch.tensor([1 / 2.0, 1 / 9.0])) @ rot.T
+        torch.testing.assert_close(spec()[0, 0].flatten(), -(p * (inv @ p)).sum(0))
+        chol.corr.fill_(0.4)
+        L = chol.cholesky()[1, 1]
+        cov = L @ L.T
+        torch.testing.assert_close(chol()[1, 1].flatten(), -(p * (torch.linalg.inv(cov) @ p)).sum(0), rtol=1e-5,
+                                   atol=1e-5)
+    var = khnn.QuadraticKernelSpectral2D(4, 4, 5).log_std.detach().mul(2).exp()  # "skewed"
+    assert var[..., 0].min() >= 1 - 1e-5 and var[..., 0].max() <= 8 + 1e-4 and var[..., 1].min() >= 20 - 1e-4
+    theta = khnn.QuadraticKernelSpectral2D(2, 2, 5).theta.detach().flatten().sort().values  # "spin"
+    torch.testing.assert_close(theta, torch.linspace(0, math.pi, 5)[:-1])
+    chol_var = khnn.QuadraticKernelCholesky2D(3, 3, 5, {"var": "ss-iso"}).log_std.detach().mul(2).exp()
+    torch.testing.assert_close(chol_var[0], chol_var[1])
+    kernel = khnn.QuadraticKernelCholesky2D(1, 2, 5)
+    khnn.SemiConv(kernel, "tropical_max", padding="same", groups=2)(torch.randn(1, 2, 8, 8)).sum().backward()
+    assert kernel.corr.grad is not None and kernel.log_std.grad is not None
+
+
 def _dilation_formula(x, b):
     """max_y x(p - y) + b(y) over the kernel's taps, x [B, C, H, W] padded 'same' with -inf, depthwise b [C, 1, K, K]."""
     K = b.shape[-1]

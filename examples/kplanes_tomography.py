@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 import kernelhub
+from kernelhub.nn import KPlanesField
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import timed_ms, write_png  # noqa: E402
@@ -63,37 +64,28 @@ def rays(angles: int, det: int, samples: int, device) -> tuple[torch.Tensor, flo
 
 
 class Field(torch.nn.Module):
-    """Tilted K-Planes: T tilts (the identity first), one [3T, C, R, R] planes tensor per scale, a linear decoder."""
+    """Tilted K-Planes (`kernelhub.nn.KPlanesField`: T tilts, the identity first, one [3T, C, R, R] planes tensor
+    per scale; its ops forced to ``backend``, or chosen by the hub for None) and a linear decoder."""
 
-    def __init__(self, T: int, C: int, resolutions: list[int], device, seed: int = 0) -> None:
+    def __init__(self, T: int, C: int, resolutions: list[int], device, backend: str | None = None,
+                 seed: int = 0) -> None:
         super().__init__()
-        g = torch.Generator().manual_seed(seed)
-        tilt = [torch.eye(3)]
-        for _ in range(T - 1):  # small random rotations about random axes
-            a = torch.randn(3, generator=g)
-            a = a / a.norm() * 0.3
-            K = torch.tensor([[0.0, -a[2], a[1]], [a[2], 0.0, -a[0]], [-a[1], a[0], 0.0]])
-            tilt.append(torch.linalg.matrix_exp(K))
-        self.register_buffer("rotations", torch.stack(tilt).to(device))
-        self.planes = torch.nn.ParameterList(
-            [torch.nn.Parameter((1.0 + 0.1 * torch.randn(3 * T, C, r, r, generator=g)).to(device)) for r in resolutions])
-        self.decoder = torch.nn.Linear(T * C * len(resolutions), 1).to(device)
+        self.kplanes = KPlanesField(T, C, resolutions, seed=seed, backend=backend).to(device)
+        self.decoder = torch.nn.Linear(self.kplanes.features, 1).to(device)
         with torch.no_grad():
             self.decoder.weight.mul_(0.1)
 
-    def forward(self, pts: torch.Tensor, h: float, backend: str | None) -> torch.Tensor:
+    def forward(self, pts: torch.Tensor, h: float) -> torch.Tensor:
         """Density at pts and at its three taps: [4, B]."""
-        taps = kernelhub.op("kplanes_interp_tilted_taps", backend=backend)
-        feats = torch.cat([taps(pts, self.rotations, p, h) for p in self.planes], dim=-1)
-        return torch.nn.functional.softplus(self.decoder(feats)[..., 0])
+        return torch.nn.functional.softplus(self.decoder(self.kplanes(pts, tv_taps=h))[..., 0])
 
 
 def train(args, backend: str | None, pts_all, sino, step_len, device, steps: int) -> tuple[Field, list[float], str]:
     torch.manual_seed(0)
-    field = Field(args.T, args.C, args.res, device)
+    field = Field(args.T, args.C, args.res, device, backend)
     # the decoder at a tenth of the planes' rate: at the full rate, with T*C*scales features near 1, its first
     # steps can push every density into softplus's flat tail, where training stalls
-    opt = torch.optim.Adam([{"params": field.planes.parameters()},
+    opt = torch.optim.Adam([{"params": field.kplanes.planes.parameters()},
                             {"params": field.decoder.parameters(), "lr": args.lr / 10}], lr=args.lr)
     n_rays, S, _ = pts_all.shape
     h = 2.0 / args.res[-1]
@@ -104,7 +96,7 @@ def train(args, backend: str | None, pts_all, sino, step_len, device, steps: int
         pts = pts_all[idx].reshape(-1, 3)
 
         def step():
-            dens = field(pts, h, backend)  # [4, batch * S]
+            dens = field(pts, h)  # [4, batch * S]
             proj = dens[0].view(args.batch, S).sum(-1) * step_len
             data = (proj - sino[idx]).square().mean()
             tv = (dens[1:] - dens[:1]).abs().mean()
@@ -113,7 +105,8 @@ def train(args, backend: str | None, pts_all, sino, step_len, device, steps: int
             loss.backward()
             opt.step()
         times.append(timed_ms(step, device)[1])
-    used = kernelhub.explain("kplanes_interp_tilted_taps", pts, field.rotations, field.planes[0], h).chosen \
+    used = kernelhub.explain("kplanes_interp_tilted_taps", pts, field.kplanes.rotations, field.kplanes.planes[0],
+                             h).chosen \
         if backend is None else backend
     return field, times, used
 
@@ -123,7 +116,7 @@ def central_slice(field: Field, n: int, device) -> torch.Tensor:
     X, Y = torch.meshgrid(u, u, indexing="ij")
     pts = torch.stack([X, Y, torch.zeros_like(X)], -1).reshape(-1, 3)
     with torch.no_grad():
-        return field(pts, 0.0, "torch_ref")[0].view(n, n)
+        return field(pts, 0.0)[0].view(n, n)
 
 
 def psnr(x: torch.Tensor, ref: torch.Tensor) -> float:

@@ -1,11 +1,11 @@
-"""Learned morphology with `semiconv`: a structuring element fitted by gradient descent, and a tiny network
-that pools with a learned dilation instead of max-pooling.
+"""Learned morphology with `semiconv` and `kernelhub.nn`: a structuring element fitted by gradient descent, and a
+tiny network that pools with a learned dilation (`kernelhub.nn.SemiConv`) instead of max-pooling.
 
 1. A generated image (discs of several sizes and brightnesses, plus salt noise) is dilated (tropical_max)
    and eroded (tropical_min) with a hidden 5x5 disc structuring element. A learnable 5x5 kernel, started
    flat (a square), is fitted to reproduce both results; the gradient reaches the kernel only through
    each window's winner. The learned element then gives a morphological gradient (dilation - erosion)
-   and an opening (dilation of the erosion), which removes the salt noise.
+   and an opening (`kernelhub.nn.Opening`: the erosion, then its adjoint dilation), which removes the salt noise.
 2. A tiny classifier (discs against rings, 24x24) whose two pooling steps are semiconv dilations with
    learned 3x3 depthwise kernels (stride 2) instead of F.max_pool2d, trained for a few steps.
 
@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 import kernelhub
+from kernelhub import nn as khnn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_png  # noqa: E402
@@ -83,15 +84,10 @@ def fit_element(img: torch.Tensor, hidden: torch.Tensor, steps: int) -> tuple[to
         return k.detach(), before, error().item()
 
 
-class DilationPool(torch.nn.Module):
-    """Pooling by a learned 3x3 depthwise dilation (max-plus), stride 2: F.max_pool2d where the kernel is 0."""
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.kernel = torch.nn.Parameter(torch.zeros(channels, 1, 3, 3))
-
-    def forward(self, x):
-        return semiconv(x, self.kernel, "tropical_max", stride=2, padding=1, groups=x.shape[1])
+def dilation_pool(channels: int) -> khnn.SemiConv:
+    """Pooling by a learned 3x3 depthwise dilation (max-plus), stride 2: F.max_pool2d where the kernel is 0 (its
+    start: `LearnedKernel` is initialised flat)."""
+    return khnn.SemiConv(khnn.LearnedKernel(1, channels, 3), "tropical_max", stride=2, padding=1, groups=channels)
 
 
 def shapes(batch: int, gen: torch.Generator, n: int = 24) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,11 +104,11 @@ def shapes(batch: int, gen: torch.Generator, n: int = 24) -> tuple[torch.Tensor,
 
 
 def train_classifier(steps: int, device) -> tuple[float, float, float]:
-    """(first loss, last loss, held-out accuracy) of a tiny net pooling with DilationPool."""
+    """(first loss, last loss, held-out accuracy) of a tiny net pooling with dilation_pool."""
     torch.manual_seed(0)
     net = torch.nn.Sequential(
-        torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(), DilationPool(8),
-        torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU(), DilationPool(8),
+        torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(), dilation_pool(8),
+        torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU(), dilation_pool(8),
         torch.nn.Flatten(2), torch.nn.Linear(36, 1), torch.nn.Flatten(1), torch.nn.Linear(8, 2)).to(device)
     opt = torch.optim.Adam(net.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(2)
@@ -150,8 +146,8 @@ def main(argv=None) -> dict:
         " ".join(f"{v:5.1f}" for v in row) for row in k[0, 0].cpu().tolist()))
     with torch.no_grad():
         gradient = dilate(img, k) - erode(img, k)
-        opening = dilate(erode(img, k), k)
-        target_opening = dilate(erode(img, hidden), hidden)
+        opening = khnn.Opening(k, padding="same")(img)  # erosion, then the dilation adjoint to it
+        target_opening = khnn.Opening(hidden, padding="same")(img)
     opening_err = (opening - target_opening).abs().max().item()
     print(f"opening with the learned element vs the hidden one: max difference {opening_err:.3f}")
 

@@ -4,6 +4,7 @@ Plain `torch.nn.Module`s with no kernel code: every op call goes through the hub
 selection, tuning, the kill switch and `kernelhub.explain` apply to them as to a direct call.
 
 - `TVLoss3d`: the normalised, weighted total-variation term of ptychography and tomography codes, one scalar.
+- `KPlanesField`: tilted multi-scale K-Planes planes and rotations, features at points (and at TV taps).
 - `SemiConv`, `Closing`, `Opening`: semifield convolution and morphology, with the kernel given by a module
   (`QuadraticKernelIso2D`, `QuadraticKernelSpectral2D`, `QuadraticKernelCholesky2D`, `LearnedKernel`) or a
   tensor; the API of pytorch_nd_semiconv's ``GenericConv`` / ``GenericClosing`` and its quadratic kernels (same
@@ -21,7 +22,7 @@ from torch import nn
 import kernelhub
 from kernelhub import accumulation_dtype
 
-__all__ = ["TVLoss3d", "SemiConv", "Closing", "Opening", "QuadraticKernelIso2D", "QuadraticKernelSpectral2D",
+__all__ = ["TVLoss3d", "KPlanesField", "SemiConv", "Closing", "Opening", "QuadraticKernelIso2D", "QuadraticKernelSpectral2D",
            "QuadraticKernelCholesky2D", "LearnedKernel", "SEMIFIELD_ALIASES"]
 
 # pytorch_nd_semiconv's names for semifields the op knows under another: its tropical_min_negated is
@@ -96,6 +97,47 @@ class TVLoss3d(nn.Module):
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, weights={self.weights}, reduction={self.reduction!r}"
+
+
+class KPlanesField(nn.Module):
+    """Tilted multi-scale K-Planes features. ``T`` tilts (rotation 0 the identity, the others small random
+    rotations by ``tilt`` radians about random axes; a buffer, or a parameter with ``learn_rotations=True``) and
+    one planes parameter ``[3T, C, R, R]`` per resolution R, initialised ``1 + 0.1 N(0, 1)`` (the K-Planes
+    tomography example's init; ``seed`` draws both).
+
+    ``forward(points)``: the features ``[B, T*C*scales]`` (``kplanes_interp_tilted_ms``: one call for every scale);
+    ``forward(points, tv_taps=h)``: ``[4, B, T*C*scales]``, the features at the points (tap 0) and at
+    ``points + h e_i`` (taps 1-3, for a finite-difference TV), each scale one fused ``kplanes_interp_tilted_taps``
+    call. ``backend`` forces one, as in ``kernelhub.op(name, backend=...)``.
+    """
+
+    def __init__(self, T: int, C: int, resolutions: Sequence[int], tilt: float = 0.3, learn_rotations: bool = False,
+                 seed: int = 0, backend: str | None = None) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        rotations = [torch.eye(3)]
+        for _ in range(T - 1):
+            a = torch.randn(3, generator=g)
+            a = a / a.norm() * tilt
+            skew = torch.tensor([[0.0, -a[2], a[1]], [a[2], 0.0, -a[0]], [-a[1], a[0], 0.0]])
+            rotations.append(torch.linalg.matrix_exp(skew))
+        if learn_rotations:
+            self.rotations = nn.Parameter(torch.stack(rotations))
+        else:
+            self.register_buffer("rotations", torch.stack(rotations))
+        self.planes = nn.ParameterList(
+            [nn.Parameter(1.0 + 0.1 * torch.randn(3 * T, C, r, r, generator=g)) for r in resolutions])
+        self._ms = kernelhub.op("kplanes_interp_tilted_ms", backend=backend)
+        self._taps = kernelhub.op("kplanes_interp_tilted_taps", backend=backend)
+
+    @property
+    def features(self) -> int:
+        return sum(self.rotations.shape[0] * p.shape[1] for p in self.planes)
+
+    def forward(self, points: torch.Tensor, tv_taps: float | None = None) -> torch.Tensor:
+        if tv_taps is None:
+            return self._ms(points, self.rotations, list(self.planes))
+        return torch.cat([self._taps(points, self.rotations, p, tv_taps) for p in self.planes], dim=-1)
 
 
 def _scale_space(n: int, kernel_size: int, log: bool) -> torch.Tensor:

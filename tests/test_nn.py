@@ -194,3 +194,25 @@ def test_the_modules_go_through_the_hub():
     finally:
         hub.forward = real
     assert calls == ["tv_loss_l1_3d", "semiconv"]
+
+
+def test_kplanes_field_features_and_taps_are_the_ops_on_its_planes():
+    field = khnn.KPlanesField(T=2, C=3, resolutions=[4, 8], seed=1)
+    assert field.rotations.shape == (2, 3, 3) and torch.equal(field.rotations[0], torch.eye(3))
+    torch.testing.assert_close(field.rotations[1] @ field.rotations[1].T, torch.eye(3))  # a rotation
+    assert [p.shape for p in field.planes] == [(6, 3, 4, 4), (6, 3, 8, 8)] and field.features == 12
+    assert "rotations" in dict(field.named_buffers()) and len(list(field.parameters())) == 2
+    pts = torch.rand(10, 3) * 2 - 1
+    ref = kernelhub.op("kplanes_interp_tilted", backend="torch_ref")
+    expected = torch.cat([ref(pts, field.rotations, p) for p in field.planes], dim=-1)
+    torch.testing.assert_close(field(pts), expected)
+    taps = field(pts, tv_taps=0.05)
+    assert taps.shape == (4, 10, 12)
+    torch.testing.assert_close(taps[0], expected)
+    shifted = pts + 0.05 * torch.eye(3)[1]
+    torch.testing.assert_close(taps[2], torch.cat([ref(shifted, field.rotations, p) for p in field.planes], -1))
+    taps.sum().backward()
+    assert all(p.grad is not None for p in field.planes)
+    learned = khnn.KPlanesField(2, 3, [4], learn_rotations=True)
+    learned(pts).sum().backward()
+    assert learned.rotations.grad is not None

@@ -9,6 +9,10 @@ selection, tuning, the kill switch and `kernelhub.explain` apply to them as to a
   (`QuadraticKernelIso2D`, `QuadraticKernelSpectral2D`, `QuadraticKernelCholesky2D`, `LearnedKernel`) or a
   tensor; the API of pytorch_nd_semiconv's ``GenericConv`` / ``GenericClosing`` and its quadratic kernels (same
   parameterisations and initialisations), so a model ports by changing imports (the user guide's porting table).
+
+There is no trilinear or Tikhonov module: ``trilinear_interp`` takes each point's eight corner features (no state
+a module would keep), and ``tikhonov_inverse_2xn``'s gradient does not reach ``lam``, so a learnable lambda has
+nothing to learn from; call those ops directly.
 """
 
 from __future__ import annotations

@@ -222,14 +222,12 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable) -> A
 
     torch.library.register_autograd(bwd, refuse_double_backward, lib=lib)
 
-    tensor_pos = [i for i, a in enumerate(spec.args) if a.is_tensor]
-
     def setup_context(ctx, inputs, output):
         args = inputs[:n]
         ctx.backend = inputs[n]
         ctx.needs = [any(t.requires_grad for t in (args[i] if isinstance(args[i], (list, tuple)) else [args[i]]))
                      for i in spec.differentiable]
-        flat, ctx.layout, ctx.others = _split(args, tensor_pos)
+        flat, ctx.layout, ctx.others = _split(args, spec.tensor_args)
         ctx.save_for_backward(*flat)
 
     def autograd_backward(ctx, grad):
@@ -302,7 +300,7 @@ class OpHandle:
     """The callable returned by ``kernelhub.op(name)``: normalises arguments, then runs the eager fast path
     (`KernelhubFunction`) where nothing traces (`traced`), else calls the operator."""
 
-    __slots__ = ("spec", "backend", "_overload", "forward", "backward_grads", "inline_impl", "tensor_args")
+    __slots__ = ("spec", "backend", "_overload", "forward", "backward_grads", "inline_impl")
 
     def __init__(self, spec: OpSpec, overload: Any, backend: str = "", forward: Callable | None = None,
                  backward_grads: Callable | None = None, inline_impl: Callable | None = None) -> None:
@@ -313,7 +311,6 @@ class OpHandle:
         self.inline_impl = inline_impl  # the hub's Hub.inline_impl: see _inline_choice
         if inline_impl is not None:
             _INLINE_IMPL[spec.name] = inline_impl
-        self.tensor_args = tuple(i for i, a in enumerate(spec.args) if a.is_tensor)
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         args = self.spec.canonical(*args, **kwargs)
@@ -327,7 +324,7 @@ class OpHandle:
                     # the impl's own torch ops go into the graph: inductor fuses them, autograd differentiates them
                     return _INLINE_FUNCTIONS[(self.spec.name, backend)](*args)
             return self._overload(*args, self.backend)
-        tensors, layout, others = _split(args, self.tensor_args)
+        tensors, layout, others = _split(args, self.spec.tensor_args)
         if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
             return self.forward(self.spec.name, args, self.backend)[1]  # nothing to differentiate: no graph node
         return KernelhubFunction.apply(self, args, (layout, others), *tensors)

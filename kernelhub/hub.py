@@ -13,6 +13,7 @@ from kernelhub.dispatch import OpHandle, define_ops, flatten_grads
 from kernelhub.errors import NoImplementationError, WrongOutputError
 from kernelhub.registry import CONTAINED, Registry, declared_backend_names
 from kernelhub.select import Decision, Selector
+from kernelhub.spec import OpSpec
 
 __all__ = ["Hub", "get_hub", "reload"]
 
@@ -26,7 +27,6 @@ class Hub:
         self.config.check_ops(self.registry.specs)
         self.selector = Selector(self.registry, self.config)
         self._handles: dict[tuple[str, str], OpHandle] = {}
-        self._tensor_args: dict[str, tuple[tuple[int, str], ...]] = {}
         for spec in self.registry.specs.values():
             define_ops(spec, _run_forward, _run_backward)
 
@@ -54,14 +54,6 @@ class Hub:
             return None
         impl = decision.eligible[0] if decision.chosen is not None else None
         return impl if impl is not None and impl.inline is not None else None
-
-    def _inputs(self, op: str) -> tuple[tuple[int, str], ...]:
-        """The op's tensor arguments: (position, name)."""
-        inputs = self._tensor_args.get(op)
-        if inputs is None:
-            inputs = self._tensor_args[op] = tuple(
-                (i, a.name) for i, a in enumerate(self.registry.spec(op).args) if a.is_tensor)
-        return inputs
 
     def explain(self, name: str, *args: Any, **kwargs: Any) -> Decision:
         return self.selector.decide(name, self.registry.spec(name).canonical(*args, **kwargs))
@@ -94,10 +86,12 @@ class Hub:
 
     def forward(self, op: str, args: Sequence[Any], forced: str) -> tuple[Decision, torch.Tensor]:
         """The decision that served the call, and the checked output."""
+        spec = self.registry.spec(op)
+
         def call(impl, decision):
             out = impl.forward(*args)
             _check_output(op, impl.backend, "an output", out, decision.output)
-            _check_fresh(op, impl.backend, "its output", out, args, self._inputs(op))
+            _check_fresh(spec, impl.backend, "its output", out, args)
             # outputs are contiguous, as the fake implementations promise torch.compile
             return out.contiguous()
         return self._run(op, args, forced, call)
@@ -112,7 +106,7 @@ class Hub:
         """One entry per differentiable argument (a tensor, a list for a "tensors" one, None where not needed),
         checked against the arguments, from the backend that ran the forward: ``decision``'s first eligible where
         the forward's decision is given (the eager fast path), else the one the selector picks for the call."""
-        spec, inputs = self.registry.spec(op), self._inputs(op)
+        spec = self.registry.spec(op)
 
         def call(impl, decision):
             grads = impl.backward(grad, *args, needs=needs)
@@ -128,7 +122,7 @@ class Hub:
                     for j, (t, gt) in enumerate(zip(arg, g) if isinstance(arg, list) else ((arg, g),)):
                         _check_output(op, impl.backend, (name, j if isinstance(arg, list) else None), gt,
                                       (t.shape, t.dtype, t.device))
-                        _check_fresh(op, impl.backend, f"a gradient of {name!r}", gt, args, inputs, grad)
+                        _check_fresh(spec, impl.backend, f"a gradient of {name!r}", gt, args, grad)
             return grads
         return self._run(op, args, forced, call, decision)[1]
 
@@ -149,22 +143,18 @@ def _check_output(op: str, backend: str, what: str | tuple, out: Any, expected: 
                            f"{str(dtype).removeprefix('torch.')}{list(shape)}@{device}")
 
 
-_is_alias_of = getattr(torch._C, "_is_alias_of", None) or (
-    lambda a, b: a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
-
-
-def _check_fresh(op: str, backend: str, what: str, out: torch.Tensor, args: Sequence[Any],
-                 inputs: Sequence[tuple[int, str]], grad: torch.Tensor | None = None) -> None:
+def _check_fresh(spec: OpSpec, backend: str, what: str, out: torch.Tensor, args: Sequence[Any],
+                 grad: torch.Tensor | None = None) -> None:
     """Raise WrongOutputError if ``out`` shares memory with a tensor argument (or the upstream gradient): the
     operators promise torch.compile new tensors, and a caller's input must never come back as a result."""
-    for i, name in inputs:
+    for i in spec.tensor_args:
         for t in args[i] if isinstance(args[i], list) else (args[i],):
-            if _is_alias_of(out, t):
-                raise WrongOutputError(f"kernelhub: {op}: backend {backend!r} returned {what} sharing memory with "
-                                       f"argument {name!r}; an op returns new tensors")
-    if grad is not None and _is_alias_of(out, grad):
-        raise WrongOutputError(f"kernelhub: {op}: backend {backend!r} returned {what} sharing memory with the "
-                               "upstream gradient; an op returns new tensors")
+            if torch._C._is_alias_of(out, t):
+                raise WrongOutputError(f"kernelhub: {spec.name}: backend {backend!r} returned {what} sharing memory "
+                                       f"with argument {spec.args[i].name!r}; an op returns new tensors")
+    if grad is not None and torch._C._is_alias_of(out, grad):
+        raise WrongOutputError(f"kernelhub: {spec.name}: backend {backend!r} returned {what} sharing memory with "
+                               "the upstream gradient; an op returns new tensors")
 
 
 _HUB: Hub | None = None

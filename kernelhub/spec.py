@@ -126,6 +126,11 @@ class OpSpec:
         return next(d for d in (torch.float32, torch.complex64, *self.dtypes) if d in self.dtypes)
 
     @functools.cached_property
+    def tensor_args(self) -> tuple[int, ...]:
+        """Positions of the tensor arguments ("tensor" and "tensors"; computed once: every call reads it)."""
+        return tuple(i for i, a in enumerate(self.args) if a.is_tensor)
+
+    @functools.cached_property
     def differentiable(self) -> tuple[int, ...]:
         """Positions of the differentiable arguments (computed once: every call's backward reads it)."""
         return tuple(i for i, a in enumerate(self.args) if a.differentiable)

@@ -10,7 +10,8 @@ It serves a call only while torch is the same and every backend now eligible for
 with its current fingerprint, so a new or changed backend invalidates only the entries of the ops it
 implements. Among the eligible backends that passed parity the fastest forward+backward wins: the
 backward always runs on the backend that ran the forward, so one winner serves both passes. A backend
-that failed parity (or raised) on the bucket is never chosen for it.
+that failed parity on the bucket (and fails it in this process too) is never chosen for it; one that raised
+while tuned is only never its winner.
 
 The shape bucket rounds every dimension of every tensor up to a power of two and keeps the integer,
 boolean and string arguments (they select kernel paths); float arguments do not enter it.
@@ -72,6 +73,7 @@ __all__ = ["FORMAT", "WinnerCache", "Tuning", "bucket", "device_model", "entry_k
            "time_ms"]
 
 FORMAT = "kernelhub-tuning/1"
+FAILED_PARITY = "failed parity"  # how a candidate's error starts when it ran but disagreed with the reference
 SHARED_TUNE_WAIT_S = 900.0  # how long online tuning waits for another process tuning under the file's lock
 
 
@@ -435,7 +437,7 @@ class Tuning:
         bwd = max([testing.parity_error(g, r) for g, r in zip(grads, ref_grads)], default=0.0)
         if fwd <= tol.forward and bwd <= tol.backward:
             return None
-        return (f"failed parity: forward error {fwd:.3g} (tolerance {tol.forward:.3g}), backward {bwd:.3g} "
+        return (f"{FAILED_PARITY}: forward error {fwd:.3g} (tolerance {tol.forward:.3g}), backward {bwd:.3g} "
                 f"({tol.backward:.3g})")
 
     def is_verified(self, op: str, args: Sequence[Any], name: str) -> bool:
@@ -474,7 +476,7 @@ class Tuning:
         failed = {}
         for n in timed:
             error = cands[n]["error"]
-            if error is None or n == reference or not error.startswith("failed parity"):
+            if error is None or n == reference or not error.startswith(FAILED_PARITY):
                 continue
             if may_tune_now(args) and self.verify(op, args, n, recorded_passing=False) is None:
                 continue  # the file says it failed; here it passes

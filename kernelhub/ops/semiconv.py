@@ -16,7 +16,8 @@ from kernelhub.ops import _checks as c
 from kernelhub.ops.tolerances import TOLERANCES
 from kernelhub.spec import Arg, OpSpec, SampleInput
 
-__all__ = ["SEMICONV", "parse_semifield", "output_size", "Lifted", "lift_3d", "fold_broadcast"]
+__all__ = ["SEMICONV", "parse_semifield", "output_size", "Lifted", "lift_3d", "fold_broadcast",
+           "out_channels"]
 
 OP = "semiconv"
 SEMIFIELDS = ("tropical_max", "tropical_min", "linear", "root:p", "log:mu")
@@ -79,6 +80,11 @@ class Lifted(NamedTuple):
 SEMIFIELD_CODES = {"tropical_max": 0, "tropical_min": 1, "linear": 2, "root": 3, "log": 4}
 
 
+def out_channels(kernel: torch.Tensor, groups: int, group_broadcasting: bool) -> int:
+    """The output's channels O: the kernel's rows, times the groups where one group's kernel serves them all."""
+    return kernel.shape[0] * (groups if group_broadcasting else 1)
+
+
 def fold_broadcast(img: torch.Tensor, groups: int, group_broadcasting: bool) -> tuple[torch.Tensor, int]:
     """(img, groups) of the plain call a call equals: with group broadcasting, img [B, G*Cg, *S] as
     [B*G, Cg, *S] and groups 1, so the one group's kernel serves every group (its gradient adds over them)
@@ -95,7 +101,7 @@ def lift_3d(img, kernel, semifield, stride, padding, dilation, groups, kind, gro
     name, param = parse_semifield(semifield)
     sizes = [output_size(img.shape[2 + i], kernel.shape[2 + i], stride[i], padding[2 * i], padding[2 * i + 1],
                          dilation[i]) for i in range(nd)]
-    out_shape = (img.shape[0], kernel.shape[0] * (groups if group_broadcasting else 1), *sizes)
+    out_shape = (img.shape[0], out_channels(kernel, groups, group_broadcasting), *sizes)
     x, groups = fold_broadcast(img, groups, group_broadcasting)
     return Lifted(x.reshape(*x.shape[:2], *one, *x.shape[2:]),
                   kernel.reshape(*kernel.shape[:2], *one, *kernel.shape[2:]), name, SEMIFIELD_CODES[name], param,
@@ -153,7 +159,7 @@ def _normalize(img, kernel, semifield="tropical_max", stride=1, padding=0, dilat
         raise ValueError(f"{OP}: argument 'groups' must be an int >= 1, got {groups!r}")
     if not isinstance(group_broadcasting, bool):
         raise TypeError(f"{OP}: argument 'group_broadcasting' must be a bool, got {group_broadcasting!r}")
-    C, O = img.shape[1], kernel.shape[0] * (groups if group_broadcasting else 1)
+    C, O = img.shape[1], out_channels(kernel, groups, group_broadcasting)
     if C % groups or O % groups:
         raise ValueError(f"{OP}: argument 'groups' = {groups} must divide img channels C = {C} and "
                          f"kernel outputs O = {O}")
@@ -188,7 +194,7 @@ def _output(img, kernel, semifield, stride, padding, dilation, groups, kind, gro
     nd = img.ndim - 2
     sizes = [output_size(img.shape[2 + i], kernel.shape[2 + i], stride[i], padding[2 * i], padding[2 * i + 1],
                          dilation[i]) for i in range(nd)]
-    return img.new_empty((img.shape[0], kernel.shape[0] * (groups if group_broadcasting else 1), *sizes))
+    return img.new_empty((img.shape[0], out_channels(kernel, groups, group_broadcasting), *sizes))
 
 
 _CASES = {

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from kernelhub import accumulation_dtype
-from kernelhub.ops.semiconv import fold_broadcast, parse_semifield, semifield_zero
+from kernelhub.ops.semiconv import fold_broadcast, out_channels, parse_semifield, semifield_zero
 
 
 def _first_winner(a: torch.Tensor, largest: bool) -> torch.Tensor:
@@ -21,7 +21,7 @@ def _first_winner(a: torch.Tensor, largest: bool) -> torch.Tensor:
 
 def semiconv(img: torch.Tensor, kernel: torch.Tensor, semifield: str, stride: list[int], padding: list[int],
              dilation: list[int], groups: int, kind: str, group_broadcasting: bool = False) -> torch.Tensor:
-    batch, out_channels = img.shape[0], kernel.shape[0] * (groups if group_broadcasting else 1)
+    batch, channels = img.shape[0], out_channels(kernel, groups, group_broadcasting)
     img, groups = fold_broadcast(img, groups, group_broadcasting)  # one group's kernel: each group a batch entry
     name, param = parse_semifield(semifield)
     acc = accumulation_dtype(img.dtype)
@@ -58,4 +58,4 @@ def semiconv(img: torch.Tensor, kernel: torch.Tensor, semifield: str, stride: li
         r = a.pow(param).sum(-1).pow(1.0 / param)
     else:
         r = torch.logsumexp(param * a, dim=-1) / param
-    return r.reshape(batch, out_channels, *out_sizes).to(img.dtype)
+    return r.reshape(batch, channels, *out_sizes).to(img.dtype)

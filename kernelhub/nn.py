@@ -27,7 +27,8 @@ import kernelhub
 from kernelhub import accumulation_dtype
 
 __all__ = ["TVLoss3d", "KPlanesField", "SemiConv", "Closing", "Opening", "QuadraticKernelIso2D", "QuadraticKernelSpectral2D",
-           "QuadraticKernelCholesky2D", "LearnedKernel", "SEMIFIELD_ALIASES"]
+           "QuadraticKernelCholesky2D", "CovSpectral2D", "CovCholesky2D", "LearnedKernel", "LearnedKernel2D",
+           "SEMIFIELD_ALIASES"]
 
 # pytorch_nd_semiconv's names for semifields the op knows under another: its tropical_min_negated is
 # min(x - k), which is the op's tropical_min (docs/ops.md)
@@ -152,19 +153,23 @@ def _scale_space(n: int, kernel_size: int, log: bool) -> torch.Tensor:
 
 
 def _pos_grid_2d(kernel_size: int) -> torch.Tensor:
-    """Offsets of a kernel's taps from its centre, ``[2, k*k]`` (row, column), row-major."""
-    r = torch.arange(kernel_size, dtype=torch.float32) - (kernel_size // 2)
+    """Offsets of a kernel's taps from its centre, ``[2, K*K]`` (row, column), row-major: ``-K//2 + 1 .. K//2``
+    per axis, so an even kernel's centre is the tap after the middle (pytorch_nd_semiconv's grid)."""
+    r = torch.arange(-kernel_size // 2 + 1, kernel_size // 2 + 1, dtype=torch.float32)
     y, x = torch.meshgrid(r, r, indexing="ij")
     return torch.stack((y.flatten(), x.flatten()))
 
 
 class _Kernel2D(nn.Module):
-    """What the quadratic kernels share: their sizes and the taps' offsets ``_pos_grid [2, K*K]``."""
+    """What the quadratic kernels share: their sizes and the taps' offsets ``_pos_grid``, a buffer shaped as
+    pytorch_nd_semiconv's (``[1, 1, 2, K*K]``, or ``[K*K, 2]`` for the spectral kernel), so its state dicts load
+    into these modules unchanged."""
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int) -> None:
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, grid_last: bool = True) -> None:
         super().__init__()
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, kernel_size
-        self.register_buffer("_pos_grid", _pos_grid_2d(kernel_size))
+        grid = _pos_grid_2d(kernel_size)
+        self.register_buffer("_pos_grid", grid[None, None] if grid_last else grid.T.contiguous())
 
     def _shaped(self, dist: torch.Tensor) -> torch.Tensor:
         """``-dist`` ([O, I, K*K]) as the kernel ``[O, I, K, K]``."""
@@ -179,7 +184,7 @@ class QuadraticKernelIso2D(_Kernel2D):
     ``forward()``; parameter ``log_std [O, I]`` (``s = exp(log_std)``). ``init={"var": ...}``: a float (that
     variance), ``"uniform"`` (variances uniform in [1, 16]), ``"ss"`` (scale-space: evenly spaced in
     [1, 2 (K//2)^2], shuffled; the default), ``"log-ss"`` (log-spaced likewise) or ``"normal"`` (truncated normal
-    around 8 in [1, 16]): pytorch_nd_semiconv's parameterisation and initialisations."""
+    around 8 in [1, 16]): pytorch_nd_semiconv's parameterisation, initialisations and state dict."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, init: dict | None = None) -> None:
         super().__init__(in_channels, out_channels, kernel_size)
@@ -199,7 +204,7 @@ class QuadraticKernelIso2D(_Kernel2D):
         self.log_std = nn.Parameter(variances.log().mul(0.5))
 
     def forward(self) -> torch.Tensor:
-        return self._shaped(self._pos_grid.pow(2).sum(0) / self.log_std.mul(2).exp().unsqueeze(2))
+        return self._shaped(self._pos_grid.pow(2).sum(-2) / self.log_std.mul(2).exp().unsqueeze(2))
 
 
 def _variances_2d(shape: tuple[int, ...], var, kernel_size: int, axis: int) -> torch.Tensor:
@@ -229,15 +234,14 @@ def _variances_2d(shape: tuple[int, ...], var, kernel_size: int, axis: int) -> t
     return v
 
 
-class QuadraticKernelSpectral2D(_Kernel2D):
-    """An anisotropic quadratic kernel ``-x^T S^-1 x`` per (output, input) channel, ``[O, I, K, K]``, with
-    ``S^-1 = R(theta) diag(exp(-2 log_std)) R(theta)^T``: parameters ``log_std [O, I, 2]`` and ``theta [O, I]``
-    (the first principal axis' angle). ``init={"var": ..., "theta": "spin" | "uniform"}``, default
-    ``{"var": "skewed", "theta": "spin"}`` (evenly spaced angles in [0, pi), shuffled): pytorch_nd_semiconv's
-    parameterisation and initialisations."""
+class CovSpectral2D(nn.Module):
+    """2-D covariances ``S = R(theta) diag(exp(2 log_std)) R(theta)^T`` per (output, input) channel: parameters
+    ``log_std [O, I, 2]`` and ``theta [O, I]`` (the first principal axis' angle); ``inverse_cov()``
+    ``[O, I, 2, 2]``. ``init={"var": ..., "theta": "spin" | "uniform"}``, default ``{"var": "skewed", "theta":
+    "spin"}`` (evenly spaced angles in [0, pi), shuffled)."""
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, init: dict | None = None) -> None:
-        super().__init__(in_channels, out_channels, kernel_size)
+    def __init__(self, in_channels: int, out_channels: int, init: dict | None = None, kernel_size: int = 3) -> None:
+        super().__init__()
         init = init or {"var": "skewed", "theta": "spin"}
         variances = _variances_2d((out_channels, in_channels, 2), init.get("var", "skewed"), kernel_size, -1)
         n = out_channels * in_channels
@@ -247,34 +251,33 @@ class QuadraticKernelSpectral2D(_Kernel2D):
             theta = torch.empty(out_channels, in_channels).uniform_(0, math.pi)
         else:
             raise ValueError(f"QuadraticKernelSpectral2D: init['theta'] must be 'spin' or 'uniform', got {init['theta']!r}")
-        self.log_std = nn.Parameter(variances.log().mul(0.5))
         self.theta = nn.Parameter(theta)
+        self.log_std = nn.Parameter(variances.log().mul(0.5))
 
     def inverse_cov(self) -> torch.Tensor:
         c, s = self.theta.cos(), self.theta.sin()
         rot = torch.stack((torch.stack((c, -s), -1), torch.stack((s, c), -1)), -2)  # [O, I, 2, 2]
         return rot @ torch.diag_embed(self.log_std.mul(-2).exp()) @ rot.transpose(-1, -2)
 
-    def forward(self) -> torch.Tensor:
-        p = self._pos_grid  # [2, K*K]
-        return self._shaped(torch.einsum("vk,oivw,wk->oik", p, self.inverse_cov(), p))
+    def cov(self) -> torch.Tensor:
+        return torch.linalg.inv(self.inverse_cov())
+
+    forward = inverse_cov
 
 
-class QuadraticKernelCholesky2D(_Kernel2D):
-    """An anisotropic quadratic kernel ``-|L^-1 x|^2`` (``S = L L^T``) per (output, input) channel,
-    ``[O, I, K, K]``, with ``L = [[s0, 0], [r s1, sqrt(s1^2 - (r s1)^2)]]``, ``s = exp(log_std)``,
-    ``r = tanh(corr)`` (Pearson's R): parameters ``log_std [2, O, I]`` and ``corr [O, I]`` (truncated normal,
-    std 0.5). ``init={"var": ...}``, default ``"skewed"``: pytorch_nd_semiconv's parameterisation and its documented
-    initialisations."""
+class CovCholesky2D(nn.Module):
+    """2-D covariances ``S = L L^T`` per (output, input) channel, ``L = [[s0, 0], [r s1, sqrt(s1^2 - (r s1)^2)]]``,
+    ``s = exp(log_std)``, ``r = tanh(corr)`` (Pearson's R): parameters ``log_std [2, O, I]`` and ``corr [O, I]``
+    (truncated normal, std 0.5); ``cholesky()`` ``[O, I, 2, 2]``. ``init={"var": ...}``, default ``"skewed"``."""
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, init: dict | None = None) -> None:
-        super().__init__(in_channels, out_channels, kernel_size)
+    def __init__(self, in_channels: int, out_channels: int, init: dict | None = None, kernel_size: int = 3) -> None:
+        super().__init__()
         init = init or {"var": "skewed"}
         variances = _variances_2d((2, out_channels, in_channels), init.get("var", "skewed"), kernel_size, 0)
         corr = torch.empty(out_channels, in_channels)
         nn.init.trunc_normal_(corr, mean=0.0, std=0.5, a=-1.0, b=1.0)
-        self.log_std = nn.Parameter(variances.log().mul(0.5))
         self.corr = nn.Parameter(corr)
+        self.log_std = nn.Parameter(variances.log().mul(0.5))
 
     def cholesky(self) -> torch.Tensor:
         std = self.log_std.exp()
@@ -283,9 +286,45 @@ class QuadraticKernelCholesky2D(_Kernel2D):
         return torch.stack((torch.stack((std[0], zero), -1),
                             torch.stack((cross, (std[1].square() - cross.square()).sqrt()), -1)), -2)
 
+    def cov(self) -> torch.Tensor:
+        tril = self.cholesky()
+        return tril @ tril.transpose(-1, -2)
+
+
+class QuadraticKernelSpectral2D(_Kernel2D):
+    """An anisotropic quadratic kernel ``-x^T S^-1 x`` per (output, input) channel, ``[O, I, K, K]``, with the
+    covariances ``covs`` a `CovSpectral2D` (parameters ``covs.log_std [O, I, 2]``, ``covs.theta [O, I]``):
+    pytorch_nd_semiconv's parameterisation, initialisations (``init`` as `CovSpectral2D`'s) and state dict."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, init: dict | None = None) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, grid_last=False)
+        self.covs = CovSpectral2D(in_channels, out_channels, init, kernel_size)
+
+    def inspect_parameters(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(log_std [O, I, 2], theta [O, I])``."""
+        return self.covs.log_std, self.covs.theta
+
     def forward(self) -> torch.Tensor:
-        b = torch.linalg.solve_triangular(self.cholesky(), self._pos_grid.expand(self.out_channels, self.in_channels,
-                                                                                  2, -1), upper=False)
+        p = self._pos_grid  # [K*K, 2]
+        return self._shaped(torch.einsum("kv,oivw,kw->oik", p, self.covs.inverse_cov(), p))
+
+
+class QuadraticKernelCholesky2D(_Kernel2D):
+    """An anisotropic quadratic kernel ``-|L^-1 x|^2`` (``S = L L^T``) per (output, input) channel,
+    ``[O, I, K, K]``, with the covariances ``covs`` a `CovCholesky2D` (parameters ``covs.log_std [2, O, I]``,
+    ``covs.corr [O, I]``): pytorch_nd_semiconv's parameterisation, documented initialisations (``init`` as
+    `CovCholesky2D`'s, default ``"skewed"``) and state dict."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, init: dict | None = None) -> None:
+        super().__init__(in_channels, out_channels, kernel_size)
+        self.covs = CovCholesky2D(in_channels, out_channels, init, kernel_size)
+
+    def inspect_parameters(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(log_std [O, I, 2], corr [O, I])`` (``covs.log_std`` is stored ``[2, O, I]``)."""
+        return self.covs.log_std.movedim(0, 2), self.covs.corr
+
+    def forward(self) -> torch.Tensor:
+        b = torch.linalg.solve_triangular(self.covs.cholesky(), self._pos_grid, upper=False)  # [O, I, 2, K*K]
         return self._shaped(b.pow(2).sum(-2))
 
 
@@ -307,11 +346,30 @@ class LearnedKernel(nn.Module):
         return self.kernel
 
 
+class LearnedKernel2D(LearnedKernel):
+    """pytorch_nd_semiconv's ``LearnedKernel2D``: a learned ``[O, I, K, K]`` kernel, standard normal at first."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, ndim=2, init="normal")
+
+
+def _same_padding(kernel_size: Sequence[int], dilation) -> list[int]:
+    """pytorch_nd_semiconv's ``padding="same"``: per spatial dim ``k - 1`` dilated steps, the odd one at the end,
+    whatever the stride (``[begin, end]`` per dim, the op's canonical form). The op's own ``"same"`` depends on the
+    stride (docs/ops.md); they agree for stride 1 and odd kernels."""
+    dil = [dilation] * len(kernel_size) if isinstance(dilation, int) else list(dilation)
+    if len(dil) != len(kernel_size):
+        raise ValueError(f"SemiConv: dilation {dilation!r} does not match the kernel's {len(kernel_size)} spatial dims")
+    return [p for k, d in zip(kernel_size, dil) for p in (((k - 1) // 2) * d, (k - 1 - (k - 1) // 2) * d)]
+
+
 class SemiConv(nn.Module):
     """``semiconv(x, kernel(), semifield, stride, padding, dilation, groups, kind, group_broadcasting)`` with the
     kernel from a module (called each forward: a learnable kernel) or a fixed tensor (a buffer). ``semifield``
     as the op takes it (docs/ops.md), or pytorch_nd_semiconv's ``"tropical_min_negated"`` (the op's
-    ``tropical_min``). ``backend`` forces one, as in ``kernelhub.op(name, backend=...)``."""
+    ``tropical_min``). ``padding="same"`` is pytorch_nd_semiconv's (the stride-1 padding at any stride; an even
+    kernel's extra step at the end), so a ported model computes what it did; the other padding forms are the
+    op's. ``backend`` forces one, as in ``kernelhub.op(name, backend=...)``."""
 
     def __init__(self, kernel: nn.Module | torch.Tensor, semifield: str, stride=1, padding=0, dilation=1,
                  groups: int = 1, group_broadcasting: bool = False, kind: str = "conv",
@@ -332,7 +390,8 @@ class SemiConv(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k = self.weight()
-        return self._op(x, k.to(x.dtype), self.semifield, self.stride, self.padding, self.dilation, self.groups,
+        padding = _same_padding(k.shape[2:], self.dilation) if self.padding == "same" else self.padding
+        return self._op(x, k.to(x.dtype), self.semifield, self.stride, padding, self.dilation, self.groups,
                         self.kind, self.group_broadcasting)
 
     def extra_repr(self) -> str:

@@ -6,6 +6,9 @@
 #   bench  - benchmarks/kernels.py: every kernel backend against eager and compiled torch_ref
 #   tune   - kernelhub tune (benchmark shapes, every backend), kernelhub list, kernelhub bench --plot
 #   examples - examples/ptycho_tv.py and examples/phase_2d.py (EXAMPLES narrows) at their --benchmark sizes (PNGs and JSON under $OUT)
+#   nn     - benchmarks/nd_semiconv.py: kernelhub.nn.SemiConv against pytorch_nd_semiconv (wheels in .whl/nd; its
+#            Numba path again under the numpy in .whl/numpy, if any), and benchmarks/tvloss3d.py
+#            (what kernelhub.nn.TVLoss3d costs over the bare op)
 #   host   - benchmarks/host_overhead.py: per-call wall time of the hub against minimal glue (HOST_ARGS narrows it)
 #   ddp    - two GPUs: examples/ddp_step.py under torchrun (NCCL) and the second-GPU tests
 #   all    - tests and bench (the default)
@@ -25,6 +28,11 @@ if ! python3 -c "import pytest" 2>/dev/null; then
 fi
 if ! python3 -c "import matplotlib" 2>/dev/null && ls .whl/plot/*.whl >/dev/null 2>&1; then  # kernelhub bench --plot
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/plot/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+if ! python3 -c "import pytorch_nd_semiconv" 2>/dev/null && ls .whl/nd/*.whl >/dev/null 2>&1; then  # step nn, and
+  # tests/test_nd_semiconv_parity.py against the package (pure Python; numba-cuda is on that machine)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/nd/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 if ! python3 -m pip install -q --no-deps --no-build-isolation -e . -e ./backends/torch_ref -e ./backends/triton \
@@ -68,6 +76,17 @@ if has ddp; then
   python3 -m pytest -q -p no:cacheprovider -rfE tests/test_cuda_safety.py -k "second_gpu and not inductor" 2>&1 | tee "$OUT/pytest_2gpu.txt" \
     | tail -3
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+fi
+if has nn; then
+  timeout -k 10 "${NN_TIMEOUT:-300}" python3 benchmarks/nd_semiconv.py --json "$OUT/nd_semiconv.json" 2>&1 \
+    | tee "$OUT/nd_semiconv.txt" | grep -v "^  \|^Traceback\|^$" || rc=1
+  if ls .whl/numpy/*.whl >/dev/null 2>&1; then  # pytorch_nd_semiconv's Numba path needs np.row_stack (numpy < 2.4)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/np .whl/numpy/*.whl
+    PYTHONPATH=/tmp/np${PYTHONPATH:+:$PYTHONPATH} timeout -k 10 "${NN_TIMEOUT:-300}" python3 benchmarks/nd_semiconv.py \
+      --paths SelectSemifield --json "$OUT/nd_semiconv_numpy.json" 2>&1 | tee "$OUT/nd_semiconv_numpy.txt" \
+      | grep -v "^  \|^Traceback\|^$" || rc=1
+  fi
+  python3 benchmarks/tvloss3d.py --json "$OUT/tvloss3d.json" 2>&1 | tee "$OUT/tvloss3d.txt" || rc=1
 fi
 if has examples; then
   for ex in ${EXAMPLES:-ptycho_tv phase_2d}; do

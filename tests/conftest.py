@@ -16,16 +16,17 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernelhub
-from kernelhub import testing
-from kernelhub.config import TuneConfig
-
-DEFAULT_CACHE_PATH = TuneConfig.cache_path  # for the test of the default location itself
-
 # Without a GPU the Triton backend's kernels run under Triton's interpreter on CPU tensors
-# (forced calls only), so the generated conformance matrix covers their logic in CI.
+# (forced calls only), so the generated conformance matrix covers their logic in CI. Set before kernelhub is
+# imported: that imports triton (through torch.library), which reads the variable once.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import kernelhub  # noqa: E402
+from kernelhub import testing  # noqa: E402
+from kernelhub.config import TuneConfig  # noqa: E402
+
+DEFAULT_CACHE_PATH = TuneConfig.cache_path  # for the test of the default location itself
 
 # The suite must not pick up a developer's own configuration.
 for var in ("KERNELHUB_CONFIG", "KERNELHUB_KILL_SWITCH", "KERNELHUB_DISABLE"):

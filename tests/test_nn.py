@@ -122,28 +122,28 @@ def test_anisotropic_quadratic_kernels_are_minus_the_mahalanobis_distance():
     spec = khnn.QuadraticKernelSpectral2D(2, 3, 5)
     chol = khnn.QuadraticKernelCholesky2D(2, 3, 5)
     with torch.no_grad():
-        spec.theta.zero_()
-        spec.log_std.copy_(torch.tensor([2.0, 9.0]).log().mul(0.5))  # variances 2 (rows) and 9 (columns)
+        spec.covs.theta.zero_()
+        spec.covs.log_std.copy_(torch.tensor([2.0, 9.0]).log().mul(0.5))  # variances 2 (rows) and 9 (columns)
         torch.testing.assert_close(spec()[2, 1], -(y * y / 2 + x * x / 9))
-        spec.theta.fill_(0.3)
+        spec.covs.theta.fill_(0.3)
         c, s_ = math.cos(0.3), math.sin(0.3)
         rot = torch.tensor([[c, -s_], [s_, c]])
         inv = rot @ torch.diag(torch.tensor([1 / 2.0, 1 / 9.0])) @ rot.T
         torch.testing.assert_close(spec()[0, 0].flatten(), -(p * (inv @ p)).sum(0))
-        chol.corr.fill_(0.4)
-        L = chol.cholesky()[1, 1]
+        chol.covs.corr.fill_(0.4)
+        L = chol.covs.cholesky()[1, 1]
         cov = L @ L.T
         torch.testing.assert_close(chol()[1, 1].flatten(), -(p * (torch.linalg.inv(cov) @ p)).sum(0), rtol=1e-5,
                                    atol=1e-5)
-    var = khnn.QuadraticKernelSpectral2D(4, 4, 5).log_std.detach().mul(2).exp()  # "skewed"
+    var = khnn.QuadraticKernelSpectral2D(4, 4, 5).covs.log_std.detach().mul(2).exp()  # "skewed"
     assert var[..., 0].min() >= 1 - 1e-5 and var[..., 0].max() <= 8 + 1e-4 and var[..., 1].min() >= 20 - 1e-4
-    theta = khnn.QuadraticKernelSpectral2D(2, 2, 5).theta.detach().flatten().sort().values  # "spin"
+    theta = khnn.QuadraticKernelSpectral2D(2, 2, 5).covs.theta.detach().flatten().sort().values  # "spin"
     torch.testing.assert_close(theta, torch.linspace(0, math.pi, 5)[:-1])
-    chol_var = khnn.QuadraticKernelCholesky2D(3, 3, 5, {"var": "ss-iso"}).log_std.detach().mul(2).exp()
+    chol_var = khnn.QuadraticKernelCholesky2D(3, 3, 5, {"var": "ss-iso"}).covs.log_std.detach().mul(2).exp()
     torch.testing.assert_close(chol_var[0], chol_var[1])
     kernel = khnn.QuadraticKernelCholesky2D(1, 2, 5)
     khnn.SemiConv(kernel, "tropical_max", padding="same", groups=2)(torch.randn(1, 2, 8, 8)).sum().backward()
-    assert kernel.corr.grad is not None and kernel.log_std.grad is not None
+    assert kernel.covs.corr.grad is not None and kernel.covs.log_std.grad is not None
 
 
 def _dilation_formula(x, b):

@@ -1,0 +1,80 @@
+"""What kernelhub.nn.TVLoss3d costs over one bare ``tv_loss_l1_3d`` call, forward + backward, and where.
+
+Per call, on ptycho_tv's ``--benchmark`` volumes (two stacked ``[8, 512, 512]``) and a 4x64³ batch: wall time with
+the device synchronised around each call (what the example reports; median of 200) and host time per call with
+no synchronisation (200 calls back to back, then one synchronisation). Variants: the bare op with ``backward(ones)``;
+``TVLoss3d``; the same composition spelled ``torch.dot(S, c)``, ``(S * c).sum()`` and ``S @ c`` by hand.
+
+Usage: python benchmarks/tvloss3d.py [--device cuda] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import kernelhub
+from kernelhub import nn as khnn
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--json")
+    p.add_argument("--n", type=int, default=200)
+    args = p.parse_args()
+    dev = torch.device(args.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    op = kernelhub.op("tv_loss_l1_3d")
+    results = []
+    for shape in ((2, 8, 512, 512), (4, 64, 64, 64)):
+        vol = torch.randn(shape, device=dev)
+        tv = khnn.TVLoss3d("l1", (0.5, 1.0, 1.0))
+        c = tv._scale(vol)  # the coefficients TVLoss3d keeps per shape
+        ones = torch.ones(3, device=dev)
+
+        def leaf():
+            return vol.detach().requires_grad_()
+        variants = {
+            "bare op, backward(ones)": lambda: op(leaf()).backward(ones),
+            "TVLoss3d": lambda: tv(leaf()).backward(),
+            "op then torch.dot(S, c)": lambda: torch.dot(op(leaf()), c).backward(),
+            "op then (S * c).sum()": lambda: (op(leaf()) * c).sum().backward(),
+            "op then S @ c": lambda: (op(leaf()) @ c).backward(),
+        }
+        for fn in variants.values():  # warm-up
+            for _ in range(10):
+                fn()
+        sync()
+        for name, fn in variants.items():
+            walls = []
+            for _ in range(args.n):
+                sync()
+                t0 = time.perf_counter()
+                fn()
+                sync()
+                walls.append((time.perf_counter() - t0) * 1e6)
+            t0 = time.perf_counter()
+            for _ in range(args.n):
+                fn()
+            host = (time.perf_counter() - t0) / args.n * 1e6
+            sync()
+            results.append({"shape": list(shape), "variant": name, "wall_us": statistics.median(walls),
+                            "host_us": host})
+        base = next(r for r in results if r["shape"] == list(shape) and r["variant"].startswith("bare"))
+        print(f"{list(shape)} on {dev} ({kernelhub.explain('tv_loss_l1_3d', vol).chosen}):")
+        for r in results:
+            if r["shape"] == list(shape):
+                print(f"  {r['variant']:26s} wall {r['wall_us']:7.1f} µs ({r['wall_us'] / base['wall_us']:.2f}x)  "
+                      f"host {r['host_us']:7.1f} µs ({r['host_us'] / base['host_us']:.2f}x)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": str(dev), "rows": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""kernelhub.nn against pytorch_nd_semiconv: a model ports by changing its imports.
+
+Where pytorch_nd_semiconv is installed (it is in the test extra: it installs cleanly with today's numpy and its
+pure-torch path, ``BroadcastSemifield(...).dynamic()``, runs on any device), the expected values are its own:
+``GenericConv`` / ``GenericClosing`` with that path on the same inputs, and its quadratic kernels, whose state dicts
+load into ours unchanged. Where it is not installed, the expected values come from the formulas of its
+documentation (``expected_conv`` below: pad with the semifield's zero, its ``"same"`` rule, windows, the kernel
+flipped for ``kind="conv"``, ``⊗`` then ``⊕`` over (channel, taps)), and the kernel tests skip (tests/test_nn.py
+checks our kernels against their formulas). Float64 inputs drawn at random (no ties), so values and gradients
+agree to float64 rounding."""
+
+import importlib.util
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+import kernelhub
+from kernelhub import nn as khnn
+
+HAVE_PACKAGE = importlib.util.find_spec("pytorch_nd_semiconv") is not None
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _backends(device):
+    hub = kernelhub.get_hub()
+    names = ["torch_ref", "cuda_ext"] + (["triton"] if device == "cuda" else [])
+    return [n for n in names if n in hub.registry.backends and not hub.registry.unavailable_reason(n)]
+
+
+# -- the expected values -------------------------------------------------------------------------------------------
+# semifield name (ours) -> (multiply, reduce over dims, the absorbing zero padded with, the package's constructor)
+SEMIFIELDS = {
+    "tropical_max": (torch.add, lambda a, d: a.amax(d), -torch.inf, ("tropical_max",)),
+    "tropical_min_negated": (torch.sub, lambda a, d: a.amin(d), torch.inf, ("tropical_min_negated",)),
+    "linear": (torch.mul, lambda a, d: a.sum(d), 0.0, ("linear",)),
+    "log:2": (torch.add, lambda a, d: torch.logsumexp(2 * a, d) / 2, -torch.inf, ("log", 2.0)),
+    "log:-1.5": (torch.add, lambda a, d: torch.logsumexp(-1.5 * a, d) / -1.5, torch.inf, ("log", -1.5)),
+    "root:2": (torch.mul, lambda a, d: a.pow(2).sum(d).sqrt(), 0.0, ("root", 2.0)),
+}
+
+
+def _pairs(padding, ksize, dilation):
+    """The documented padding forms as (begin, end) per spatial dim; "same" = k - 1 dilated steps, odd one last."""
+    n = len(ksize)
+    dil = (dilation,) * n if isinstance(dilation, int) else dilation
+    if padding == "valid":
+        return [(0, 0)] * n
+    if padding == "same":
+        return [(((k - 1) // 2) * d, (k - 1 - (k - 1) // 2) * d) for k, d in zip(ksize, dil)]
+    if isinstance(padding, int):
+        return [(padding, padding)] * n
+    return [p if isinstance(p, tuple) else (p, p) for p in padding]
+
+
+def expected_conv(x, k, semifield, stride, padding, dilation, groups, group_broadcasting, kind):
+    """pytorch_nd_semiconv's documented semifield convolution, from the formulas (no kernelhub code)."""
+    mul, reduce, zero, _ = SEMIFIELDS[semifield]
+    n = x.dim() - 2
+    ksize = tuple(k.shape[2:])
+    stride = (stride,) * n if isinstance(stride, int) else stride
+    dil = (dilation,) * n if isinstance(dilation, int) else dilation
+    pads = _pairs(padding, ksize, dilation)
+    xp = torch.constant_pad_nd(x, [p for pair in reversed(pads) for p in pair], zero)
+    win = xp
+    for i in range(n):  # windows: [B, C, *out, *K]
+        win = win.unfold(2 + i, dil[i] * (ksize[i] - 1) + 1, stride[i])
+    for i in range(n):  # the dilated taps of each window
+        win = win[(slice(None),) * (2 + n + i) + (slice(None, None, dil[i]),)]
+    B, C = x.shape[:2]
+    out_sp = win.shape[2:2 + n]
+    if group_broadcasting:
+        k = k.repeat(groups, *([1] * (k.dim() - 1)))
+    if kind == "conv":
+        k = k.flip(tuple(range(2, 2 + n)))
+    O, Cg = k.shape[:2]
+    win = win.reshape(B, groups, 1, Cg, *out_sp, *ksize)
+    kk = k.reshape(1, groups, O // groups, Cg, *([1] * n), *ksize)
+    out = reduce(mul(win, kk), (3, *range(4 + n, 4 + 2 * n)))
+    return out.reshape(B, O, *out_sp)
+
+
+class _Fixed(nn.Module):
+    """A kernel module holding a tensor parameter ``kernel`` (LearnedKernel's parameter name)."""
+
+    def __init__(self, kernel):
+        super().__init__()
+        self.kernel = nn.Parameter(kernel.clone())
+
+    def forward(self):
+        return self.kernel
+
+
+def _theirs(kernel_module, semifield, **conv_args):
+    if not HAVE_PACKAGE:
+        return lambda x: expected_conv(x, kernel_module(), semifield, **conv_args)
+    import pytorch_nd_semiconv as pnds
+    name, *param = SEMIFIELDS[semifield][3]
+    conv = getattr(pnds.BroadcastSemifield, name)(*param).dynamic()
+    return pnds.GenericConv(kernel_module, conv, **conv_args)
+
+
+# -- SemiConv = GenericConv ----------------------------------------------------------------------------------------
+# (semifield, kernel: (module name, in per group, out, size) or a spatial shape, image [B, C, *S], stride, padding,
+#  dilation, groups, group_broadcasting, kind): every semifield, padding form, stride, dilation, groups and
+# group_broadcasting, 1-3 spatial dims, even and odd kernels
+CASES = [
+    ("tropical_max", ("QuadraticKernelIso2D", 1, 4, 5), (2, 4, 9, 10), 1, "same", 1, 4, False, "conv"),
+    ("tropical_max", ("QuadraticKernelIso2D", 1, 2, 4), (2, 3, 9, 10), 2, "same", 2, 3, True, "conv"),
+    ("tropical_max", ("QuadraticKernelCholesky2D", 1, 4, 4), (2, 2, 8, 9), 1, "same", 1, 2, False, "corr"),
+    ("tropical_min_negated", ("QuadraticKernelSpectral2D", 2, 3, 3), (2, 2, 9, 10), (1, 2), 1, 1, 1, False, "corr"),
+    ("tropical_min_negated", ("QuadraticKernelCholesky2D", 2, 4, 5), (2, 4, 9, 10), 1, ((0, 2), (1, 0)), (2, 1), 2,
+     False, "conv"),
+    ("tropical_min_negated", ("LearnedKernel2D", 1, 1, 2), (2, 1, 7, 8), 3, "same", 1, 1, False, "conv"),
+    ("linear", ("LearnedKernel2D", 2, 3, 3), (2, 4, 9, 10), 1, (1, 2), 1, 2, True, "corr"),
+    ("log:2", ("QuadraticKernelIso2D", 1, 2, 3), (2, 2, 9, 10), 2, "same", 1, 2, False, "conv"),
+    ("log:-1.5", ("QuadraticKernelSpectral2D", 2, 2, 3), (2, 2, 9, 10), 1, "valid", 2, 1, False, "corr"),
+    ("root:2", ("LearnedKernel2D", 2, 3, 3), (2, 2, 9, 10), 1, 0, 1, 1, False, "conv"),
+    ("tropical_max", (4,), (2, 4, 17), 2, "same", 3, 4, False, "conv"),
+    ("log:2", (3, 3, 3), (1, 2, 6, 7, 5), (1, 2, 1), 1, 1, 2, True, "conv"),
+]
+
+
+def _kernels(spec, groups, group_broadcasting, C, positive):
+    """(ours, theirs): the same kernel as two modules with equal state dicts."""
+    torch.manual_seed(0)
+    if isinstance(spec[0], str):
+        name, cin, cout, size = spec
+        ours = getattr(khnn, name)(cin, cout, size)  # float32 parameters (the package's Cholesky kernel is float32
+        if HAVE_PACKAGE:                            # whatever its parameters' dtype); the images are float64
+            theirs = getattr(__import__("pytorch_nd_semiconv"), name)(cin, cout, size)
+            ours.load_state_dict(theirs.state_dict())  # strict: same names and shapes
+        else:  # the convolution's formula alone: both hold the kernel as a tensor
+            ours, theirs = _Fixed(ours().detach()), _Fixed(ours().detach())
+    else:
+        cout = C if not group_broadcasting else C // groups
+        kernel = torch.randn(cout, C // groups, *spec, dtype=torch.float64)
+        ours, theirs = khnn.LearnedKernel(C // groups, cout, spec, ndim=len(spec)), _Fixed(kernel)
+        ours.kernel.data = kernel.clone()
+    if positive:  # root semifields: inputs >= 0
+        for m in (ours, theirs):
+            for p in m.parameters():
+                p.data = p.data.abs() + 0.1
+    return ours, theirs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1][0] if isinstance(c[1][0], str) else len(c[1])}d")
+def test_semiconv_equals_generic_conv_values_and_gradients(case, device):
+    semifield, kspec, shape, stride, padding, dilation, groups, bcast, kind = case
+    root = semifield.startswith("root")
+    torch.manual_seed(1)
+    x = torch.randn(shape, dtype=torch.float64)
+    x = (x.abs() + 0.1 if root else x).to(device)
+    args = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, group_broadcasting=bcast,
+                kind=kind)
+    for backend in _backends(device):
+        ours, theirs = (m.to(device) for m in _kernels(kspec, groups, bcast, shape[1], root))
+        torch.testing.assert_close(ours(), theirs())
+        xo, xt = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out = khnn.SemiConv(ours, semifield, backend=backend, **args)(xo)
+        want = _theirs(theirs, semifield, **args)(xt)
+        torch.testing.assert_close(out, want, msg=lambda m: f"{backend}: {m}")
+        g = torch.randn_like(want)
+        out.backward(g)
+        want.backward(g)
+        torch.testing.assert_close(xo.grad, xt.grad, msg=lambda m: f"{backend}, img grad: {m}")
+        mine, other = dict(ours.named_parameters()), dict(theirs.named_parameters())
+        assert mine.keys() == other.keys()
+        for name in mine:
+            torch.testing.assert_close(mine[name].grad, other[name].grad, msg=lambda m: f"{backend}, {name}: {m}")
+
+
+@pytest.mark.parametrize("group_broadcasting", [False, True])
+def test_closing_equals_generic_closing(group_broadcasting):
+    torch.manual_seed(2)
+    x = torch.randn(2, 4, 9, 10, dtype=torch.float64, requires_grad=True)
+    ours, theirs = _kernels(("QuadraticKernelCholesky2D", 1, 1 if group_broadcasting else 4, 3), 4,
+                            group_broadcasting, 4, False)
+    args = dict(stride=1, padding="same", dilation=1, groups=4, group_broadcasting=group_broadcasting)
+    out = khnn.Closing(ours, **args)(x)
+    if HAVE_PACKAGE:
+        import pytorch_nd_semiconv as pnds
+        want = pnds.GenericClosing(theirs, pnds.BroadcastSemifield.tropical_max().dynamic(),
+                                   pnds.BroadcastSemifield.tropical_min_negated().dynamic(), **args)(x)
+    else:
+        want = expected_conv(expected_conv(x, theirs(), "tropical_max", kind="conv", **args), theirs(),
+                             "tropical_min_negated", kind="corr", **args)
+    torch.testing.assert_close(out, want)
+    assert (out >= x - 1e-12).all()
+
+
+# -- the kernels: pytorch_nd_semiconv's state dicts load into ours and give the same kernels ------------------------
+@pytest.mark.skipif(not HAVE_PACKAGE, reason="pytorch_nd_semiconv is not installed: tests/test_nn.py checks the "
+                                            "kernels against their formulas")
+@pytest.mark.parametrize("name, inits", [
+    ("QuadraticKernelIso2D", [None, {"var": 3.0}, {"var": "uniform"}, {"var": "log-ss"}, {"var": "normal"}]),
+    ("QuadraticKernelSpectral2D", [None, {"var": "ss-iso", "theta": "uniform"}, {"var": "normal", "theta": "spin"}]),
+    ("QuadraticKernelCholesky2D", [{"var": "skewed"}, {"var": "uniform-iso"}, {"var": 2.0}]),
+    ("LearnedKernel2D", [None]),
+])
+def test_kernel_modules_port_with_their_state_dicts(name, inits):
+    import pytorch_nd_semiconv as pnds
+    for init, size in itertools.product(inits, (3, 4, 5)):
+        args = (2, 3, size) if init is None else (2, 3, size, init)
+        theirs, ours = getattr(pnds, name)(*args), getattr(khnn, name)(*args)
+        assert ours().shape == theirs().shape == (3, 2, size, size)
+        ours.load_state_dict(theirs.state_dict())  # strict
+        torch.testing.assert_close(ours(), theirs())
+        if hasattr(theirs, "inspect_parameters"):
+            for a, b in zip(ours.inspect_parameters(), theirs.inspect_parameters()):
+                torch.testing.assert_close(a, b)

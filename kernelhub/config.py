@@ -10,7 +10,8 @@ The file is looked up in this order, first found wins:
 Environment overrides, applied on top of the file:
 
 - ``KERNELHUB_CONFIG``: the file above.
-- ``KERNELHUB_KILL_SWITCH=1``: every op runs torch_ref (``0`` forces it off).
+- ``KERNELHUB_KILL_SWITCH=1``: every op runs its reference backend (the spec's ``reference_backend``, torch_ref for
+  the built-in ops; ``0`` forces it off).
 - ``KERNELHUB_DISABLE=triton,cuda_ext``: backends added to ``disabled``.
 
 Any error names the source (file or variable), the key, and the allowed values.
@@ -38,7 +39,6 @@ DEFAULT_PRIORITY = ("cuda_ext", "triton", "inductor", "torch_ref")
 # still come first there. A configuration's own [ops.<op>] priority replaces these.
 DEFAULT_OP_PRIORITY = {op: ("triton",) for op in (*KPLANES_OPS, "semiconv")}
 ENV_VARS = ("KERNELHUB_CONFIG", "KERNELHUB_KILL_SWITCH", "KERNELHUB_DISABLE")
-REFERENCE_BACKEND = "torch_ref"
 TUNE_MODES = ("off", "cached", "online")
 
 
@@ -93,16 +93,16 @@ class Config:
     def op(self, name: str) -> OpConfig:
         return self.ops.get(name) or OpConfig()
 
-    def priority_for(self, op: str, backends: list[str]) -> list[str]:
+    def priority_for(self, op: str, backends: list[str], reference: str) -> list[str]:
         """Order ``backends``: the op's priority, then the global one; backends named in neither go
-        alphabetically just before torch_ref (so installing a backend puts it to use), torch_ref last
-        unless a list places it elsewhere."""
+        alphabetically just before the op's ``reference`` backend (so installing a backend puts it to use), the
+        reference last unless a list places it elsewhere."""
         order = list(self.op(op).priority) + [b for b in self.priority if b not in self.op(op).priority]
-        unlisted = sorted(b for b in backends if b not in order and b != REFERENCE_BACKEND)
-        at = order.index(REFERENCE_BACKEND) if REFERENCE_BACKEND in order else len(order)
+        unlisted = sorted(b for b in backends if b not in order and b != reference)
+        at = order.index(reference) if reference in order else len(order)
         order[at:at] = unlisted
-        if REFERENCE_BACKEND not in order:
-            order.append(REFERENCE_BACKEND)
+        if reference not in order:
+            order.append(reference)
         return [b for b in order if b in backends]
 
     def check_ops(self, known_ops: Mapping) -> None:

@@ -2,9 +2,10 @@
 
 For each spec two operators are defined:
 
-- ``kernelhub::<op>(<args>, str backend) -> Tensor``: the forward. ``backend`` is ''
-  to let the selector choose, or the backend forced by ``kernelhub.op(op, backend=...)``.
-- ``kernelhub::<op>_backward(Tensor grad, <args>, bool[] needs, str backend) -> Tensor[]``:
+- ``kernelhub::<op>(<args>, str backend, int hub) -> Tensor``: the forward. ``backend`` is ''
+  to let the selector choose, or the backend forced by ``kernelhub.op(op, backend=...)``; ``hub`` the hub that
+  runs it (0: the global one, else a `kernelhub.Hub` built directly: `Hub.key`).
+- ``kernelhub::<op>_backward(Tensor grad, <args>, bool[] needs, str backend, int hub) -> Tensor[]``:
   one gradient per differentiable argument (a "tensors" argument contributes one per
   element); an argument whose ``needs`` is False gets an empty placeholder.
 
@@ -158,11 +159,11 @@ def _describe(args: Sequence[Any]) -> tuple | None:
     return tuple(out)
 
 
-_INLINE_IMPL: dict[str, Callable] = {}  # op -> the hub's Hub.inline_impl (set by its OpHandles)
+_INLINE_IMPL: dict[tuple[str, int], Callable] = {}  # (op, hub key) -> that hub's Hub.inline_impl (set by its OpHandles)
 _INLINE_FUNCTIONS: dict[tuple[str, str], Callable] = {}  # (op, backend) -> its Impl.inline, as _inline_choice found
 
 
-def _inline_choice(op: str, forced: str, described: tuple) -> str:
+def _inline_choice(op: str, forced: str, hub: int, described: tuple) -> str:
     """The backend the hub would run for a call so described where its impl has ``inline`` (then in
     `_INLINE_FUNCTIONS`), else ''. Dynamo runs this while it traces (`torch.compiler.assume_constant_result`:
     a constant of the graph; its arguments must be constants), on fake tensors of the described layouts."""
@@ -176,7 +177,7 @@ def _inline_choice(op: str, forced: str, described: tuple) -> str:
                 return torch.empty_strided(d[3], d[4], dtype=d[1], device=d[2])
             return d
         args = [fake(d) for d in described]
-    impl = _INLINE_IMPL[op](op, args, forced)
+    impl = _INLINE_IMPL[(op, hub)](op, args, forced)
     if impl is None:
         return ""
     _INLINE_FUNCTIONS[(impl.op, impl.backend)] = impl.inline
@@ -198,11 +199,11 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable) -> A
     n = len(spec.args)
 
     def forward(*args):
-        return run_forward(name, args[:n], args[n])
+        return run_forward(name, args[:n], args[n], args[n + 1])
 
     def backward_kernel(grad, *rest):
         args, needs, backend = rest[:n], rest[n], rest[n + 1]
-        return run_backward(name, grad, args, needs, backend)
+        return run_backward(name, grad, args, needs, backend, rest[n + 2])
 
     # torch.library.define + impl, not custom_op: custom_op wraps each call in a dynamo-disable guard and an
     # aliasing check, 16.8 against 4.3 us per call of a trivial op on the 2-core CPU (docs/benchmarks.md)
@@ -224,7 +225,7 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable) -> A
 
     def setup_context(ctx, inputs, output):
         args = inputs[:n]
-        ctx.backend = inputs[n]
+        ctx.backend, ctx.hub = inputs[n], inputs[n + 1]
         ctx.needs = [any(t.requires_grad for t in (args[i] if isinstance(args[i], (list, tuple)) else [args[i]]))
                      for i in spec.differentiable]
         flat, ctx.layout, ctx.others = _split(args, spec.tensor_args)
@@ -232,8 +233,8 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable) -> A
 
     def autograd_backward(ctx, grad):
         args, _ = _join(ctx.others, ctx.layout, ctx.saved_tensors)
-        flat = bwd(grad, *args, ctx.needs, ctx.backend)
-        result: list[Any] = [None] * (n + 1)
+        flat = bwd(grad, *args, ctx.needs, ctx.backend, ctx.hub)
+        result: list[Any] = [None] * (n + 2)
         pos = 0
         for i, need in zip(spec.differentiable, ctx.needs):
             count = len(args[i]) if isinstance(args[i], list) else 1
@@ -300,17 +301,18 @@ class OpHandle:
     """The callable returned by ``kernelhub.op(name)``: normalises arguments, then runs the eager fast path
     (`KernelhubFunction`) where nothing traces (`traced`), else calls the operator."""
 
-    __slots__ = ("spec", "backend", "_overload", "forward", "backward_grads", "inline_impl")
+    __slots__ = ("spec", "backend", "hub", "_overload", "forward", "backward_grads", "inline_impl")
 
     def __init__(self, spec: OpSpec, overload: Any, backend: str = "", forward: Callable | None = None,
-                 backward_grads: Callable | None = None, inline_impl: Callable | None = None) -> None:
+                 backward_grads: Callable | None = None, inline_impl: Callable | None = None, hub: int = 0) -> None:
         self.spec = spec
         self.backend = backend
+        self.hub = hub  # the operators' ``hub`` argument: which hub runs the call when it goes through them
         self._overload = overload
         self.forward, self.backward_grads = forward, backward_grads  # the hub's Hub.forward and Hub.backward_grads
         self.inline_impl = inline_impl  # the hub's Hub.inline_impl: see _inline_choice
         if inline_impl is not None:
-            _INLINE_IMPL[spec.name] = inline_impl
+            _INLINE_IMPL[(spec.name, hub)] = inline_impl
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         args = self.spec.canonical(*args, **kwargs)
@@ -319,11 +321,12 @@ class OpHandle:
         if not EAGER_FAST_PATH or self.forward is None or traced(args):
             if self.inline_impl is not None and torch.compiler.is_compiling():
                 described = _describe(args)
-                backend = "" if described is None else _inline_choice(self.spec.name, self.backend, described)
+                backend = "" if described is None else _inline_choice(self.spec.name, self.backend, self.hub,
+                                                                      described)
                 if backend:
                     # the impl's own torch ops go into the graph: inductor fuses them, autograd differentiates them
                     return _INLINE_FUNCTIONS[(self.spec.name, backend)](*args)
-            return self._overload(*args, self.backend)
+            return self._overload(*args, self.backend, self.hub)
         tensors, layout, others = _split(args, self.spec.tensor_args)
         if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
             return self.forward(self.spec.name, args, self.backend)[1]  # nothing to differentiate: no graph node

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
+import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -19,7 +21,13 @@ __all__ = ["Hub", "get_hub", "reload"]
 
 
 class Hub:
+    """Plugins, configuration and selector, and the ops' handles. `get_hub` holds the process's global hub (its
+    handles, from `kernelhub.op`, follow `reload`: they run on whichever hub is global at call time); a `Hub`
+    built directly runs its own handles, eagerly and through the operators (its `key`, their ``hub`` argument)."""
+
     def __init__(self, extra_plugins: Iterable[tuple[str, object]] = (), config: Config | None = None) -> None:
+        self.key = next(_KEYS)
+        _HUBS[self.key] = self
         extra_plugins = list(extra_plugins)
         known = declared_backend_names() | {name for name, _ in extra_plugins}
         self.config = config if config is not None else load_config(known)
@@ -40,8 +48,12 @@ class Hub:
                     f"kernelhub.op({name!r}, backend={backend!r}): backend not available: "
                     f"{self.registry.unavailable_reason(backend)} (registered: {sorted(self.registry.backends)})")
             overload = define_ops(spec, _run_forward, _run_backward)
-            h = self._handles[key] = OpHandle(spec, overload, backend or "", _forward, _backward_grads,
-                                              _inline_impl)
+            if self.key == GLOBAL:
+                h = OpHandle(spec, overload, backend or "", _forward, _backward_grads, _inline_impl)
+            else:
+                h = OpHandle(spec, overload, backend or "", self.forward, self.backward_grads, self.inline_impl,
+                             hub=self.key)
+            self._handles[key] = h
         return h
 
     def inline_impl(self, op: str, args: Sequence[Any], forced: str) -> Any:
@@ -159,31 +171,51 @@ def _check_fresh(spec: OpSpec, backend: str, what: str, out: torch.Tensor, args:
 
 _HUB: Hub | None = None
 _LOCK = threading.Lock()
+GLOBAL = 0  # the operators' ``hub`` argument for the global hub
+_KEYS = itertools.count(1)
+_HUBS: weakref.WeakValueDictionary[int, Hub] = weakref.WeakValueDictionary()  # Hub.key -> hub, for the operators
+
+
+def _global(hub: Hub) -> Hub:
+    """Make ``hub`` the global one: its handles then follow `get_hub` (key `GLOBAL`)."""
+    global _HUB
+    del _HUBS[hub.key]
+    hub.key = GLOBAL
+    _HUB = hub
+    return hub
 
 
 def get_hub() -> Hub:
-    global _HUB
     if _HUB is None:
         with _LOCK:
             if _HUB is None:
-                _HUB = Hub()
+                _global(Hub())
     return _HUB
 
 
 def reload(extra_plugins: Iterable[tuple[str, object]] = (), config: Config | None = None) -> Hub:
     """Rebuild the hub: re-read the config, reload plugins, drop cached decisions."""
-    global _HUB
     with _LOCK:
-        _HUB = Hub(extra_plugins, config)
-    return _HUB
+        return _global(Hub(extra_plugins, config))
 
 
-def _run_forward(op, args, backend):
-    return get_hub().run_forward(op, args, backend)
+def _hub(key: int) -> Hub:
+    """The hub an operator call names (`GLOBAL`: the global one)."""
+    if key == GLOBAL:
+        return get_hub()
+    hub = _HUBS.get(key)
+    if hub is None:
+        raise RuntimeError(f"kernelhub: an operator call names hub {key}, which no longer exists (a kernelhub.Hub "
+                           "built directly must outlive the graphs and handles that use it)")
+    return hub
 
 
-def _run_backward(op, grad, args, needs, backend):
-    return get_hub().run_backward(op, grad, args, needs, backend)
+def _run_forward(op, args, backend, hub):
+    return _hub(hub).run_forward(op, args, backend)
+
+
+def _run_backward(op, grad, args, needs, backend, hub):
+    return _hub(hub).run_backward(op, grad, args, needs, backend)
 
 
 def _forward(op, args, backend):

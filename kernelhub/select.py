@@ -30,11 +30,12 @@ from typing import Any
 
 import torch
 
-from kernelhub.config import REFERENCE_BACKEND, Config
+from kernelhub.config import Config
 from kernelhub.errors import NoImplementationError, StrictModeError
 from kernelhub.registry import CONTAINED, Registry
 from kernelhub.spec import Impl
-from kernelhub.tune import Tuning, first_tensor, may_tune_now
+from kernelhub.parity import describe_args, first_tensor
+from kernelhub.tune import Tuning, may_tune_now
 
 __all__ = ["Candidate", "Decision", "Selector", "call_key", "describe_args", "MAX_CACHED_DECISIONS"]
 
@@ -94,18 +95,6 @@ def call_key(op: str, args: Sequence[Any], forced: str) -> tuple:
     return (op, forced, torch.are_deterministic_algorithms_enabled(), *map(_arg_key, args))
 
 
-def describe_args(args: Sequence[Any]) -> str:
-    parts = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            parts.append(f"{str(a.dtype).removeprefix('torch.')}{list(a.shape)}@{a.device}")
-        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
-            parts.append("[" + describe_args(a) + "]")
-        else:
-            parts.append(repr(a))
-    return ", ".join(parts)
-
-
 class Selector:
     def __init__(self, registry: Registry, config: Config) -> None:
         self.registry = registry
@@ -161,6 +150,7 @@ class Selector:
         first = first_tensor(args)
         device_type, dtype = first.device.type, first.dtype
         impls = reg.impls(op)
+        reference = reg.spec(op).reference_backend
         failed = self._failed.get(key, {})
         rejected: dict[str, list[str]] = {}
         for name, impl in impls.items():
@@ -168,8 +158,8 @@ class Selector:
             unavailable = reg.unavailable_reason(name)
             if unavailable:
                 reasons.append(f"backend unavailable: {unavailable}")
-            if cfg.kill_switch and name != REFERENCE_BACKEND:
-                reasons.append("kill switch is on: every op runs torch_ref")
+            if cfg.kill_switch and name != reference:
+                reasons.append(f"kill switch is on: every op runs its reference backend ({reference!r} for {op})")
             if name in cfg.disabled:
                 reasons.append("disabled by config" + (f" ({', '.join(cfg.overrides)})" if cfg.overrides else ""))
             reasons += impl.static_reasons(device_type, dtype)
@@ -187,7 +177,7 @@ class Selector:
                 reasons.append(failed[name])
             if reasons:
                 rejected[name] = reasons
-        ordered = cfg.priority_for(op, [n for n in impls if n not in rejected])
+        ordered = cfg.priority_for(op, [n for n in impls if n not in rejected], reference)
         note = ""
         whys: dict[str, str] = {}
         pin = cfg.op(op).pin

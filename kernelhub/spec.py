@@ -136,13 +136,14 @@ class OpSpec:
         return tuple(i for i, a in enumerate(self.args) if a.differentiable)
 
     def schema(self) -> str:
-        """The torch.library schema of the forward operator; ``backend`` '' means 'select'."""
+        """The torch.library schema of the forward operator; ``backend`` '' means 'select', ``hub`` 0 the global
+        hub (`kernelhub.get_hub`), another number a `kernelhub.Hub` built directly (its `Hub.key`)."""
         params = ", ".join(f"{ARG_KINDS[a.kind]} {a.name}" for a in self.args)
-        return f"({params}, str backend) -> Tensor"
+        return f"({params}, str backend, int hub) -> Tensor"
 
     def backward_schema(self) -> str:
         params = ", ".join(f"{ARG_KINDS[a.kind]} {a.name}" for a in self.args)
-        return f"(Tensor grad, {params}, bool[] needs, str backend) -> Tensor[]"
+        return f"(Tensor grad, {params}, bool[] needs, str backend, int hub) -> Tensor[]"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ while tuned is only never its winner.
 The shape bucket rounds every dimension of every tensor up to a power of two and keeps the integer,
 boolean and string arguments (they select kernel paths); float arguments do not enter it.
 
-Parity is judged with `kernelhub.testing.tolerances.call_tolerance` on the tuned call's own inputs (the spec's
+Parity is judged with `kernelhub.parity.call_tolerance` on the tuned call's own inputs (the spec's
 tolerances, measured on small samples, widened where eager torch's own error at this size is larger); the
 spec's reference backend is the judge and is never rejected for parity.
 
@@ -65,9 +65,9 @@ from typing import Any
 
 import torch
 
-from kernelhub import testing
 from kernelhub.config import make_private_dirs
-from kernelhub.testing.tolerances import call_tolerance
+from kernelhub.parity import (call_tolerance, describe_args, first_tensor, map_tensors, parity_error,
+                              reference_with_upstream, run)
 
 __all__ = ["FORMAT", "WinnerCache", "Tuning", "bucket", "device_model", "entry_key", "first_tensor", "may_tune_now",
            "time_ms"]
@@ -121,16 +121,6 @@ def bucket(args: Sequence[Any]) -> str:
     return " ".join(parts)
 
 
-def first_tensor(args: Sequence[Any]) -> torch.Tensor:
-    """The call's first tensor (or first tensor of a list): its device and dtype key the decision."""
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            return a
-        if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
-            return a[0]
-    raise TypeError("no tensor argument")
-
-
 def entry_key(op: str, args: Sequence[Any]) -> str:
     t = first_tensor(args)
     return f"{op}|{device_model(t.device)}|{str(t.dtype).removeprefix('torch.')}|{bucket(args)}"
@@ -182,7 +172,7 @@ def _fresh(args: Sequence[Any], seed: int = 0) -> tuple:
         g = gen.setdefault(t.device, torch.Generator(device=t.device).manual_seed(seed))
         return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).normal_(generator=g)
 
-    return testing.map_tensors(args, fresh)
+    return map_tensors(args, fresh)
 
 
 def _well_formed(entry: Any) -> bool:
@@ -390,8 +380,9 @@ class Tuning:
         first = first_tensor(args)
         with torch.inference_mode(False), torch.enable_grad():
             fresh = _fresh(args)
-            ref_out, grad, ref_grads = reference = testing.reference_with_upstream(op, fresh)
-            tol = call_tolerance(op, fresh, reference=reference)
+            spec = self.registry.spec(op)
+            ref_out, grad, ref_grads = reference = reference_with_upstream(spec, fresh)
+            tol = call_tolerance(spec, fresh, reference=reference)
             cands = {}
             for name in eligible:
                 cand: dict[str, Any] = {"fingerprint": self.registry.fingerprint(name), "error": None}
@@ -403,8 +394,8 @@ class Tuning:
                 if cand["error"] is None:
                     try:
                         overload = getattr(torch.ops.kernelhub, op).default
-                        cand["forward_ms"] = time_ms(lambda: overload(*fresh, name), first.device, quick)
-                        cand["step_ms"] = time_ms(lambda: testing.run(op, name, fresh, grad), first.device, quick)
+                        cand["forward_ms"] = time_ms(lambda: overload(*fresh, name, 0), first.device, quick)
+                        cand["step_ms"] = time_ms(lambda: run(spec, name, fresh, grad), first.device, quick)
                         self._verified[(entry_key(op, args), name)] = None
                     except Exception as exc:
                         cand["error"] = f"raised {type(exc).__name__}: {exc}"
@@ -413,7 +404,7 @@ class Tuning:
                     progress(name)
         ok = {n: c["step_ms"] for n, c in cands.items() if c["error"] is None}
         entry = {"op": op, "device": device_model(first.device), "dtype": str(first.dtype).removeprefix("torch."),
-                 "bucket": bucket(args), "call": _describe(args), "torch": torch.__version__,
+                 "bucket": bucket(args), "call": describe_args(args), "torch": torch.__version__,
                  "tuned": datetime.datetime.now().isoformat(timespec="seconds"), "candidates": cands,
                  "winner": min(ok, key=ok.get) if ok else None}
         self.tuned_here.append(entry_key(op, args))
@@ -426,15 +417,15 @@ class Tuning:
         ``tol``: `call_tolerance`), or None. The spec's reference backend is the judge: it only has to run."""
         first = first_tensor(fresh)
         try:
-            out, grads = testing.run(op, name, fresh, grad)
+            out, grads = run(self.registry.spec(op), name, fresh, grad)
             if first.is_cuda:
                 torch.cuda.synchronize(first.device)
         except Exception as exc:
             return f"raised {type(exc).__name__}: {exc}"
         if name == self.registry.spec(op).reference_backend:
             return None
-        fwd = testing.parity_error(out, ref_out)
-        bwd = max([testing.parity_error(g, r) for g, r in zip(grads, ref_grads)], default=0.0)
+        fwd = parity_error(out, ref_out)
+        bwd = max([parity_error(g, r) for g, r in zip(grads, ref_grads)], default=0.0)
         if fwd <= tol.forward and bwd <= tol.backward:
             return None
         return (f"{FAILED_PARITY}: forward error {fwd:.3g} (tolerance {tol.forward:.3g}), backward {bwd:.3g} "
@@ -453,9 +444,10 @@ class Tuning:
             with torch.inference_mode(False), torch.enable_grad():
                 try:
                     fresh = _fresh(args)
-                    ref_out, grad, ref_grads = reference = testing.reference_with_upstream(op, fresh)
+                    spec = self.registry.spec(op)
+                    ref_out, grad, ref_grads = reference = reference_with_upstream(spec, fresh)
                     self._verified[key] = self._parity(op, name, fresh, ref_out, grad, ref_grads,
-                                                       call_tolerance(op, fresh, reference=reference))
+                                                       call_tolerance(spec, fresh, reference=reference))
                 except Exception as exc:  # the check itself could not run (the reference out of memory): not used
                     self._verified[key] = f"could not be checked: {type(exc).__name__}: {exc}"
             if self._verified[key] is not None and recorded_passing:
@@ -492,6 +484,3 @@ class Tuning:
         return passed, why, failed
 
 
-def _describe(args: Sequence[Any]) -> str:
-    from kernelhub.select import describe_args  # select imports this module
-    return describe_args(args)

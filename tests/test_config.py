@@ -42,7 +42,7 @@ def test_a_files_own_op_priority_replaces_the_built_in_one_and_a_pin_alone_keeps
     assert cfg.op("kplanes_interp_tilted").priority == ("cuda_ext",)
     assert cfg.op("kplanes_interp_tilted_ms") == kernelhub.config.OpConfig(priority=("triton",), pin="torch_ref")
     assert cfg.op("kplanes_interp_tilted_taps").priority == ("triton",)  # the global list alone does not replace it
-    assert cfg.priority_for("kplanes_interp_tilted_taps", ["torch_ref", "cuda_ext", "triton"]) == \
+    assert cfg.priority_for("kplanes_interp_tilted_taps", ["torch_ref", "cuda_ext", "triton"], "torch_ref") == \
         ["triton", "cuda_ext", "torch_ref"]
 
 

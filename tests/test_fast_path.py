@@ -114,3 +114,40 @@ def test_functorch_transforms_dispatch_modes_and_meta_tensors_take_the_operators
         pass
 
     assert dispatch.traced(([v, v.as_subclass(Sub)],))
+
+
+def test_a_hub_built_directly_runs_its_own_handles_eagerly_and_through_the_operators():
+    """A `Hub` built directly (here with a backend the global hub lacks) runs its handles' calls itself, on the
+    fast path and through the operators (under torch.compile), forward and backward; the global hub never sees
+    that backend."""
+    import dataclasses
+    import types
+
+    from kernelhub import hookimpl
+    from kernelhub.config import Config
+    from kernelhub.hub import Hub
+    from kernelhub.spec import Backend, Impl
+
+    ref = kernelhub.get_hub().registry.impls("tv_loss_l1_3d")["torch_ref"]
+    calls = []
+
+    @hookimpl
+    def kernelhub_register_impls(registry):
+        registry.add_backend(Backend("spy", "1.0"))
+        registry.add_impl(Impl(op="tv_loss_l1_3d", backend="spy", dtypes=ref.dtypes, devices=ref.devices,
+                               forward=lambda v: calls.append("forward") or ref.forward(v),
+                               backward=lambda g, v, needs: calls.append("backward") or ref.backward(g, v,
+                                                                                                    needs=needs)))
+    hub = Hub(extra_plugins=[("spy", types.SimpleNamespace(kernelhub_register_impls=kernelhub_register_impls))],
+                        config=dataclasses.replace(Config(), priority=("spy", "torch_ref")))
+    assert "spy" not in kernelhub.get_hub().registry.backends and hub.key != 0
+    v = torch.randn(3, 4, 5, requires_grad=True)
+    for handle in (hub.handle("tv_loss_l1_3d"), hub.handle("tv_loss_l1_3d", backend="spy")):
+        calls.clear()
+        handle(v).sum().backward()  # the fast path
+        assert calls == ["forward", "backward"]
+        calls.clear()
+        torch.compile(lambda x: handle(x), backend="aot_eager", fullgraph=True)(v).sum().backward()  # the operators
+        assert calls.count("forward") >= 1 and calls.count("backward") == 1, calls
+    with pytest.raises(kernelhub.NoImplementationError, match="spy"):
+        kernelhub.op("tv_loss_l1_3d", backend="spy")

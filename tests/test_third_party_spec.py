@@ -119,3 +119,32 @@ def test_a_case_whose_samples_are_all_rejected_is_skipped_not_passed():
         with pytest.raises(pytest.skip.Exception, match="rejects every sample"):
             check(case)
     kernelhub.reload()
+
+
+def test_the_kill_switch_runs_a_third_party_ops_own_reference_backend():
+    """The spec's reference_backend is the one source of truth: with the kill switch on, cube_sum runs cube_ref
+    (its reference), not torch_ref (which has no impl of it), and every other backend is set aside, saying why."""
+    import dataclasses
+
+    from kernelhub.config import Config
+
+    plugin = _plugin(SPEC)
+
+    @hookimpl
+    def kernelhub_register_impls(registry):
+        registry.add_backend(Backend("cube_fast", "1.0"))
+        registry.add_impl(Impl(op="cube_sum", backend="cube_fast", forward=lambda x: x.pow(3).sum(),
+                               backward=lambda g, x, needs: [3 * x.square() * g], dtypes=SPEC.dtypes))
+    plugins = [("cube_plugin", plugin), ("cube_fast", types.SimpleNamespace(kernelhub_register_impls=kernelhub_register_impls))]
+    x = torch.randn(4, 3, requires_grad=True)
+    try:
+        assert kernelhub.reload(extra_plugins=plugins).explain("cube_sum", x).chosen == "cube_fast"
+        hub = kernelhub.reload(extra_plugins=plugins, config=dataclasses.replace(Config(), kill_switch=True))
+        decision = hub.explain("cube_sum", x)
+        assert decision.chosen == "cube_ref"
+        (fast,) = [c for c in decision.candidates if c.backend == "cube_fast"]
+        assert any("kill switch" in r and "'cube_ref'" in r for r in fast.reasons)
+        kernelhub.op("cube_sum")(x).backward()
+        torch.testing.assert_close(x.grad, 3 * x.detach().square())
+    finally:
+        kernelhub.reload()

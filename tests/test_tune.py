@@ -405,3 +405,26 @@ def test_bench_shapes_keeps_only_the_samples_named(monkeypatch):
     # a filter that matches nothing is an error naming the samples there are, not an empty table
     with pytest.raises(ValueError, match=f"--shapes nosuch: .*their names: {names[0]}"):
         bench.run(["semiconv"], [], "cpu", quick=True, log=lambda m: None, shapes=["nosuch"])
+
+
+def test_the_runtime_path_does_not_import_the_test_kit_cli_or_bench(tmp_path):
+    """An op call, its selection with a tuned winner verified in-process, and explain import neither
+    kernelhub.testing, kernelhub.cli nor kernelhub.bench (parity at run time is kernelhub.parity)."""
+    import subprocess
+    import sys
+    code = (
+        "import sys, torch, kernelhub\n"
+        "from kernelhub.tune import Tuning\n"
+        "v = torch.randn(2, 6, 6, 6, requires_grad=True)\n"
+        "kernelhub.op('tv_loss_l1_3d')(v).sum().backward()\n"
+        "kernelhub.explain('semiconv', torch.randn(1, 2, 5, 5), torch.randn(2, 2, 3, 3), 'tropical_max')\n"
+        "hub = kernelhub.get_hub()\n"
+        "names = [n for n in hub.registry.impls('tv_loss_l1_3d') if n != 'inductor']\n"
+        "hub.selector.tuning.verify('tv_loss_l1_3d', (v.detach(),), names[0], recorded_passing=False)\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('kernelhub.testing', 'kernelhub.cli', "
+        "'kernelhub.bench'))))\n")
+    env = {**__import__("os").environ, "KERNELHUB_CONFIG": str(tmp_path / "none.toml")}
+    (tmp_path / "none.toml").write_text("")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -27,6 +27,8 @@ import torch
 
 import kernelhub
 from kernelhub.errors import NoImplementationError
+from kernelhub import parity
+from kernelhub.parity import fresh_leaves, map_tensors, parity_error, to_dtype, upstream_grad  # noqa: F401 (kit API)
 from kernelhub.spec import OpSpec, SampleInput
 
 __all__ = [
@@ -104,28 +106,6 @@ def samples(op: str, size: str, dtype: torch.dtype, device: str | torch.device =
     return _spec(op).samples(size, dtype, device, gen)
 
 
-def map_tensors(args: Sequence[Any], fn) -> tuple:
-    """``fn`` applied to every tensor of ``args`` (and of their lists of tensors); other arguments as given."""
-    out = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            out.append(fn(a))
-        elif isinstance(a, list) and a and all(isinstance(t, torch.Tensor) for t in a):
-            out.append([fn(t) for t in a])
-        else:
-            out.append(a)
-    return tuple(out)
-
-
-def to_dtype(args: Sequence[Any], dtype: torch.dtype) -> tuple:
-    """Tensors cast to ``dtype`` (complex tensors to the matching complex dtype)."""
-    def cast(t):
-        if t.is_complex():
-            return t.to(torch.complex128 if dtype == torch.float64 else t.dtype)
-        return t.to(dtype)
-    return map_tensors(args, cast)
-
-
 def noncontiguous(args: Sequence[Any]) -> tuple:
     """The same values in non-contiguous views (every other element of a twice-as-wide buffer)."""
     def spread(t):
@@ -141,89 +121,37 @@ def noncontiguous(args: Sequence[Any]) -> tuple:
 
 def leaves(op: str, args: Sequence[Any]) -> list[torch.Tensor]:
     """The tensors of ``op``'s differentiable arguments in order (a list argument gives each element)."""
-    return [t for i in _spec(op).differentiable for t in (args[i] if isinstance(args[i], list) else [args[i]])]
-
-
-def fresh_leaves(args: Sequence[Any], indices: Iterable[int]) -> tuple[tuple, list[torch.Tensor]]:
-    """``args`` with detached copies that require grad of the tensors at ``indices`` (a list argument: each of
-    its tensors), and those new autograd leaves in order."""
-    out, new = list(args), []
-    for i in indices:
-        a = args[i]
-        out[i] = [t.detach().requires_grad_() for t in a] if isinstance(a, list) else a.detach().requires_grad_()
-        new += out[i] if isinstance(out[i], list) else [out[i]]
-    return tuple(out), new
+    return parity.leaves(_spec(op), args)
 
 
 def with_grad(op: str, args: Sequence[Any]) -> tuple:
     """``args`` with detached copies of the differentiable tensors that require grad (fresh autograd leaves)."""
-    return fresh_leaves(args, _spec(op).differentiable)[0]
-
-
-def upstream_grad(out: torch.Tensor, seed: int = 1) -> torch.Tensor:
-    gen = torch.Generator(device=out.device).manual_seed(seed)
-    return torch.randn(out.shape, generator=gen, device=out.device, dtype=torch.float64).to(out.dtype) \
-        if not out.is_complex() else torch.randn(out.shape, generator=gen, device=out.device, dtype=out.dtype)
+    return parity.with_grad(_spec(op), args)
 
 
 def run(op: str, backend: str, args: Sequence[Any], grad: torch.Tensor | None = None,
         ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Forward (and backward with ``grad``) of ``op`` on ``backend`` through the hub's operator."""
-    args = with_grad(op, args) if grad is not None else args
-    out = getattr(torch.ops.kernelhub, op).default(*args, backend)  # args are canonical already
-    if grad is None:
-        return out, []
-    out.backward(grad.to(out.dtype))
-    return out, [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves(op, args)]
+    return parity.run(_spec(op), backend, args, grad)
 
 
 def reference(op: str, args: Sequence[Any], grad: torch.Tensor | None = None,
               ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The float64 (complex128) reference: the spec's reference backend on upcast inputs."""
-    spec = _spec(op)
-    return run(op, spec.reference_backend, to_dtype(args, torch.float64),
-               None if grad is None else grad.to(torch.complex128 if grad.is_complex() else torch.float64))
+    return parity.float64_reference(_spec(op), args, grad)
 
 
 def reference_with_upstream(op: str, args: Sequence[Any], seed: int = 1,
                             ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    """The float64 reference's output, a random upstream gradient drawn for it (`upstream_grad`), and the
-    inputs' gradients under that upstream gradient: forward once, then backward."""
-    wide = with_grad(op, to_dtype(args, torch.float64))
-    out = getattr(torch.ops.kernelhub, op).default(*wide, _spec(op).reference_backend)
-    grad = upstream_grad(out, seed)
-    out.backward(grad)
-    return out.detach(), grad, [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves(op, wide)]
-
-
-def parity_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """max|out - ref| / max|ref| over finite entries; inf if the non-finite entries differ."""
-    if out.shape != ref.shape:
-        return float("inf")
-    out, ref = out.to(ref.dtype), ref
-    nonfinite = ~torch.isfinite(ref)
-    if not torch.equal(nonfinite, ~torch.isfinite(out)):
-        return float("inf")
-    if nonfinite.any():
-        a, b = out[nonfinite], ref[nonfinite]
-        if not torch.equal(torch.isnan(a), torch.isnan(b)) or not torch.equal(a[~torch.isnan(a)], b[~torch.isnan(b)]):
-            return float("inf")
-    finite = ~nonfinite
-    if not finite.any():
-        return 0.0
-    diff = (out[finite] - ref[finite]).abs().max().item()
-    scale = ref[finite].abs().max().item()
-    return diff / scale if scale > 0 else diff
+    """`kernelhub.parity.reference_with_upstream` for ``op``."""
+    return parity.reference_with_upstream(_spec(op), args, seed)
 
 
 def measure(op: str, backend: str, args: Sequence[Any], seed: int = 1,
             reference: tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]] | None = None) -> tuple[float, float]:
     """(forward error, backward error) of ``backend`` in the args' dtype against the float64 reference
-    (``reference``: `reference_with_upstream(op, args, seed)` where the caller has it already)."""
-    ref_out, grad, ref_grads = reference if reference is not None else reference_with_upstream(op, args, seed)
-    out, grads = run(op, backend, args, grad)  # through the hub, which raises WrongOutputError on a wrong output
-    bwd = max([parity_error(g, r) for g, r in zip(grads, ref_grads)], default=0.0)
-    return parity_error(out, ref_out), bwd
+    (`kernelhub.parity.measure`)."""
+    return parity.measure(_spec(op), backend, args, seed, reference)
 
 
 def supported(op: str, backend: str, sample_list: Iterable[SampleInput]) -> list[SampleInput]:
@@ -306,7 +234,7 @@ def check_opcheck(op: str, backend: str = "", size: str = "small", device: str =
     overload = getattr(torch.ops.kernelhub, op).default
     for sample in samples(op, size, torch.float64, device):
         args = with_grad(op, sample.args)
-        result = torch.library.opcheck(overload, (*args, backend), raise_exception=False)
+        result = torch.library.opcheck(overload, (*args, backend, 0), raise_exception=False)
         bad = {k: v for k, v in result.items() if v != "SUCCESS"}
         assert not bad, f"opcheck of {op} [{sample.name}] failed: {bad}"
 
@@ -318,7 +246,7 @@ def check_gradcheck(op: str, backend: str, device: str = "cpu", fast_mode: bool 
     only the small sample of that name)."""
     spec = _spec(op)
     overload = getattr(torch.ops.kernelhub, op).default
-    fn = lambda *a: overload(*a, backend)  # noqa: E731
+    fn = lambda *a: overload(*a, backend, 0)  # noqa: E731
     # an impl that adds with atomics gives backwards that differ in the last bits from run to run
     nondet_tol = 0.0 if kernelhub.get_hub().registry.impls(op)[backend].deterministic else 1e-12
     case = Case(op, backend, torch.float64, str(device), "small", sample)
@@ -395,12 +323,12 @@ def check_cuda_graph_replay(op: str, backend: str) -> None:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        fn(*args, backend)  # warm-up outside capture
+        fn(*args, backend, 0)  # warm-up outside capture
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_out = fn(*args, backend)
+        static_out = fn(*args, backend, 0)
     copy_into(args, cuda_args(op, seed=1))
     graph.replay()
     torch.cuda.synchronize()
-    torch.testing.assert_close(static_out, fn(*args, backend), rtol=0, atol=0)
+    torch.testing.assert_close(static_out, fn(*args, backend, 0), rtol=0, atol=0)

@@ -48,67 +48,20 @@ from pathlib import Path
 import torch
 
 import kernelhub
-from kernelhub import testing
+from kernelhub import parity, testing
 from kernelhub.ops._checks import accumulation_dtype
 from kernelhub.ops.tolerances import _round_up, tolerance_for
 from kernelhub.spec import Tolerance
+from kernelhub.tune import _cpu_name
 
 SEEDS = range(5)
 SIZES = ("small", "medium", "edge")
 LOOSEST = 2.0  # a recorded tolerance over this x what the method gives here is too loose (the test fails)
-PERTURBATIONS = 4  # random roundings of a call's inputs that `call_tolerance` tries in float64
-
-
-def perturbed(args, dtype: torch.dtype, gen: torch.Generator) -> tuple:
-    """Floating-point tensors of ``args`` times (1 + u eps), u uniform in [-1, 1]."""
-    eps = torch.finfo(accumulation_dtype(dtype).to_real()).eps
-
-    def perturb(t):
-        if not (t.is_floating_point() or t.is_complex()):
-            return t
-        u = torch.rand(t.shape, generator=gen, dtype=torch.float64, device=t.device) * 2 - 1
-        return t * (1 + eps * u).to(t.dtype)
-
-    return testing.map_tensors(args, perturb)
-
-
-def sensitivity(op: str, args, gen: torch.Generator, reference=None, times: int = 1) -> tuple[float, float]:
-    """How far the float64 reference moves when its inputs move by one rounding (step 2): the most over
-    ``times`` random roundings, forward and, given ``reference`` = (out, upstream grad, grads), backward
-    (else 0). The rounding is float64's: the step applies to float64 and complex128 calls."""
-    wide = testing.to_dtype(args, torch.float64)
-    out, grad, grads = reference if reference is not None else (testing.reference(op, wide)[0], None, [])
-    fwd = bwd = 0.0
-    for _ in range(times):
-        moved, moved_grads = testing.reference(op, perturbed(wide, torch.float64, gen), grad)
-        fwd = max(fwd, testing.parity_error(moved, out))
-        bwd = max([bwd] + [testing.parity_error(m, g) for m, g in zip(moved_grads, grads)])
-    return fwd, bwd
 
 
 def call_tolerance(op: str, args, seed: int = 1, reference=None) -> Tolerance:
-    """The tolerance for one call's inputs, by this module's method applied to them: 4 x eager torch's error in the
-    args' dtype against float64 (forward and backward, upstream gradient from ``seed``); in float64, where that
-    compares the reference with itself, 4 x how far the reference's forward and gradients move when its inputs
-    move by one rounding (the most over ``PERTURBATIONS`` random roundings: the error another correct order of
-    operations may have). Never below the spec's tolerance.
-
-    The spec's tolerances are measured on its small samples; error grows with size (a K-Planes coordinate is
-    rounded relative to the plane's resolution), so the tuner and the property tests judge a call of another
-    size by this. ``reference``: `testing.reference_with_upstream(op, args, seed)`, where the caller has it."""
-    spec = kernelhub.get_hub().registry.spec(op)
-    first = next(a if isinstance(a, torch.Tensor) else a[0] for a in args
-                 if isinstance(a, torch.Tensor) or (isinstance(a, list) and a))
-    dtype = first.dtype
-    reference = reference if reference is not None else testing.reference_with_upstream(op, args, seed)
-    fwd, bwd = testing.measure(op, spec.reference_backend, args, seed=seed, reference=reference)
-    if accumulation_dtype(dtype).to_real() == torch.float64:
-        gen = torch.Generator(device=first.device).manual_seed(seed)
-        # one random direction can miss most of the sensitivity (seen: 10x)
-        moved = sensitivity(op, args, gen, reference, times=PERTURBATIONS)
-        fwd, bwd = max(fwd, moved[0]), max(bwd, moved[1])
-    tol = spec.tolerances[dtype]
-    return Tolerance(max(tol.forward, tolerance_for(dtype, fwd)), max(tol.backward, tolerance_for(dtype, bwd)))
+    """`kernelhub.parity.call_tolerance` for ``op``: this module's method applied to one call's inputs."""
+    return parity.call_tolerance(kernelhub.get_hub().registry.spec(op), args, seed, reference)
 
 
 def measured_error(op: str, dtype: torch.dtype) -> tuple[float, float]:
@@ -122,7 +75,7 @@ def measured_error(op: str, dtype: torch.dtype) -> tuple[float, float]:
             for sample in testing.samples(op, size, dtype, "cpu", seed):
                 f, b = testing.measure(op, spec.reference_backend, sample.args, seed=seed + 1)
                 if accumulation_dtype(dtype).to_real() == torch.float64:
-                    f = max(f, sensitivity(op, sample.args, gen)[0])
+                    f = max(f, parity.sensitivity(spec, sample.args, gen)[0])
                 fwd, bwd = max(fwd, f), max(bwd, b)
     return fwd, bwd
 
@@ -139,8 +92,6 @@ def merged_error(dtype: torch.dtype, recorded: float | None, now: float) -> floa
 
 def host() -> str:
     """What the measurement depends on besides the code: torch, the CPU and the vector ISA torch uses on it."""
-    from kernelhub.tune import _cpu_name  # kernelhub.tune imports this module
-
     return f"torch {torch.__version__}, {_cpu_name()}, {torch.backends.cpu.get_cpu_capability()}"
 
 

@@ -27,7 +27,8 @@ import torch
 
 import kernelhub
 from kernelhub import testing
-from kernelhub.bench import compiled_reference, copy_bandwidth, nbytes
+from kernelhub.args import nbytes
+from kernelhub.bench import compiled_reference, copy_bandwidth
 
 # per op: (inputs that get gradients, inputs the backward must read again); None = forward only.
 # trilinear's feats gradient is w_k(points) * grad: it re-reads points, not feats.

@@ -8,7 +8,7 @@ For every op and each sample of the chosen size (the spec's "benchmark" shapes; 
   device. Forward: read each tensor input, write the output. Backward: also read the upstream gradient
   and the tensor inputs again, and write each gradient (an upper bound where a backward needs fewer
   inputs: benchmarks/kernels.py refines it per op);
-- the median time (`kernelhub.tune.time_ms`: `triton.testing.do_bench` on CUDA, `torch.utils.benchmark`
+- the median time (`kernelhub.timing.time_ms`: `triton.testing.do_bench` on CUDA, `torch.utils.benchmark`
   on the CPU) of the reference's forward in eager mode ("torch_ref"), under `torch.compile` ("compiled",
   compiled before any timing, its compile time reported), and each backend through the hub with that
   backend forced. Each one's first call is timed apart ("first_call_s": where the inductor backend
@@ -24,19 +24,12 @@ from typing import Any
 
 import torch
 
-import kernelhub
+from kernelhub.hub import get_hub
 from kernelhub import testing
-from kernelhub.tune import device_model, time_ms
+from kernelhub.args import nbytes
+from kernelhub.timing import device_model, time_ms
 
-__all__ = ["compiled_reference", "copy_bandwidth", "floor_bytes", "make_step", "nbytes", "run", "plot"]
-
-
-def nbytes(t: Any) -> int:
-    if isinstance(t, torch.Tensor):
-        return t.numel() * t.element_size()
-    if isinstance(t, (list, tuple)):
-        return sum(nbytes(x) for x in t)
-    return 0
+__all__ = ["compiled_reference", "copy_bandwidth", "floor_bytes", "make_step", "run", "plot"]
 
 
 def floor_bytes(spec, args: Sequence[Any], out: torch.Tensor, backward: bool) -> int:
@@ -86,7 +79,7 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
         quick: bool = False, log: Callable[[str], None] = print, shapes: Sequence[str] | None = None) -> dict:
     """The rows of the table, and the copy bandwidth. ``shapes``: only the samples whose name contains one of
     these strings (one benchmark shape per run where compiles are long)."""
-    hub = kernelhub.get_hub()
+    hub = get_hub()
     dev = torch.device(device)
     bw = copy_bandwidth(dev)
     rows = []
@@ -122,7 +115,7 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
                 floor_ms = floor_bytes(spec, args, out, grads_of is not None) / bw * 1e3
                 times, first = {}, {}
                 for label, fn in [("torch_ref", ref_fn)] + [("compiled", compiled)] * (compiled is not None) + [
-                        (b, kernelhub.op(op, backend=b)) for b in names]:
+                        (b, get_hub().handle(op, b)) for b in names]:
                     try:
                         step = make_step(fn, args, grads_of, grad)
                         start = time.perf_counter()

@@ -23,7 +23,7 @@ from rich.table import Table
 import kernelhub
 from kernelhub import testing
 from kernelhub.errors import KernelhubError
-from kernelhub.select import describe_args
+from kernelhub.args import describe_args
 
 __all__ = ["main", "build_parser"]
 
@@ -372,20 +372,9 @@ def cmd_check(args: argparse.Namespace) -> dict:
         if impl.devices is not None and device not in impl.devices:
             rows.append({"op": op, "check": "-", "status": "skip", "detail": f"serves {list(impl.devices)} only"})
             continue
-        cases = testing.cases(name, device, ops=[op])
-        checks = [(f"parity {_short(c.dtype)} {c.size}", lambda c=c: testing.check_parity(c)) for c in cases]
-        checks += [(f"non-contiguous {_short(c.dtype)}", lambda c=c: testing.check_noncontiguous(c))
-                   for c in cases if c.size == "small"]
-        if torch.float64 in impl.dtypes:
-            checks += [("opcheck float64", lambda: testing.check_opcheck(op, name, "small", device)),
-                       ("gradcheck float64", lambda: testing.check_gradcheck(op, name, device))]
-        checks.append(("bad inputs", lambda: testing.check_bad_inputs(op, name)))
-        if device == "cuda":
-            checks += [("no host sync", lambda: testing.check_no_host_sync(op, name)),
-                       ("CUDA graph replay", lambda: testing.check_cuda_graph_replay(op, name))]
-        for label, check in checks:
-            status, detail = _outcome(check)
-            rows.append({"op": op, "check": label, "status": status, "detail": detail})
+        for check in testing.suite(name, device, ops=[op]):
+            status, detail = _outcome(check.run)
+            rows.append({"op": op, "check": check.label, "status": status, "detail": detail})
     counts = {k: sum(r["status"] == k for r in rows) for k in ("pass", "fail", "skip")}
     return {"backend": name, "device": device, "rows": rows, **counts, "failed": counts["fail"]}
 

@@ -1,11 +1,15 @@
-"""Configuration: ``kernelhub.toml`` plus at most three environment overrides.
+"""Configuration: the shipped ``kernelhub/kernelhub.toml``, a user's ``kernelhub.toml`` over it, and at most three
+environment overrides.
 
-The file is looked up in this order, first found wins:
+The shipped file (`SHIPPED`, installed with the package) holds every default, the per-op priorities with where
+each was measured among them. A user's file is looked up in this order, first found wins:
 
 1. ``$KERNELHUB_CONFIG`` (a path; an error if it does not exist),
 2. ``./kernelhub.toml`` in the working directory,
-3. ``$XDG_CONFIG_HOME/kernelhub/kernelhub.toml`` (default ``~/.config/kernelhub/kernelhub.toml``),
-4. the built-in defaults (the same values as the repository's commented ``kernelhub.toml``).
+3. ``$XDG_CONFIG_HOME/kernelhub/kernelhub.toml`` (default ``~/.config/kernelhub/kernelhub.toml``).
+
+Its keys replace the shipped file's; ``[tune]`` and each ``[ops.<op>]`` table are merged key by key (a user's
+``[ops.semiconv] pin`` keeps the shipped priority for semiconv, a user's ``priority`` there replaces it).
 
 Environment overrides, applied on top of the file:
 
@@ -28,17 +32,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kernelhub.errors import ConfigError
-from kernelhub.ops.kplanes import KPLANES_OPS
 
-__all__ = ["Config", "OpConfig", "TuneConfig", "load_config", "find_config_file", "make_private_dirs", "DEFAULT_PRIORITY", "DEFAULT_OP_PRIORITY",
-           "ENV_VARS", "TUNE_MODES"]
+__all__ = ["Config", "OpConfig", "TuneConfig", "load_config", "find_config_file", "make_private_dirs", "SHIPPED",
+           "DEFAULT_PRIORITY", "TUNE_MODES"]
 
-DEFAULT_PRIORITY = ("cuda_ext", "triton", "inductor", "torch_ref")
-# Per-op defaults, from measurements: on an H200, triton's K-Planes kernels are 1.2-2.4x faster than cuda_ext's,
-# its semiconv kernels 1.6-4.1x (docs/benchmarks.md). On the CPU triton serves no call, so cuda_ext's C++ kernels
-# still come first there. A configuration's own [ops.<op>] priority replaces these.
-DEFAULT_OP_PRIORITY = {op: ("triton",) for op in (*KPLANES_OPS, "semiconv")}
-ENV_VARS = ("KERNELHUB_CONFIG", "KERNELHUB_KILL_SWITCH", "KERNELHUB_DISABLE")
+SHIPPED = Path(__file__).with_name("kernelhub.toml")
+SHIPPED_DATA = types.MappingProxyType(tomllib.loads(SHIPPED.read_text(encoding="utf-8")))
+DEFAULT_PRIORITY = tuple(SHIPPED_DATA["priority"])
 TUNE_MODES = ("off", "cached", "online")
 
 
@@ -87,7 +87,7 @@ class Config:
     priority: tuple[str, ...] = DEFAULT_PRIORITY
     ops: Mapping[str, OpConfig] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
     tune: TuneConfig = TuneConfig()
-    source: str = "built-in defaults"
+    source: str = "shipped defaults"
     overrides: tuple[str, ...] = ()
 
     def op(self, name: str) -> OpConfig:
@@ -164,8 +164,24 @@ def _check_keys(table: Mapping, allowed: Mapping[str, type], where: str) -> None
             raise ConfigError(f"{name}: expected {kind}, got {type(value).__name__} {value!r}")
 
 
+def _over_shipped(data: Mapping) -> dict:
+    """A user's data over the shipped file's: top-level keys replaced, [tune] and each [ops.<op>] merged key by key
+    (a value that is not a table replaces the shipped one, and the checks then name it)."""
+    merged = {**SHIPPED_DATA, **data}
+    for key in ("tune", "ops"):
+        if isinstance(data.get(key), dict):
+            merged[key] = {**SHIPPED_DATA.get(key, {}), **data[key]}
+    if isinstance(data.get("ops"), dict):
+        for name, table in data["ops"].items():
+            if isinstance(table, dict) and name in SHIPPED_DATA.get("ops", {}):
+                merged["ops"][name] = {**SHIPPED_DATA["ops"][name], **table}
+    return merged
+
+
 def parse_config(data: Mapping, source: str, known_backends: frozenset[str]) -> Config:
+    """The configuration of a user's ``data`` (from ``source``) over the shipped file."""
     _check_keys(data, _TOP_KEYS, source)
+    data = _over_shipped(data)
     ops = {}
     for name, table in data.get("ops", {}).items():
         where = f"{source}: [ops.{name}]"
@@ -176,10 +192,6 @@ def parse_config(data: Mapping, source: str, known_backends: frozenset[str]) -> 
         if pin and pin not in known_backends:
             raise ConfigError(f"{where}.pin: unknown backend {pin!r}; allowed: {sorted(known_backends)}")
         ops[name] = OpConfig(priority=_names(table.get("priority", []), f"{where}.priority", known_backends), pin=pin)
-    for name, default in DEFAULT_OP_PRIORITY.items():
-        if "priority" not in data.get("ops", {}).get(name, {}):
-            ops[name] = OpConfig(priority=tuple(b for b in default if b in known_backends),
-                                 pin=ops[name].pin if name in ops else "")
     tune = data.get("tune", {})
     _check_keys(tune, _TUNE_KEYS, f"{source}: [tune]")
     if tune.get("mode", "cached") not in TUNE_MODES:
@@ -199,7 +211,7 @@ def load_config(known_backends: frozenset[str], path: Path | None = None) -> Con
     """Find, read and validate the configuration, then apply the environment overrides."""
     path = path if path is not None else find_config_file()
     if path is None:
-        config = parse_config({}, "built-in defaults", known_backends)
+        config = parse_config({}, f"shipped defaults ({SHIPPED})", known_backends)
     else:
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))

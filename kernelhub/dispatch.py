@@ -43,6 +43,7 @@ from typing import Any
 import torch
 import torch.autograd.forward_ad as _fwad
 
+from kernelhub.args import tensors_of
 from kernelhub.spec import OpSpec
 
 __all__ = ["define_ops", "OpHandle", "NAMESPACE", "traced", "EAGER_FAST_PATH", "refuse_unsupported_autodiff"]
@@ -93,9 +94,7 @@ def _placeholders(spec: OpSpec, args: Sequence[Any], needs: Sequence[bool]) -> l
     """Fake gradients: the shape of each needed differentiable input, else an empty tensor."""
     out = []
     for i, need in zip(spec.differentiable, needs):
-        arg = args[i]
-        tensors = arg if isinstance(arg, (list, tuple)) else [arg]
-        for t in tensors:
+        for t in tensors_of(args[i]):
             out.append(torch.empty_like(t, memory_format=torch.contiguous_format) if need else t.new_empty((0,)))
     return out
 
@@ -104,11 +103,9 @@ def flatten_grads(spec: OpSpec, args: Sequence[Any], needs: Sequence[bool], grad
     """An impl's per-argument gradients -> the backward operator's flat Tensor[] output."""
     flat = []
     for i, need, g in zip(spec.differentiable, needs, grads):
-        arg = args[i]
-        if isinstance(arg, (list, tuple)):
-            flat += [x.contiguous() if need else t.new_empty((0,)) for x, t in zip(g if need else arg, arg)]
-        else:
-            flat.append(g.contiguous() if need else arg.new_empty((0,)))
+        ts = tensors_of(args[i])
+        gs = (tensors_of(g) or ()) if need else ts
+        flat += [x.contiguous() if need else t.new_empty((0,)) for x, t in zip(gs, ts)]
     return flat
 
 
@@ -118,8 +115,8 @@ def _split(args: Sequence[Any], tensor_pos: Sequence[int]) -> tuple[list[torch.T
     at the tensor positions); `_join` puts them back together."""
     flat, layout, others = [], [], list(args)
     for i in tensor_pos:
-        is_list = isinstance(args[i], (list, tuple))
-        group = list(args[i]) if is_list else [args[i]]
+        group = tensors_of(args[i])
+        is_list = not isinstance(args[i], torch.Tensor)
         layout.append((i, len(group), is_list))
         flat += group
         others[i] = None
@@ -226,8 +223,7 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable) -> A
     def setup_context(ctx, inputs, output):
         args = inputs[:n]
         ctx.backend, ctx.hub = inputs[n], inputs[n + 1]
-        ctx.needs = [any(t.requires_grad for t in (args[i] if isinstance(args[i], (list, tuple)) else [args[i]]))
-                     for i in spec.differentiable]
+        ctx.needs = [any(t.requires_grad for t in tensors_of(args[i])) for i in spec.differentiable]
         flat, ctx.layout, ctx.others = _split(args, spec.tensor_args)
         ctx.save_for_backward(*flat)
 

@@ -2,62 +2,33 @@
 
 The tuner (`kernelhub.tune`) judges candidates with this, inside the calls it serves, so it is part of the
 runtime: it takes the op's `OpSpec` and runs calls through the ops' operators (hub 0, the global hub). The test
-kit (`kernelhub.testing`) builds its checks on it. The helpers over a call's arguments (each a tensor, a list of
-tensors or something else) live here too: `map_tensors`, `first_tensor`, `describe_args`.
+kit (`kernelhub.testing`) builds its checks on it. It walks a call's arguments with `kernelhub.args`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
+from kernelhub.args import first_tensor, map_tensors, tensors_of
 from kernelhub.ops._checks import accumulation_dtype
 from kernelhub.ops.tolerances import tolerance_for
 from kernelhub.spec import OpSpec, Tolerance
 
-__all__ = ["map_tensors", "first_tensor", "describe_args", "to_dtype", "fresh_leaves", "leaves", "with_grad", "upstream_grad", "run",
+__all__ = ["spec_tolerance", "to_dtype", "fresh_leaves", "leaves", "with_grad", "upstream_grad", "run",
            "float64_reference", "reference_with_upstream", "parity_error", "measure", "perturbed", "sensitivity",
            "call_tolerance", "PERTURBATIONS"]
 
 PERTURBATIONS = 4  # random roundings of a call's inputs that `call_tolerance` tries in float64
 
 
-def map_tensors(args: Sequence[Any], fn: Callable[[torch.Tensor], Any]) -> tuple:
-    """``fn`` applied to every tensor of ``args`` (and of their lists of tensors); other arguments as given."""
-    out = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            out.append(fn(a))
-        elif isinstance(a, list) and a and all(isinstance(t, torch.Tensor) for t in a):
-            out.append([fn(t) for t in a])
-        else:
-            out.append(a)
-    return tuple(out)
-
-
-def first_tensor(args: Sequence[Any]) -> torch.Tensor:
-    """The call's first tensor (or first tensor of a list): its device and dtype key the decision."""
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            return a
-        if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
-            return a[0]
-    raise TypeError("no tensor argument")
-
-
-def describe_args(args: Sequence[Any]) -> str:
-    """A call's arguments for messages: ``float32[4, 16, 16, 16]@cpu``, lists in brackets, the rest as repr."""
-    parts = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            parts.append(f"{str(a.dtype).removeprefix('torch.')}{list(a.shape)}@{a.device}")
-        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
-            parts.append("[" + describe_args(a) + "]")
-        else:
-            parts.append(repr(a))
-    return ", ".join(parts)
+def spec_tolerance(spec: OpSpec, dtype: torch.dtype) -> Tolerance:
+    """The spec's measured tolerance for ``dtype``; for an unmeasured dtype (`OpSpec.unmeasured`) the method's floor
+    (16 eps of the compute dtype), which `call_tolerance` widens by eager torch's error on the call."""
+    tol = spec.tolerances.get(dtype)
+    return tol if tol is not None else Tolerance(tolerance_for(dtype, 0.0), tolerance_for(dtype, 0.0))
 
 
 def to_dtype(args: Sequence[Any], dtype: torch.dtype) -> tuple:
@@ -82,7 +53,7 @@ def fresh_leaves(args: Sequence[Any], indices: Iterable[int]) -> tuple[tuple, li
 
 def leaves(spec: OpSpec, args: Sequence[Any]) -> list[torch.Tensor]:
     """The tensors of the op's differentiable arguments in order (a list argument gives each element)."""
-    return [t for i in spec.differentiable for t in (args[i] if isinstance(args[i], list) else [args[i]])]
+    return [t for i in spec.differentiable for t in tensors_of(args[i])]
 
 
 def with_grad(spec: OpSpec, args: Sequence[Any]) -> tuple:
@@ -202,5 +173,5 @@ def call_tolerance(spec: OpSpec, args: Sequence[Any], seed: int = 1, reference=N
         # one random direction can miss most of the sensitivity (seen: 10x)
         moved = sensitivity(spec, args, gen, reference, times=PERTURBATIONS)
         fwd, bwd = max(fwd, moved[0]), max(bwd, moved[1])
-    tol = spec.tolerances[dtype]
+    tol = spec_tolerance(spec, dtype)
     return Tolerance(max(tol.forward, tolerance_for(dtype, fwd)), max(tol.backward, tolerance_for(dtype, bwd)))

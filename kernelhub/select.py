@@ -34,10 +34,10 @@ from kernelhub.config import Config
 from kernelhub.errors import NoImplementationError, StrictModeError
 from kernelhub.registry import CONTAINED, Registry
 from kernelhub.spec import Impl
-from kernelhub.parity import describe_args, first_tensor
+from kernelhub.args import arg_key, describe_args, first_tensor
 from kernelhub.tune import Tuning, may_tune_now
 
-__all__ = ["Candidate", "Decision", "Selector", "call_key", "describe_args", "MAX_CACHED_DECISIONS"]
+__all__ = ["Candidate", "Decision", "Selector", "call_key", "MAX_CACHED_DECISIONS"]
 
 MAX_CACHED_DECISIONS = 4096  # a decision is ~1 KB; a full cache is dropped whole (re-deciding costs ~0.1 ms)
 
@@ -78,21 +78,11 @@ class Decision:
         return "\n".join(lines)
 
 
-def _arg_key(a: Any) -> Any:
-    if isinstance(a, torch.Tensor):
-        return (a.device, a.dtype, a.shape, a.stride())
-    if type(a) is float:  # impls may not object on a float's value (Impl): one decision for every lam, eps, h
-        return float
-    if isinstance(a, (list, tuple)):
-        return tuple(_arg_key(x) for x in a)
-    return a
-
-
 def call_key(op: str, args: Sequence[Any], forced: str) -> tuple:
     """The decision-cache key: everything an impl's constraints may depend on (`Impl.not_supported_reasons`: each
     tensor's device, dtype, shape and strides, every argument but a float's value) and whether
     torch.use_deterministic_algorithms is on. No tensor values, no data pointers."""
-    return (op, forced, torch.are_deterministic_algorithms_enabled(), *map(_arg_key, args))
+    return (op, forced, torch.are_deterministic_algorithms_enabled(), *map(arg_key, args))
 
 
 class Selector:
@@ -145,15 +135,34 @@ class Selector:
             raise StrictModeError(f"kernelhub (strict mode): {message}")
 
     def _decide(self, op: str, args: Sequence[Any], forced: str, key: tuple, tuned: bool) -> tuple[Decision, bool]:
-        """The decision, and whether it may be cached."""
+        """The decision, and whether it may be cached: five stages, each a method below."""
+        impls = self.registry.impls(op)
+        rejected = self._rejected(op, args, forced, key)
+        ordered = self.config.priority_for(op, [n for n in impls if n not in rejected],
+                                           self.registry.spec(op).reference_backend)
+        pin = self.config.op(op).pin
+        whys: dict[str, str] = {}
+        note, cacheable, winner = "", True, None
+        if tuned and not forced and not (pin and pin in ordered) and len(ordered) > 1 \
+                and self.config.tune.mode != "off":
+            ordered, whys, winner, note, cacheable = self._tuned_order(op, args, ordered, rejected)
+        if tuned:
+            self._drop_tuned_only(op, ordered, rejected, keep={forced, pin, winner})
+        ordered, why = self._forced_or_pinned(op, args, ordered, rejected, forced, pin,
+                                              ("priority order " + " > ".join(ordered) if ordered else "") + note)
+        return self._decision(op, args, ordered, rejected, whys, why, forced), cacheable
+
+    def _rejected(self, op: str, args: Sequence[Any], forced: str, key: tuple) -> dict[str, list[str]]:
+        """Stage 1: why each impl that cannot serve this call cannot (availability, the kill switch, the config,
+        declared devices and dtypes, determinism, ``forced_only``, the impl's own ``not_supported_reasons``, a
+        raise at call time for this key)."""
         reg, cfg = self.registry, self.config
         first = first_tensor(args)
         device_type, dtype = first.device.type, first.dtype
-        impls = reg.impls(op)
         reference = reg.spec(op).reference_backend
         failed = self._failed.get(key, {})
         rejected: dict[str, list[str]] = {}
-        for name, impl in impls.items():
+        for name, impl in reg.impls(op).items():
             reasons = []
             unavailable = reg.unavailable_reason(name)
             if unavailable:
@@ -177,64 +186,74 @@ class Selector:
                 reasons.append(failed[name])
             if reasons:
                 rejected[name] = reasons
-        ordered = cfg.priority_for(op, [n for n in impls if n not in rejected], reference)
-        note = ""
-        whys: dict[str, str] = {}
-        pin = cfg.op(op).pin
-        cacheable = True
-        winner = None
-        if tuned and not forced and not (pin and pin in ordered) and len(ordered) > 1 and cfg.tune.mode != "off":
-            entry = self.tuning.lookup(op, args, ordered)
-            if entry is None and cfg.tune.mode == "online":
-                if may_tune_now(args):
-                    entry = self.tuning.tune_shared(op, args, ordered)
-                else:
-                    cacheable = False
-                    note = " (no winner for this shape bucket; not tuned while tracing or capturing)"
-            if entry is not None:
-                passed, whys, failed_parity = self.tuning.rank(entry, ordered, op, args)
-                if passed and not self.tuning.is_verified(op, args, passed[0]) and not may_tune_now(args):
-                    entry, cacheable, whys = None, False, {}
-                    note = " (the tuned winner is checked in this process first; not while tracing or capturing)"
-            if entry is not None:
-                unverified: dict[str, str] = {}  # recorded as passing parity, failing it in this process
-                while passed and (problem := self.tuning.verify(op, args, passed[0])) is not None:
-                    unverified[passed[0]] = f"recorded as passing parity when tuned, but here it {problem}"
-                    passed, whys, failed_parity = self.tuning.rank(entry, [n for n in ordered if n not in unverified], op, args)
-                failed_parity.update(unverified)
-                for name, reason in failed_parity.items():
-                    rejected[name] = [reason]
-                ordered = passed + [n for n in ordered if n not in passed and n not in failed_parity]
-                winner = passed[0] if passed else None
-        if tuned:  # a tuned_only impl serves a call only as the tuned winner, or forced, or pinned
-            keep = {forced, pin, winner}
-            for name in [n for n in ordered if impls[n].tuned_only and n not in keep]:
-                ordered.remove(name)
-                rejected[name] = [impls[name].tuned_only]
-        why = ("priority order " + " > ".join(ordered) if ordered else "") + note
-        call = describe_args(args)
+        return rejected
+
+    def _tuned_order(self, op: str, args: Sequence[Any], ordered: list[str], rejected: dict[str, list[str]],
+                     ) -> tuple[list[str], dict[str, str], str | None, str, bool]:
+        """Stage 2: the priority order ``ordered`` reordered by the tuned entry of this call's bucket (tuned now
+        under ``[tune].mode = "online"``), its winner checked in this process; backends that fail parity here
+        join ``rejected``. Returns (order, why each is placed, winner, a note for the decision, cacheable)."""
+        entry = self.tuning.lookup(op, args, ordered)
+        if entry is None and self.config.tune.mode == "online":
+            if not may_tune_now(args):
+                return ordered, {}, None, " (no winner for this shape bucket; not tuned while tracing or capturing)", \
+                    False
+            entry = self.tuning.tune_shared(op, args, ordered)
+        if entry is None:
+            return ordered, {}, None, "", True
+        passed, whys, failed_parity = self.tuning.rank(entry, ordered, op, args)
+        if passed and not self.tuning.is_verified(op, args, passed[0]) and not may_tune_now(args):
+            return ordered, {}, None, (" (the tuned winner is checked in this process first; not while tracing or "
+                                       "capturing)"), False
+        unverified: dict[str, str] = {}  # recorded as passing parity, failing it in this process
+        while passed and (problem := self.tuning.verify(op, args, passed[0])) is not None:
+            unverified[passed[0]] = f"recorded as passing parity when tuned, but here it {problem}"
+            passed, whys, failed_parity = self.tuning.rank(entry, [n for n in ordered if n not in unverified], op,
+                                                           args)
+        failed_parity.update(unverified)
+        for name, reason in failed_parity.items():
+            rejected[name] = [reason]
+        ordered = passed + [n for n in ordered if n not in passed and n not in failed_parity]
+        return ordered, whys, passed[0] if passed else None, "", True
+
+    def _drop_tuned_only(self, op: str, ordered: list[str], rejected: dict[str, list[str]], keep: set) -> None:
+        """Stage 3: a ``tuned_only`` impl serves a call only as the tuned winner, or forced, or pinned."""
+        impls = self.registry.impls(op)
+        for name in [n for n in ordered if impls[n].tuned_only and n not in keep]:
+            ordered.remove(name)
+            rejected[name] = [impls[name].tuned_only]
+
+    def _forced_or_pinned(self, op: str, args: Sequence[Any], ordered: list[str], rejected: dict[str, list[str]],
+                          forced: str, pin: str, why: str) -> tuple[list[str], str]:
+        """Stage 4: a forced backend first (an error if it cannot serve the call), else the op's pin first (a
+        warning, or an error in strict mode, if it cannot)."""
+        impls = self.registry.impls(op)
         if forced:
             if forced not in impls or forced in rejected:
-                reasons = rejected.get(forced, [f"backend {forced!r} has no impl of {op} "
-                                                f"(impls: {sorted(impls)})"])
+                reasons = rejected.get(forced, [f"backend {forced!r} has no impl of {op} (impls: {sorted(impls)})"])
                 raise NoImplementationError(
-                    f"kernelhub: {op}({call}): forced backend {forced!r} cannot serve this call: "
+                    f"kernelhub: {op}({describe_args(args)}): forced backend {forced!r} cannot serve this call: "
                     + "; ".join(reasons))
-            ordered.remove(forced)
-            ordered.insert(0, forced)
-            why = f"backend forced by kernelhub.op({op!r}, backend={forced!r})"
-        elif pin:
-            if pin in ordered:
-                ordered.remove(pin)
-                ordered.insert(0, pin)
-                why = f"pinned by config ({cfg.source}: [ops.{op}].pin)"
-            else:
-                msg = (f"{op}({call}): pinned backend {pin!r} cannot serve this call: "
-                       + "; ".join(rejected.get(pin, ["it has no impl of this op"])))
-                self.strict_check(msg)
-                if (op, "pin", pin) not in self._warned:
-                    self._warned.add((op, "pin", pin))
-                    warnings.warn(f"kernelhub: {msg}; using priority order", RuntimeWarning, stacklevel=5)
+            return [forced] + [n for n in ordered if n != forced], \
+                f"backend forced by kernelhub.op({op!r}, backend={forced!r})"
+        if not pin:
+            return ordered, why
+        if pin in ordered:
+            return [pin] + [n for n in ordered if n != pin], f"pinned by config ({self.config.source}: [ops.{op}].pin)"
+        msg = (f"{op}({describe_args(args)}): pinned backend {pin!r} cannot serve this call: "
+               + "; ".join(rejected.get(pin, ["it has no impl of this op"])))
+        self.strict_check(msg)
+        if (op, "pin", pin) not in self._warned:
+            self._warned.add((op, "pin", pin))
+            warnings.warn(f"kernelhub: {msg}; using priority order", RuntimeWarning, stacklevel=6)
+        return ordered, why
+
+    def _decision(self, op: str, args: Sequence[Any], ordered: list[str], rejected: dict[str, list[str]],
+                  whys: dict[str, str], why: str, forced: str) -> Decision:
+        """Stage 5: the `Decision`: the first of ``ordered`` accepted, the rest lost to it, every rejected impl
+        with its reasons, every backend without an impl of the op; and the output the spec promises."""
+        reg = self.registry
+        impls = reg.impls(op)
         chosen = ordered[0] if ordered else None
         candidates = []
         for name in [*ordered, *sorted(rejected)]:
@@ -249,5 +268,5 @@ class Selector:
                 candidates.append(Candidate(name, "rejected", (f"backend has no impl of {op}",)))
         eligible = tuple(impls[n] for n in (ordered if not forced else [forced]))
         expected = reg.spec(op).output(*args)
-        output = (expected.shape, expected.dtype, expected.device)
-        return Decision(op, chosen, eligible, tuple(candidates), call, output), cacheable
+        return Decision(op, chosen, eligible, tuple(candidates), describe_args(args),
+                        (expected.shape, expected.dtype, expected.device))

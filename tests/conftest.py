@@ -68,7 +68,7 @@ def pytest_terminal_summary(terminalreporter, config):
 
 @pytest.fixture(autouse=True)
 def fresh_hub(monkeypatch, tmp_path):
-    """Each test starts from the built-in defaults, in an empty working directory, with no tuned winners
+    """Each test starts from the shipped defaults, in an empty working directory, with no tuned winners
     (the default winners file moves to the test's directory; the cuda_ext build cache stays shared)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))

@@ -1,15 +1,15 @@
+import re
 import textwrap
 from pathlib import Path
 
 import pytest
 
 import kernelhub
-from kernelhub.config import DEFAULT_PRIORITY, load_config
+from kernelhub.config import DEFAULT_PRIORITY, SHIPPED, load_config
 from kernelhub.errors import ConfigError
 from kernelhub.registry import declared_backend_names
 
 KNOWN = declared_backend_names()
-REPO = Path(__file__).resolve().parents[1]
 
 
 def write(path, text):
@@ -18,16 +18,51 @@ def write(path, text):
     return path
 
 
-def test_defaults_match_the_shipped_file():
-    shipped = load_config(KNOWN, REPO / "kernelhub.toml")
+def test_defaults_are_the_shipped_file_and_a_user_file_merges_over_it(tmp_path):
+    """The shipped kernelhub/kernelhub.toml is the defaults; a user's file replaces its keys, merging [tune] and
+    each [ops.<op>] table key by key."""
     default = load_config(KNOWN)
-    assert default.source == "built-in defaults"
-    assert (shipped.kill_switch, shipped.strict, shipped.disabled, shipped.priority, shipped.tune) == \
-           (default.kill_switch, default.strict, default.disabled, default.priority, default.tune)
-    assert shipped.priority == DEFAULT_PRIORITY
-    assert shipped.op("tv_loss_l1_3d").pin == "" and shipped.op("tv_loss_l1_3d").priority == ()
-    assert {k: v for k, v in shipped.as_dict()["ops"].items() if k != "tv_loss_l1_3d"} == default.as_dict()["ops"]
+    assert default.source.startswith("shipped defaults") and str(SHIPPED) in default.source
+    assert (default.kill_switch, default.strict, default.disabled, default.priority, default.tune.mode) == \
+           (False, False, frozenset(), DEFAULT_PRIORITY, "cached")
+    assert default.op("tv_loss_l1_3d").pin == "" and default.op("tv_loss_l1_3d").priority == ()
     assert default.op("kplanes_interp_tilted_taps").priority == ("triton",)
+    assert default.op("semiconv").priority == ("triton",)
+    user = load_config(KNOWN, write(tmp_path / "kernelhub.toml", """
+        priority = ["torch_ref"]
+        [ops.semiconv]
+        pin = "cuda_ext"
+        [ops.kplanes_interp_tilted]
+        priority = []
+        [tune]
+        cache = "/x/winners.json"
+        """))
+    assert user.priority == ("torch_ref",)
+    assert user.op("semiconv").priority == ("triton",) and user.op("semiconv").pin == "cuda_ext"  # merged
+    assert user.op("kplanes_interp_tilted").priority == ()  # replaced
+    assert user.tune.mode == "cached" and user.tune.cache == "/x/winners.json"
+
+
+def test_each_shipped_per_op_preference_says_where_it_was_measured():
+    """A per-op priority in the shipped file is a measurement: the comment above its table names the device and
+    the date."""
+    lines = SHIPPED.read_text().splitlines()
+    tables = [i for i, line in enumerate(lines) if line.startswith("[ops.")]
+    preferences = [i for i in tables if any(lines[j].startswith("priority = [\"") for j in range(i + 1, i + 3)
+                                           if j < len(lines))]
+    assert preferences, "the shipped file has no per-op preference"
+    for i in preferences:
+        comment = []
+        j = i - 1
+        while j >= 0 and lines[j].startswith("#"):
+            comment.insert(0, lines[j])
+            j -= 1
+        text = " ".join(comment)
+        if not comment:  # a table right after another preference shares its comment
+            k = max(t for t in tables if t < i)
+            assert k in preferences, lines[i]
+            continue
+        assert "measured on" in text and re.search(r"20\d\d-\d\d-\d\d", text), lines[i]
 
 
 def test_a_files_own_op_priority_replaces_the_built_in_one_and_a_pin_alone_keeps_it(tmp_path):

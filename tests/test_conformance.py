@@ -1,16 +1,18 @@
-"""The conformance matrix, generated from the registry: every impl x dtype x sample size on each device.
+"""The conformance matrix: `kernelhub.testing.suite` (the checks `kernelhub check` runs) for every backend on
+each device, generated from the registry.
 
 The fast tier (tests/conftest.py) runs a subset chosen by cost, in which every op x backend keeps a parity
-case in float32 and in float64 where declared:
-- torch_ref and cuda_ext: every case (milliseconds each);
-- inductor: float32 and float64 only (its float16 / bfloat16 graphs are the same code computing in float32),
-  and in the fast tier one small sample per dtype: each shape bucket is a compile (20-50 s of a cold 2-core
-  machine per case of several samples);
-- triton under the interpreter (no GPU): the small samples in float32 and float64 (in the fast tier the first
-  small sample in the other dtypes), the edge ones in float32 and float64; its medium ones (seconds each,
-  semiconv's tens of seconds) in the full tier. On a GPU every case.
-Non-contiguous inputs: the small samples, in the fast tier without inductor and with the interpreter in
-float32 and float64 on the first small sample only.
+case in float32 and in float64 where declared, and every kind of check runs:
+- torch_ref and cuda_ext: every check (milliseconds each);
+- inductor: parity in float32 and float64 only (its float16 / bfloat16 graphs are the same code computing in
+  float32), and in the fast tier one small sample per dtype: each shape bucket is a compile (20-50 s of a cold
+  2-core machine per case of several samples); its non-contiguous, opcheck and gradcheck checks (a compile
+  each) in the full tier;
+- triton under the interpreter (no GPU): parity on the small samples in float32 and float64 (in the fast tier
+  the first small sample in the other dtypes), the edge ones in float32 and float64; its medium ones (seconds
+  each, semiconv's tens of seconds) in the full tier. Non-contiguous in float32 and float64 on the first small
+  sample; opcheck and gradcheck in the full tier (tests/test_triton_backend.py runs its gradcheck in the fast
+  tier, in fast mode). On a GPU every check.
 """
 
 import dataclasses
@@ -49,8 +51,33 @@ def _as_tiered(case):
     return pytest.param(case, marks=marks, id=str(case))
 
 
-CASES = [_as_tiered(c) for d in DEVICES for c in testing.cases(device=d)
-         if c.backend != "inductor" or c.dtype in WIDE]
+def _check_tiered(check):
+    """``check`` as this tier runs it, marked `full` where the fast tier leaves it out."""
+    if check.kind == "parity":
+        param = _as_tiered(check.case)
+        return pytest.param(dataclasses.replace(check, case=param.values[0]), marks=param.marks, id=str(check))
+    reason = None
+    interpreted = check.backend == "triton" and check.device == "cpu"
+    if check.kind == "non-contiguous" and check.backend == "inductor":
+        reason = "inductor: a compile per stride pattern"
+    elif check.kind == "non-contiguous" and interpreted:
+        if check.case.dtype not in WIDE:
+            reason = "the Triton interpreter: float32 and float64"
+        elif FAST:
+            check = dataclasses.replace(check, case=dataclasses.replace(check.case,
+                                                                        sample=_first_small_sample(check.case)))
+    elif check.kind in ("opcheck", "gradcheck") and check.backend == "inductor":
+        reason = "inductor: a compile per sample"
+    elif check.kind in ("opcheck", "gradcheck") and interpreted:
+        reason = "the Triton interpreter: every small float64 sample, several runs each"
+    return pytest.param(check, marks=[pytest.mark.full(reason)] if reason else [], id=str(check))
+
+
+BACKENDS = sorted(kernelhub.get_hub().registry.backends)
+CHECKS = [_check_tiered(c) for d in DEVICES for b in BACKENDS for c in testing.suite(b, d)
+          if c.backend != "inductor" or c.case is None or c.case.dtype in WIDE]
+CASES = [pytest.param(p.values[0].case, marks=p.marks, id=str(p.values[0].case)) for p in CHECKS
+         if p.values[0].kind == "parity"]
 
 
 def _fast(params):
@@ -59,6 +86,8 @@ def _fast(params):
 
 def test_matrix_is_not_empty():
     assert len(OPS) == 9 and len(CASES) >= len(DEVICES) * 9 * 3 * 2
+    kinds = {p.values[0].kind for p in CHECKS if not p.marks}
+    assert kinds == set(testing.CHECK_KINDS) - ({"no host sync", "CUDA graph replay"} if DEVICES == ["cpu"] else set())
 
 
 def test_the_fast_tier_keeps_float32_and_float64_parity_of_every_op_and_backend():
@@ -72,47 +101,16 @@ def test_the_fast_tier_keeps_float32_and_float64_parity_of_every_op_and_backend(
                 assert set(impl.dtypes) & set(WIDE) <= kept, (op, backend, device, kept)
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_parity(case):
-    testing.check_parity(case)
-
-
-def _noncontiguous(param):
-    """Non-contiguous inputs on the small samples; the fast tier leaves out inductor (its strides are
-    torch_ref's code compiled again: a second compile per case, 3-40 s each) and runs the interpreter in
-    float32 and float64 on the first small sample (semiconv's six took 45 s per dtype)."""
-    case = param.values[0]
-    if param.marks or not FAST:
-        return param
-    if case.backend == "inductor":
-        return pytest.param(case, marks=pytest.mark.full("inductor: a compile per stride pattern"), id=str(case))
-    if case.backend == "triton" and case.device == "cpu":
-        if case.dtype not in WIDE:
-            return pytest.param(case, marks=pytest.mark.full("the Triton interpreter: float32 and float64"),
-                                id=str(case))
-        return pytest.param(dataclasses.replace(case, sample=_first_small_sample(case)), id=str(case))
-    return param
-
-
-@pytest.mark.parametrize("case", [_noncontiguous(p) for p in CASES if p.values[0].size == "small"])
-def test_noncontiguous(case):
-    testing.check_noncontiguous(case)
-
-
-@pytest.mark.parametrize("op", OPS)
-def test_bad_inputs(op):
-    testing.check_bad_inputs(op)
+@pytest.mark.parametrize("check", CHECKS)
+def test_conformance(check):
+    check.run()
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("op", OPS)
-def test_opcheck(op, device):
+def test_opcheck_of_the_selecting_operator(op, device):
+    """The operator as a call reaches it (backend '': the hub selects), beside each backend's own opcheck."""
     testing.check_opcheck(op, device=device)
-
-
-@pytest.mark.parametrize("op", OPS)
-def test_gradcheck(op):
-    testing.check_gradcheck(op, "torch_ref")
 
 
 def test_parity_check_catches_a_wrong_result():

@@ -258,7 +258,7 @@ def test_library_ops_pass_opcheck():
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.float64])
 def test_tikhonov_reads_the_permuted_view_in_place(dtype, device):
-    """OPS.md's layout, [2, Z, Y, X] moved to [Y, X, 2, Z]: the kernels read M (and the upstream gradient)
+    """docs/ops.md's layout, [2, Z, Y, X] moved to [Y, X, 2, Z]: the kernels read M (and the upstream gradient)
     through their strides, with no copy, and give bitwise the result of a contiguous copy (same sums in the
     same order); the outputs are contiguous."""
     from kernelhub_cuda_ext import ops
@@ -290,7 +290,7 @@ def test_kplanes_library_ops_pass_opcheck(taps, device):
 
 
 def _corner_weights(points: torch.Tensor) -> torch.Tensor:
-    """OPS.md: corner k = 4i + 2j + l has weight (i ? u : 1-u)(j ? v : 1-v)(l ? w : 1-w), (u, v, w) = (p + 1) / 2."""
+    """docs/ops.md: corner k = 4i + 2j + l has weight (i ? u : 1-u)(j ? v : 1-v)(l ? w : 1-w), (u, v, w) = (p + 1) / 2."""
     u, v, w = ((points + 1) / 2).unbind(-1)
     return torch.stack([(u if k >> 2 else 1 - u) * (v if (k >> 1) & 1 else 1 - v) * (w if k & 1 else 1 - w)
                         for k in range(8)], dim=-1)
@@ -300,7 +300,7 @@ def _corner_weights(points: torch.Tensor) -> torch.Tensor:
     [(b, "cuda") for b in ("torch_ref", "cuda_ext", "triton")] if torch.cuda.is_available() else []))
 def test_trilinear_corner_order_and_points_gradient(backend, device):
     # The CUDA-extension tutorial kernel copied into many projects gives no gradient to points. Ours: one-hot
-    # features read each corner's weight back (the corner order of OPS.md, inside and outside [-1, 1]),
+    # features read each corner's weight back (the corner order of docs/ops.md, inside and outside [-1, 1]),
     # and the points' gradient is the derivative of those weights.
     if backend == "cuda_ext" and not BUILT:
         pytest.skip(f"cuda_ext did not build here: {_lib.load()}")

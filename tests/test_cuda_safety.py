@@ -1,4 +1,4 @@
-"""Every CUDA impl of a kernel backend is safe in real programs (OPS.md shared rules, DESIGN.md):
+"""Every CUDA impl of a kernel backend is safe in real programs (docs/ops.md, docs/reliability.md):
 no host synchronisation, CUDA-graph capture and replay, a non-default stream, another GPU than
 the current one, and torch.compile(fullgraph=True) with that backend forced. GPU only."""
 

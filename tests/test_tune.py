@@ -16,8 +16,9 @@ import pytest
 import torch
 
 import kernelhub
-from kernelhub import cli, tune
-from kernelhub.tune import WinnerCache
+from kernelhub import cli, tune, winners
+from kernelhub.args import bucket
+from kernelhub.winners import WinnerCache
 
 # Test backends with known costs for tv_loss_sq_3d on the CPU: "aslow" sleeps 20 ms per pass, "bfast"
 # 4 ms, "awrong" is instant and 1% off; "cl1" serves tv_loss_l1_3d only. Alphabetically (the priority of
@@ -162,7 +163,7 @@ def test_a_file_that_is_not_ours_is_left_untouched_with_one_warning(hub, tmp_pat
 
 
 @pytest.mark.parametrize("content", [json.dumps({"format": "kernelhub-tuning/0", "entries": []}),
-                                     json.dumps({"format": tune.FORMAT, "entries": 3})])
+                                     json.dumps({"format": winners.FORMAT, "entries": 3})])
 def test_a_malformed_file_of_ours_is_ignored_with_one_warning_and_rewritten(hub, tmp_path, content):
     path = tmp_path / "tuning.json"
     path.write_text(content)
@@ -175,7 +176,7 @@ def test_a_malformed_file_of_ours_is_ignored_with_one_warning_and_rewritten(hub,
         warnings.simplefilter("ignore")
         _tune_cli("tv_loss_sq_3d", "--shape", "1,8,8,8", "--quick")
     data = json.loads(path.read_text())
-    assert data["format"] == tune.FORMAT and len(data["entries"]) == 1
+    assert data["format"] == winners.FORMAT and len(data["entries"]) == 1
 
 
 @pytest.mark.parametrize("where", ["a directory at the path", "a file above it"])
@@ -292,7 +293,7 @@ def test_nothing_on_disk_is_unpickled_or_evaluated():
 
 WRITER = """
 import sys
-from kernelhub.tune import WinnerCache
+from kernelhub.winners import WinnerCache
 cache = WinnerCache(sys.argv[1])
 for i in range(40):
     cache.put({f"{sys.argv[2]}-{i}": {"candidates": {}, "winner": None}})
@@ -346,8 +347,8 @@ def test_online_mode_tunes_a_new_bucket_on_its_first_call_but_never_while_tracin
 
 
 def test_buckets_round_shapes_up_to_powers_of_two_and_keep_non_float_arguments():
-    assert tune.bucket((torch.empty(1, 7, 8, 9), 0.5)) == "1x8x8x16"
-    assert tune.bucket(([torch.empty(3, 5)], "tropical_max", [1, 2], 2)) == "[4x8] 'tropical_max' [1, 2] 2"
+    assert bucket((torch.empty(1, 7, 8, 9), 0.5)) == "1x8x8x16"
+    assert bucket(([torch.empty(3, 5)], "tropical_max", [1, 2], 2)) == "[4x8] 'tropical_max' [1, 2] 2"
 
 
 def test_bench_prints_times_floor_fractions_and_speedups_and_plots(tmp_path, monkeypatch):

@@ -1,11 +1,11 @@
-"""Tilted K-Planes interpolation (OPS.md, ops 4-5): rotate points, sample three planes, multiply."""
+"""Tilted K-Planes interpolation (docs/ops.md): rotate points, sample three planes, multiply."""
 
 from __future__ import annotations
 
 import torch
 
 from kernelhub.ops import _checks as c
-from kernelhub.ops.tolerances import TOLERANCES
+from kernelhub.ops.tolerances import MEASURED_ERRORS, tolerances_from
 from kernelhub.spec import Arg, OpSpec, SampleInput
 
 __all__ = ["KPLANES", "KPLANES_MS", "KPLANES_TAPS", "KPLANES_OPS"]
@@ -133,7 +133,7 @@ KPLANES = OpSpec(
     args=(PTS, ROT, PLANES),
     doc="out[b, t*C+c] = product over the planes XY, ZX, YZ of bilinear samples at R_t @ pts[b]: [B, T*C].",
     dtypes=DTYPES,
-    tolerances=TOLERANCES["kplanes_interp_tilted"],
+    tolerances=tolerances_from(MEASURED_ERRORS, "kplanes_interp_tilted"),
     normalize=_normalize,
     output=_out,
     samples=_samples("single"),
@@ -145,7 +145,7 @@ KPLANES_MS = OpSpec(
     args=(PTS, ROT, Arg("planes", "tensors", differentiable=True, doc="list of [3T, C_s, H_s, W_s], one per scale")),
     doc="kplanes_interp_tilted at every scale, concatenated along the last dim: [B, T*sum(C_s)].",
     dtypes=DTYPES,
-    tolerances=TOLERANCES["kplanes_interp_tilted_ms"],
+    tolerances=tolerances_from(MEASURED_ERRORS, "kplanes_interp_tilted_ms"),
     normalize=_normalize_ms,
     output=lambda pts, rotations, planes: pts.new_empty(
         (pts.shape[0], rotations.shape[0] * sum(p.shape[1] for p in planes))),
@@ -158,7 +158,7 @@ KPLANES_TAPS = OpSpec(
     args=(PTS, ROT, PLANES, Arg("h", "float", doc="finite-difference step; no gradient")),
     doc="[4, B, T*C]: tap 0 at pts, tap i at pts + h*e_i (i = 1..3).",
     dtypes=DTYPES,
-    tolerances=TOLERANCES["kplanes_interp_tilted_taps"],
+    tolerances=tolerances_from(MEASURED_ERRORS, "kplanes_interp_tilted_taps"),
     normalize=_normalize_taps,
     output=lambda pts, rotations, planes, h: pts.new_empty((4, *_out(pts, rotations, planes).shape)),
     samples=_samples("taps"),

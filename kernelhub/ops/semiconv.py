@@ -1,4 +1,4 @@
-"""Semifield convolution: morphology (max-plus, min-plus) and its smooth relatives (OPS.md, op 7).
+"""Semifield convolution: morphology (max-plus, min-plus) and its smooth relatives (docs/ops.md).
 
 Canonical arguments: ``(img, kernel, semifield, stride[n], padding[2n] as (begin, end)
 pairs, dilation[n], groups, kind, group_broadcasting)`` with n the number of spatial dims.
@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 
 from kernelhub.ops import _checks as c
-from kernelhub.ops.tolerances import TOLERANCES
+from kernelhub.ops.tolerances import MEASURED_ERRORS, tolerances_from
 from kernelhub.spec import Arg, OpSpec, SampleInput
 
 __all__ = ["SEMICONV", "parse_semifield", "output_size", "Lifted", "lift_3d", "fold_broadcast",
@@ -292,7 +292,7 @@ SEMICONV = OpSpec(
           Arg("group_broadcasting", "bool", doc="the kernel [O/groups, C/groups, *K] serves every group")),
     doc="Convolution in a semifield: out = (+)_(c, tap) img_pad (x) kernel'; max/min gradients go to the first winner.",
     dtypes=c.FLOATS,
-    tolerances=TOLERANCES[OP],
+    tolerances=tolerances_from(MEASURED_ERRORS, OP),
     normalize=_normalize,
     output=_output,
     samples=_samples,

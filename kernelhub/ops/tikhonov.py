@@ -1,11 +1,11 @@
-"""Tikhonov-regularised inverse of a 2 x Z matrix per pixel (OPS.md, op 8)."""
+"""Tikhonov-regularised inverse of a 2 x Z matrix per pixel (docs/ops.md)."""
 
 from __future__ import annotations
 
 import torch
 
 from kernelhub.ops import _checks as c
-from kernelhub.ops.tolerances import TOLERANCES
+from kernelhub.ops.tolerances import MEASURED_ERRORS, tolerances_from
 from kernelhub.spec import Arg, OpSpec, SampleInput
 
 __all__ = ["TIKHONOV"]
@@ -53,7 +53,7 @@ TIKHONOV = OpSpec(
           Arg("lam", "float", doc="> 0")),
     doc="W = (M M^H + lam I)^-1 M per leading index: [..., 2, Z].",
     dtypes=DTYPES,
-    tolerances=TOLERANCES[OP],
+    tolerances=tolerances_from(MEASURED_ERRORS, OP),
     normalize=_normalize,
     output=lambda M, lam: torch.empty_like(M, memory_format=torch.contiguous_format),
     samples=_samples,

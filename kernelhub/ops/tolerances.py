@@ -1,23 +1,33 @@
-"""Parity tolerances per op and dtype: the method's last step applied to the errors in `_measured.py`.
+"""Parity tolerances per op and dtype, from measured errors: the method's last step.
 
 tolerance = max(FACTOR x error, FLOOR_ULPS x eps of the compute dtype), rounded up to two significant digits;
 the compute dtype is float32 for half and single inputs, float64 for double ones (the floor keeps a float64
-or exactly-computed tolerance from being zero, which would forbid any other summation order). The whole
-method, and how the errors are measured: kernelhub/testing/tolerances.py.
+or exactly-computed tolerance from being zero, which would forbid any other summation order).
+
+The errors are data: a JSON file written by the measurement tool (``python -m kernelhub.testing.tolerances
+--out FILE``; the method is in that module), kernelhub's own in ``measured_errors.json`` next to this module.
+`tolerances_from` reads such a file for one op; a third party's spec reads its own file the same way. An op or
+dtype with no recorded error gets no tolerance: its spec still loads, marked unmeasured
+(`kernelhub.spec.OpSpec.unmeasured`), and its tolerance test fails until it is measured.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import torch
 
 from kernelhub.ops._checks import accumulation_dtype
-from kernelhub.ops._measured import MEASURED
 from kernelhub.spec import Tolerance
+
+__all__ = ["FACTOR", "FLOOR_ULPS", "FORMAT", "MEASURED_ERRORS", "tolerance_for", "read_errors", "tolerances_from"]
 
 FACTOR = 4.0
 FLOOR_ULPS = 16.0
+FORMAT = "kernelhub-measured-errors/1"
+MEASURED_ERRORS = Path(__file__).with_name("measured_errors.json")  # kernelhub's own ops
 
 
 def _round_up(x: float, digits: int = 2) -> float:
@@ -32,6 +42,20 @@ def tolerance_for(dtype: torch.dtype, error: float) -> float:
     return _round_up(max(FACTOR * error, FLOOR_ULPS * eps))
 
 
-TOLERANCES = {op: {dtype: Tolerance(tolerance_for(dtype, fwd), tolerance_for(dtype, bwd))
-                   for dtype, (fwd, bwd) in entries.items()}
-              for op, entries in MEASURED.items()}
+def read_errors(path: Path) -> tuple[tuple[str, ...], dict[str, dict[torch.dtype, tuple[float, float]]]]:
+    """(hosts, errors[op][dtype] = (forward, backward)) of a measured-errors file; a missing file has none."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return (), {}
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a {FORMAT} file")
+    errors = {op: {getattr(torch, name): (float(f), float(b)) for name, (f, b) in entries.items()}
+              for op, entries in data["errors"].items()}
+    return tuple(data.get("hosts", ())), errors
+
+
+def tolerances_from(path: Path | str, op: str) -> dict[torch.dtype, Tolerance]:
+    """The tolerances of ``op`` from the errors recorded in ``path`` (only the dtypes measured there)."""
+    return {dtype: Tolerance(tolerance_for(dtype, f), tolerance_for(dtype, b))
+            for dtype, (f, b) in read_errors(Path(path))[1].get(op, {}).items()}

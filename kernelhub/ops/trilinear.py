@@ -1,11 +1,11 @@
-"""Trilinear interpolation from per-point corner values (OPS.md, op 6)."""
+"""Trilinear interpolation from per-point corner values (docs/ops.md)."""
 
 from __future__ import annotations
 
 import torch
 
 from kernelhub.ops import _checks as c
-from kernelhub.ops.tolerances import TOLERANCES
+from kernelhub.ops.tolerances import MEASURED_ERRORS, tolerances_from
 from kernelhub.spec import Arg, OpSpec, SampleInput
 
 __all__ = ["TRILINEAR"]
@@ -58,7 +58,7 @@ TRILINEAR = OpSpec(
           Arg("points", "tensor", differentiable=True, doc="[N, 3] in [-1, 1] (not clamped)")),
     doc="out[n] = sum_k weight_k(points[n]) * feats[n, k]: [N, F].",
     dtypes=c.FLOATS,
-    tolerances=TOLERANCES[OP],
+    tolerances=tolerances_from(MEASURED_ERRORS, OP),
     normalize=_normalize,
     output=lambda feats, points: feats.new_empty((feats.shape[0], feats.shape[2])),
     samples=_samples,

@@ -1,11 +1,11 @@
-"""Total-variation losses of a volume ``[..., D, H, W]`` (OPS.md, ops 1-3)."""
+"""Total-variation losses of a volume ``[..., D, H, W]`` (docs/ops.md)."""
 
 from __future__ import annotations
 
 import torch
 
 from kernelhub.ops import _checks as c
-from kernelhub.ops.tolerances import TOLERANCES
+from kernelhub.ops.tolerances import MEASURED_ERRORS, tolerances_from
 from kernelhub.spec import Arg, OpSpec, SampleInput
 
 __all__ = ["TV_L1", "TV_SQ", "TV_ISO"]
@@ -67,7 +67,7 @@ TV_L1 = OpSpec(
     args=(VOLUME,),
     doc="Per-axis sums of |forward differences| along D, H, W: returns float [3] (raw sums).",
     dtypes=c.FLOATS,
-    tolerances=TOLERANCES["tv_loss_l1_3d"],
+    tolerances=tolerances_from(MEASURED_ERRORS, "tv_loss_l1_3d"),
     normalize=_normalize_plain("tv_loss_l1_3d"),
     output=lambda volume: volume.new_empty((3,), dtype=c.accumulation_dtype(volume.dtype)),
     samples=_samples(False),
@@ -79,7 +79,7 @@ TV_SQ = OpSpec(
     args=(VOLUME,),
     doc="Sum over the three axes of squared forward differences: returns a scalar (unnormalised).",
     dtypes=c.FLOATS,
-    tolerances=TOLERANCES["tv_loss_sq_3d"],
+    tolerances=tolerances_from(MEASURED_ERRORS, "tv_loss_sq_3d"),
     normalize=_normalize_plain("tv_loss_sq_3d"),
     output=lambda volume: volume.new_empty((), dtype=c.accumulation_dtype(volume.dtype)),
     samples=_samples(False),
@@ -91,7 +91,7 @@ TV_ISO = OpSpec(
     args=(VOLUME, Arg("eps", "float", doc="> 0, inside the square root")),
     doc="Mean over the corner set of sqrt(dd^2 + dh^2 + dw^2 + eps); 0 when D, H or W < 2.",
     dtypes=c.FLOATS,
-    tolerances=TOLERANCES["tv_loss_iso_3d"],
+    tolerances=tolerances_from(MEASURED_ERRORS, "tv_loss_iso_3d"),
     normalize=_normalize_iso,
     output=lambda volume, eps: volume.new_empty((), dtype=c.accumulation_dtype(volume.dtype)),
     samples=_samples(True),

@@ -25,17 +25,18 @@ from typing import Any
 
 import torch
 
-import kernelhub
+from kernelhub.hub import get_hub
 from kernelhub.errors import NoImplementationError
 from kernelhub import parity
-from kernelhub.parity import fresh_leaves, map_tensors, parity_error, to_dtype, upstream_grad  # noqa: F401 (kit API)
+from kernelhub.args import map_tensors, tensors_of  # noqa: F401 (kit API)
+from kernelhub.parity import fresh_leaves, parity_error, to_dtype, upstream_grad  # noqa: F401 (kit API)
 from kernelhub.spec import OpSpec, SampleInput
 
 __all__ = [
     "Case", "cases", "samples", "parity_error", "reference", "run", "check_parity", "check_opcheck",
     "check_gradcheck", "check_noncontiguous", "check_bad_inputs", "noncontiguous", "to_dtype", "leaves",
     "with_grad", "fresh_leaves", "supported", "NothingChecked", "is_skip", "cuda_args", "copy_into",
-    "check_no_host_sync", "check_cuda_graph_replay", "tier",
+    "check_no_host_sync", "check_cuda_graph_replay", "tier", "Check", "CHECK_KINDS", "suite",
 ]
 
 TIERS = ("fast", "full")
@@ -79,13 +80,13 @@ class Case:
 
 
 def _spec(op: str) -> OpSpec:
-    return kernelhub.get_hub().registry.spec(op)
+    return get_hub().registry.spec(op)
 
 
 def cases(backend: str | None = None, device: str = "cpu", sizes: Sequence[str] = ("small", "edge", "medium"),
           ops: Iterable[str] | None = None) -> list[Case]:
     """Every (op, backend, dtype, size) the registry declares for ``device``: the generated test matrix."""
-    hub = kernelhub.get_hub()
+    hub = get_hub()
     out = []
     for name in sorted(ops or hub.registry.specs):
         for bname, impl in sorted(hub.registry.impls(name).items()):
@@ -158,7 +159,7 @@ def supported(op: str, backend: str, sample_list: Iterable[SampleInput]) -> list
     """The samples the impl accepts. One it rejects (``not_supported_reasons``: a part of the parameter space it
     does not cover, or a call it is known to get wrong) must be refused by a forced call, naming the reason;
     an unforced call falls back (the selector's tests)."""
-    impl = kernelhub.get_hub().registry.impls(op)[backend]
+    impl = get_hub().registry.impls(op)[backend]
     out = []
     for sample in sample_list:
         reasons = impl.not_supported_reasons(sample.args)
@@ -205,10 +206,12 @@ def _to_check(op: str, backend: str, every: list[SampleInput], what: str) -> lis
 
 def check_parity(case: Case, seed: int = 0) -> None:
     """Forward and backward of every sample of ``case`` within the spec's tolerance (the samples the impl
-    rejects with a reason: refused when forced, see `supported`)."""
+    rejects with a reason: refused when forced, see `supported`). In a dtype the spec has not measured yet
+    (`OpSpec.unmeasured`), within `kernelhub.parity.call_tolerance` of each sample."""
     spec = _spec(case.op)
-    tol = spec.tolerances[case.dtype]
     for sample in _to_check(case.op, case.backend, case.samples(seed), str(case)):
+        tol = parity.spec_tolerance(spec, case.dtype) if case.dtype not in spec.unmeasured \
+            else parity.call_tolerance(spec, sample.args)
         fwd, bwd = measure(case.op, case.backend, sample.args)
         assert fwd <= tol.forward, f"{case} [{sample.name}]: forward error {fwd:.3g} > {tol.forward:.3g}"
         assert bwd <= tol.backward, f"{case} [{sample.name}]: backward error {bwd:.3g} > {tol.backward:.3g}"
@@ -223,7 +226,7 @@ def check_noncontiguous(case: Case, seed: int = 0) -> None:
         grad = upstream_grad(ref_out)
         want, want_g = run(case.op, case.backend, sample.args, grad)
         got, got_g = run(case.op, case.backend, noncontiguous(sample.args), grad)
-        tol = spec.tolerances[case.dtype]
+        tol = parity.spec_tolerance(spec, case.dtype)
         assert parity_error(got, want) <= tol.forward, f"{case} [{sample.name}]: non-contiguous forward differs"
         for g, w in zip(got_g, want_g):
             assert parity_error(g, w) <= tol.backward, f"{case} [{sample.name}]: non-contiguous backward differs"
@@ -248,7 +251,7 @@ def check_gradcheck(op: str, backend: str, device: str = "cpu", fast_mode: bool 
     overload = getattr(torch.ops.kernelhub, op).default
     fn = lambda *a: overload(*a, backend, 0)  # noqa: E731
     # an impl that adds with atomics gives backwards that differ in the last bits from run to run
-    nondet_tol = 0.0 if kernelhub.get_hub().registry.impls(op)[backend].deterministic else 1e-12
+    nondet_tol = 0.0 if get_hub().registry.impls(op)[backend].deterministic else 1e-12
     case = Case(op, backend, torch.float64, str(device), "small", sample)
     for checked in _to_check(op, backend, case.samples(), f"gradcheck of {op} on {backend}"):
         args = list(checked.args)
@@ -274,7 +277,7 @@ def check_gradcheck(op: str, backend: str, device: str = "cpu", fast_mode: bool 
 
 def check_bad_inputs(op: str, backend: str | None = None) -> None:
     """Each of the spec's bad inputs raises the declared error, naming the op and the argument."""
-    fn = kernelhub.op(op, backend=backend)
+    fn = get_hub().handle(op, backend)
     for args, kwargs, exc_type, fragment in _spec(op).bad_inputs():
         try:
             fn(*args, **kwargs)
@@ -283,6 +286,74 @@ def check_bad_inputs(op: str, backend: str | None = None) -> None:
             assert op in msg and fragment in msg, f"{op}: error {msg!r} should name the op and {fragment!r}"
         else:
             raise AssertionError(f"{op}: bad input {args!r} {kwargs!r} did not raise {exc_type.__name__}")
+
+
+# -- the suite: which checks a backend must pass ----------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One conformance check of one backend's impl of one op on one device (``case``: the parity case, for the
+    parity and non-contiguous checks). `suite` lists them; ``run()`` runs it (an AssertionError on a failure,
+    a skip where the impl rejects every sample)."""
+
+    kind: str  # one of CHECK_KINDS
+    op: str
+    backend: str
+    device: str
+    case: Case | None = None
+
+    def __str__(self) -> str:
+        return f"{self.kind.replace(' ', '-')}-{self.case}" if self.case else \
+            f"{self.kind.replace(' ', '-')}-{self.op}-{self.backend}-{self.device}"
+
+    @property
+    def label(self) -> str:
+        """What `kernelhub check` shows in its "check" column."""
+        if self.kind == "parity":
+            return f"parity {str(self.case.dtype).removeprefix('torch.')} {self.case.size}"
+        if self.kind == "non-contiguous":
+            return f"non-contiguous {str(self.case.dtype).removeprefix('torch.')}"
+        return f"{self.kind} float64" if self.kind in ("opcheck", "gradcheck") else self.kind
+
+    def run(self) -> None:
+        if self.kind == "parity":
+            check_parity(self.case)
+        elif self.kind == "non-contiguous":
+            check_noncontiguous(self.case)
+        elif self.kind == "opcheck":
+            check_opcheck(self.op, self.backend, "small", self.device)
+        elif self.kind == "gradcheck":
+            check_gradcheck(self.op, self.backend, self.device)
+        elif self.kind == "bad inputs":
+            check_bad_inputs(self.op, self.backend)
+        elif self.kind == "no host sync":
+            check_no_host_sync(self.op, self.backend)
+        else:
+            check_cuda_graph_replay(self.op, self.backend)
+
+
+CHECK_KINDS = ("parity", "non-contiguous", "opcheck", "gradcheck", "bad inputs", "no host sync", "CUDA graph replay")
+
+
+def suite(backend: str, device: str = "cpu", ops: Iterable[str] | None = None) -> list[Check]:
+    """Every check ``backend`` must pass on ``device``, for each op it serves there (``ops``: only those): parity
+    of every case (`cases`), non-contiguous inputs on the small ones, opcheck and gradcheck in float64 where it
+    takes float64, the spec's bad inputs, and on CUDA no host synchronisation and CUDA-graph replay. The one
+    definition that `kernelhub check`, kernelhub's conformance tests and a plugin's own tests run."""
+    hub = get_hub()
+    out = []
+    for op in sorted(ops or hub.registry.specs):
+        impl = hub.registry.impls(op).get(backend)
+        if impl is None or (impl.devices is not None and device not in impl.devices):
+            continue
+        every = cases(backend, device, ops=[op])
+        out += [Check("parity", op, backend, device, c) for c in every]
+        out += [Check("non-contiguous", op, backend, device, c) for c in every if c.size == "small"]
+        if torch.float64 in impl.dtypes:
+            out += [Check("opcheck", op, backend, device), Check("gradcheck", op, backend, device)]
+        out.append(Check("bad inputs", op, backend, device))
+        if device == "cuda":
+            out += [Check("no host sync", op, backend, device), Check("CUDA graph replay", op, backend, device)]
+    return out
 
 
 # -- CUDA safety: what a real program does with a GPU kernel ---------------------------------------------------
@@ -297,9 +368,8 @@ def copy_into(args: Sequence[Any], fresh: Sequence[Any]) -> None:
     """New values into captured inputs (lists of tensors, the multiscale planes, included)."""
     with torch.no_grad():
         for a, b in zip(args, fresh):
-            for x, y in (zip(a, b) if isinstance(a, (list, tuple)) else [(a, b)]):
-                if isinstance(x, torch.Tensor):
-                    x.copy_(y)
+            for x, y in zip(tensors_of(a) or (), tensors_of(b) or ()):
+                x.copy_(y)
 
 
 def check_no_host_sync(op: str, backend: str) -> None:

@@ -1,4 +1,4 @@
-"""Measure each spec's parity tolerances from eager torch, and write the errors to kernelhub/ops/_measured.py.
+"""Measure ops' parity tolerances from eager torch, and write the errors where told (a JSON file).
 
 Method (the same for every op and dtype):
 
@@ -22,37 +22,40 @@ Method (the same for every op and dtype):
    float64 for double ones (the floor keeps a float64 or exactly-computed tolerance
    from being zero, which would forbid any other summation order). This step is
    `kernelhub.ops.tolerances.tolerance_for`, which derives the spec's tolerances from
-   the recorded errors when kernelhub is imported.
+   the recorded errors when the op's spec is built (`kernelhub.ops.tolerances.tolerances_from`).
 
 5. Hosts round differently (vector width, LAPACK paths: the SVD's float64 error was 1.6e-15 on
    the CI host of 2026-11-22 and 1.71e-15 on that of 2026-11-23), and the table must hold on each
    host that checks it. So the table records, per entry, the largest error measured on any host
-   it was written on (``MEASURED`` in kernelhub/ops/_measured.py, with the hosts in ``HOSTS``), and
-   takes the tolerance from that;
+   it was written on (the file's ``errors``, with the hosts in ``hosts``), and takes the tolerance
+   from that;
    a recorded error whose tolerance would be over ``LOOSEST`` x this host's is dropped as too loose.
 
-Run ``python -m kernelhub.testing.tolerances`` to print the measurement, ``--write`` to
-regenerate the table (on a host whose measurement is not in it yet; with ``--fresh`` after a change
-to an op's reference or samples, which makes the recorded errors stale).
-The test suite re-measures and fails if a recorded tolerance is below what eager torch needs
-on the host running it, or over ``LOOSEST`` x that.
+Run ``python -m kernelhub.testing.tolerances`` to print the measurement of every registered op (``--ops``
+to choose), ``--out FILE`` to merge it into FILE (a host whose measurement is not in it yet; with ``--fresh``
+after a change to an op's reference or samples, which makes the recorded errors stale). kernelhub's own
+file is kernelhub/ops/measured_errors.json; a third party measures its own ops into its own file and builds
+its spec's tolerances from it (docs/backend-guide.md shows how). `check_recorded` is the test: it fails for a
+dtype with no recorded tolerance, one below what eager torch needs on the host running it, or one over
+``LOOSEST`` x that.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import sys
 from pathlib import Path
 
 import torch
 
-import kernelhub
+from kernelhub.hub import get_hub
 from kernelhub import parity, testing
 from kernelhub.ops._checks import accumulation_dtype
-from kernelhub.ops.tolerances import _round_up, tolerance_for
-from kernelhub.spec import Tolerance
-from kernelhub.tune import _cpu_name
+from kernelhub.ops.tolerances import FORMAT, _round_up, read_errors, tolerance_for
+from kernelhub.spec import OpSpec, Tolerance
+from kernelhub.timing import cpu_name
 
 SEEDS = range(5)
 SIZES = ("small", "medium", "edge")
@@ -61,13 +64,13 @@ LOOSEST = 2.0  # a recorded tolerance over this x what the method gives here is 
 
 def call_tolerance(op: str, args, seed: int = 1, reference=None) -> Tolerance:
     """`kernelhub.parity.call_tolerance` for ``op``: this module's method applied to one call's inputs."""
-    return parity.call_tolerance(kernelhub.get_hub().registry.spec(op), args, seed, reference)
+    return parity.call_tolerance(get_hub().registry.spec(op), args, seed, reference)
 
 
 def measured_error(op: str, dtype: torch.dtype) -> tuple[float, float]:
     """Largest (forward, backward) error over the seeds and sample sizes: eager torch in ``dtype``
     against float64 (step 1) and, for float64 forwards, the reference's own sensitivity (step 2)."""
-    spec = kernelhub.get_hub().registry.spec(op)
+    spec = get_hub().registry.spec(op)
     fwd = bwd = 0.0
     for seed in SEEDS:
         gen = torch.Generator().manual_seed(seed)
@@ -92,65 +95,78 @@ def merged_error(dtype: torch.dtype, recorded: float | None, now: float) -> floa
 
 def host() -> str:
     """What the measurement depends on besides the code: torch, the CPU and the vector ISA torch uses on it."""
-    return f"torch {torch.__version__}, {_cpu_name()}, {torch.backends.cpu.get_cpu_capability()}"
+    return f"torch {torch.__version__}, {cpu_name()}, {torch.backends.cpu.get_cpu_capability()}"
+
+
+def check_recorded(spec: OpSpec) -> list[str]:
+    """What is wrong with ``spec``'s tolerances on this host, per dtype: none recorded (unmeasured), below what
+    the method gives here (too tight: a correct kernel could fail), or over ``LOOSEST`` x that (too loose)."""
+    problems = []
+    for dtype in spec.dtypes:
+        if dtype in spec.unmeasured:
+            problems.append(f"{spec.name} {dtype}: unmeasured (python -m kernelhub.testing.tolerances --ops "
+                            f"{spec.name} --out FILE)")
+            continue
+        fwd, bwd = measured_error(spec.name, dtype)
+        tol = spec.tolerances[dtype]
+        for what, err, recorded in (("forward", fwd, tol.forward), ("backward", bwd, tol.backward)):
+            need = tolerance_for(dtype, err)
+            if recorded < need:
+                problems.append(f"{spec.name} {dtype}: {what} tolerance {recorded:.2g} below {need:.2g} (error "
+                                f"{err:.3g} here)")
+            elif recorded > LOOSEST * need:
+                problems.append(f"{spec.name} {dtype}: {what} tolerance {recorded:.2g} over {LOOSEST:g} x {need:.2g}"
+                                " (too loose)")
+    return problems
+
+
+def write_errors(path: Path, hosts: list[str], errors: dict[str, dict[torch.dtype, tuple[float, float]]]) -> None:
+    """The measured-errors file (`kernelhub.ops.tolerances.read_errors` reads it): one line per op."""
+    lines = ["{", f' "format": "{FORMAT}",', ' "hosts": [',
+             ",\n".join(f"  {json.dumps(h)}" for h in hosts), " ],", ' "errors": {']
+    ops = sorted(errors)
+    for k, op in enumerate(ops):
+        entries = {str(d).removeprefix("torch."): list(fb) for d, fb in sorted(errors[op].items(), key=str)}
+        lines.append(f"  {json.dumps(op)}: {json.dumps(entries)}" + ("," if k < len(ops) - 1 else ""))
+    lines += [" }", "}", ""]
+    Path(path).write_text("\n".join(lines))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write", action="store_true",
-                        help="rewrite kernelhub/ops/_measured.py, keeping larger errors recorded on other hosts")
+    parser.add_argument("--ops", nargs="+", metavar="OP", help="the ops to measure (default: every registered op)")
+    parser.add_argument("--out", type=Path, metavar="FILE",
+                        help="merge the measurement into FILE (created if missing), keeping larger errors recorded "
+                        "there on other hosts and the entries of the ops not measured now")
     parser.add_argument("--fresh", action="store_true",
-                        help="with --write: forget the recorded errors and hosts (after a change to an op's "
+                        help="with --out: forget FILE's recorded errors and hosts (after a change to an op's "
                         "reference or samples, which makes the earlier measurements stale)")
     args = parser.parse_args(argv)
-    from kernelhub.ops import _measured as table
-
-    recorded_hosts, recorded_errors = ((), {}) if args.fresh else (table.HOSTS, table.MEASURED)
-
-    hub = kernelhub.get_hub()
-    rows = []
-    for op, spec in sorted(hub.registry.specs.items()):
+    hub = get_hub()
+    ops = args.ops or sorted(hub.registry.specs)
+    unknown = [op for op in ops if op not in hub.registry.specs]
+    if unknown:
+        parser.error(f"unknown ops {unknown}; registered: {sorted(hub.registry.specs)}")
+    recorded_hosts, recorded_errors = ((), {}) if args.fresh or args.out is None else read_errors(args.out)
+    errors = {op: dict(e) for op, e in recorded_errors.items()}
+    for op in ops:
+        spec = hub.registry.spec(op)
+        errors[op] = {}
         for dtype in spec.dtypes:
             now = measured_error(op, dtype)
             recorded = recorded_errors.get(op, {}).get(dtype, (None, None))
             f, b = (_round_up(merged_error(dtype, r, n), 4) for r, n in zip(recorded, now))
+            errors[op][dtype] = (f, b)
             here = tolerance_for(dtype, now[0]), tolerance_for(dtype, now[1])
-            rows.append((op, dtype, f, b))
             table_tol = tolerance_for(dtype, f), tolerance_for(dtype, b)
-            kept = "" if table_tol == here else f"   (table: {table_tol[0]:.2g}, {table_tol[1]:.2g} from earlier hosts)"
+            kept = "" if table_tol == here else f"   (file: {table_tol[0]:.2g}, {table_tol[1]:.2g} from earlier hosts)"
             print(f"{op:28s} {str(dtype):16s} fwd err {now[0]:9.3g} -> {here[0]:8.2g}   "
                   f"bwd err {now[1]:9.3g} -> {here[1]:8.2g}{kept}", flush=True)
-    if args.write:
+    if args.out is not None:
         this = f"{datetime.date.today()}: {host()}"
         hosts = [h for h in recorded_hosts if h.split(": ", 1)[1] != host()] + [this]
-        lines = [
-            '"""Measured errors behind the parity tolerances, GENERATED by `python -m kernelhub.testing.tolerances --write`.',
-            "",
-            "MEASURED[op][dtype] is (forward, backward): the largest error of eager torch in that dtype against float64",
-            "that the method (kernelhub/testing/tolerances.py) measured on any of HOSTS; hosts round differently (vector",
-            "width, LAPACK paths). kernelhub/ops/tolerances.py turns each into a tolerance.",
-            '"""',
-            "",
-            "import torch",
-            "",
-            "# The hosts the errors were measured on: date, torch, CPU, the vector ISA torch used.",
-            "HOSTS = (",
-            *(f"    {h!r}," for h in hosts),
-            ")",
-            "",
-            "MEASURED = {",
-        ]
-        current = None
-        for op, dtype, f, b in rows:
-            if op != current:
-                if current is not None:
-                    lines.append("    },")
-                lines.append(f'    "{op}": {{')
-                current = op
-            lines.append(f"        {dtype}: ({f!r}, {b!r}),")
-        lines += ["    },", "}", ""]
-        Path(__file__).resolve().parents[1].joinpath("ops", "_measured.py").write_text("\n".join(lines))
-        print("wrote kernelhub/ops/_measured.py")
+        write_errors(args.out, hosts, errors)
+        print(f"wrote {args.out}")
     return 0
 
 

@@ -1,7 +1,7 @@
 """The inductor backend: torch_ref's forward and backward, run through `torch.compile`.
 
 Every op's forward and backward are compiled lazily, once per (op, pass, device type, dtype, shape
-bucket), the tuner's bucket (`kernelhub.tune.bucket`: each dimension rounded up to a power of two). Within a
+bucket), the tuner's bucket (`kernelhub.args.bucket`: each dimension rounded up to a power of two). Within a
 key, the first size compiles with static shapes and a second size recompiles with dynamic ones
 (`torch.compile`'s automatic dynamic shapes), so a key compiles a few times, not once per size (the
 symbolic graphs still guard on some size thresholds and on the inputs' dispatch keys; `graphs()` counts).
@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from kernelhub.tune import bucket, first_tensor
+from kernelhub.args import bucket, first_tensor
 
 __all__ = ["COMPILE_S", "unavailable_reason", "device_reasons", "reasons", "wrong_code_reasons", "compiled_pass", "graphs"]
 

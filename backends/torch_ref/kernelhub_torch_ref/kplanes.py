@@ -1,4 +1,4 @@
-"""Tilted K-Planes interpolation through F.grid_sample, literally (OPS.md ops 4-5)."""
+"""Tilted K-Planes interpolation through F.grid_sample, literally (docs/ops.md)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ FORWARDS: dict[str, Callable[..., torch.Tensor]] = {
     "semiconv": semiconv.semiconv,
     "tikhonov_inverse_2xn": tikhonov.tikhonov_inverse_2xn,
 }
-# Where the reference's gradient is not the autograd of its forward (OPS.md: Tikhonov's
+# Where the reference's gradient is not the autograd of its forward (docs/ops.md: Tikhonov's
 # gradient is the closed form's, not the SVD's), the function to differentiate instead.
 DIFFERENTIATE: dict[str, Callable[..., torch.Tensor]] = {
     "tikhonov_inverse_2xn": tikhonov.closed_form_float64,
@@ -63,7 +63,7 @@ def vjp_backward(forward: Callable[..., torch.Tensor], diff: Sequence[int]) -> C
 
 @hookimpl
 def kernelhub_register_impls(registry) -> None:
-    registry.add_backend(Backend("torch_ref", __version__, "plain PyTorch, written from OPS.md"))
+    registry.add_backend(Backend("torch_ref", __version__, "plain PyTorch, written from docs/ops.md"))
     registry.add_backend(Backend("inductor", __version__, "torch_ref compiled by torch.compile",
                                  inductor.unavailable_reason))
     for op, forward in FORWARDS.items():

@@ -1,4 +1,4 @@
-"""Semifield convolution by unfolding (OPS.md op 7): every product is materialised (clarity, not speed)."""
+"""Semifield convolution by unfolding (docs/ops.md): every product is materialised (clarity, not speed)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tikhonov-regularised 2-row inverse (OPS.md op 8): SVD forward, closed-form gradient."""
+"""Tikhonov-regularised 2-row inverse (docs/ops.md): SVD forward, closed-form gradient."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Trilinear interpolation from the 8 corner values of each point's cell (OPS.md op 6)."""
+"""Trilinear interpolation from the 8 corner values of each point's cell (docs/ops.md)."""
 
 from __future__ import annotations
 

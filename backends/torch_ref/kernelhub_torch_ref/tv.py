@@ -1,4 +1,4 @@
-"""Total variation of [..., D, H, W] volumes, literally (OPS.md ops 1-3)."""
+"""Total variation of [..., D, H, W] volumes, literally (docs/ops.md)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ except ImportError:  # older triton: every launch takes Triton's own path
 
 
 def acc_type(dtype: torch.dtype):
-    """fp32 accumulation for half and single inputs, fp64 for double (OPS.md)."""
+    """fp32 accumulation for half and single inputs, fp64 for double (docs/ops.md)."""
     return tl.float64 if dtype in (torch.float64, torch.complex128) else tl.float32
 
 

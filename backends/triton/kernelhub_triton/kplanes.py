@@ -1,4 +1,4 @@
-"""Tilted K-Planes interpolation (OPS.md ops 4-5): rotate, bilinear sampling of three planes and their
+"""Tilted K-Planes interpolation (docs/ops.md): rotate, bilinear sampling of three planes and their
 product in one kernel, forward and analytic backward.
 
 For a point ``p`` and each t, ``q = R_t p``; plane p of t samples the pair XY = (q0, q1), ZX = (q2, q0),

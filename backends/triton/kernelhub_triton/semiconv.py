@@ -1,4 +1,4 @@
-"""Semifield convolution (OPS.md op 7) in Triton: forward and analytic backward, no unfolded products.
+"""Semifield convolution (docs/ops.md) in Triton: forward and analytic backward, no unfolded products.
 
 The call is lifted to 3 spatial dims (``kernelhub.ops.semiconv.lift_3d``: 1-D and 2-D with leading
 size-1 dims; for "conv" window tap t reads kernel tap taps-1-t, FLIP). A program serves BLOCK outputs of one (b, oc); each

@@ -1,4 +1,4 @@
-"""Tikhonov-regularised 2-row inverse (OPS.md op 8): closed form forward and analytic backward.
+"""Tikhonov-regularised 2-row inverse (docs/ops.md): closed form forward and analytic backward.
 
 Per pixel, with rows ``M0, M1`` of ``M [..., 2, Z]``: ``a = sum|M0|^2``, ``c = sum|M1|^2``,
 ``b = sum M0 conj(M1)``, ``A = a + lam``, ``C = c + lam``, ``det = A C - |b|^2`` and

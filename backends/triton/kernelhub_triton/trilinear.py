@@ -1,4 +1,4 @@
-"""Trilinear interpolation from per-point corner values (OPS.md op 6): forward and analytic backward.
+"""Trilinear interpolation from per-point corner values (docs/ops.md): forward and analytic backward.
 
 ``out[n, f] = sum_k w_k(points[n]) * feats[n, k, f]`` with ``u, v, w = (points + 1) / 2`` and
 corner ``k = 4i + 2j + l`` weighted ``(i ? u : 1-u) (j ? v : 1-v) (l ? w : 1-w)``.

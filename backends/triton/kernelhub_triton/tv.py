@@ -1,4 +1,4 @@
-"""Total variation of ``[..., D, H, W]`` volumes (OPS.md ops 1-3): forward and analytic backward.
+"""Total variation of ``[..., D, H, W]`` volumes (docs/ops.md): forward and analytic backward.
 
 Each program streams one ``[BH, BW]`` tile of the (H, W) plane down a chunk of D planes,
 carrying the current and next planes in registers and requesting the plane after them one

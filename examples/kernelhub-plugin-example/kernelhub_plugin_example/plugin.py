@@ -1,7 +1,7 @@
 """The backend's registration and its one kernel.
 
 ``tv_loss_sq_3d(volume [..., D, H, W])`` is the sum over the three axes of the squared forward
-differences (OPS.md op 2), in float32 for half inputs and float64 for double. The forward is one
+differences (docs/ops.md), in float32 for half inputs and float64 for double. The forward is one
 pass per axis in plain torch; the backward is analytic: each difference d = v[i+1] - v[i] adds
 2 g d to v[i+1] and subtracts it from v[i].
 """

@@ -1,0 +1,185 @@
+"""The winners file: where the tuner's results are kept between processes, and how a call finds its entry.
+
+Winners live in one JSON file (``[tune].cache``; default ``~/.cache/kernelhub/tuning.json``)::
+
+    {"format": "kernelhub-tuning/1", "entries": {"<op>|<device model>|<dtype>|<bucket>": {...}}}
+
+An entry's key is the op, the device model (`kernelhub.timing.device_model`), the dtype and the call's shape
+bucket (`kernelhub.args.bucket`: every dimension of every tensor rounded up to a power of two, the integer,
+boolean and string arguments as they are; float arguments do not enter it).
+
+The file is data and is checked as such: an entry that is not of the expected form is ignored with a warning,
+entries naming an op or backend this process does not have are ignored with a warning, and a winner read from
+the file runs only after it passed parity in this process (`Tuning.verify`, once per process and entry: a copied
+or hand-edited file can reorder the registered impls that pass here, never add one that does not).
+
+Writes are atomic (a temporary file renamed over the old one, keeping the old file's mode) under a file lock,
+merged with whatever other processes wrote meanwhile. Online tuning (`Tuning.tune_shared`) holds the lock while
+it tunes, and a process that then finds the entry written by another uses it: the ranks of one distributed job
+that share the file tune each shape bucket once.
+
+Only our own file is ever replaced: a path that holds anything but a winners file (JSON with our ``format``
+marker; a malformed one of ours is rewritten) is left untouched, no lock file is put beside it, and tuning
+results stay in this process's memory, with one warning. So are results that cannot be written (a directory at
+the path, a read-only place): calls keep being served, and `kernelhub tune` reports the path and exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+import tempfile
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kernelhub.args import bucket, first_tensor
+from kernelhub.config import make_private_dirs
+from kernelhub.timing import device_model
+
+__all__ = ["FORMAT", "WinnerCache", "entry_key"]
+
+FORMAT = "kernelhub-tuning/1"
+
+
+def entry_key(op: str, args: Sequence[Any]) -> str:
+    t = first_tensor(args)
+    return f"{op}|{device_model(t.device)}|{str(t.dtype).removeprefix('torch.')}|{bucket(args)}"
+
+
+def _well_formed(entry: Any) -> bool:
+    """Whether a cache entry has the shape the selector reads: candidates of backend name -> {"error": None or a
+    message, and with no error a finite "step_ms" > 0}, and text where messages quote it. Anything else in the file
+    (a hand edit, a truncated write from another tool) is ignored, never trusted or executed."""
+    if not (isinstance(entry, dict) and isinstance(entry.get("candidates"), dict)):
+        return False
+    if not all(isinstance(entry.get(k, ""), str) for k in ("torch", "call", "tuned", "bucket")):
+        return False
+    for cand in entry["candidates"].values():
+        if not isinstance(cand, dict) or not (cand.get("error") is None or isinstance(cand["error"], str)):
+            return False
+        step = cand.get("step_ms")
+        if cand.get("error") is None and not (isinstance(step, (int, float)) and not isinstance(step, bool)
+                                              and math.isfinite(step) and step > 0):
+            return False
+    return True
+
+
+class WinnerCache:
+    """The winners file: read once, written atomically under a lock (see the module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._entries: dict[str, dict] | None = None
+        self._warned = False
+        self._lock = None
+        self.not_ours: str | None = None  # why the path is left alone (it holds something that is not ours)
+        self.write_error: str | None = None  # why the last write failed, if it did
+        self._unsaved: dict[str, dict] = {}  # entries of this process that the file could not take
+        self._write_warned: set[str] = set()
+
+    def lock(self, timeout: float = 120):
+        """The file's lock, acquired (a context manager). One lock object per cache, so it is re-entrant in this
+        process; other processes wait for it (a `filelock.Timeout` after ``timeout`` seconds)."""
+        if self._lock is None:
+            from filelock import FileLock
+
+            make_private_dirs(self.path.parent)
+            self._lock = FileLock(str(self.path) + ".lock")
+        return self._lock.acquire(timeout=timeout)
+
+    def refresh(self) -> None:
+        """Read the file again at the next lookup (another process may have written it)."""
+        self._entries = None
+
+    def _read(self) -> dict[str, dict]:
+        self.not_ours = None
+        try:
+            text = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:  # a directory at the path, no permission
+            self.not_ours = f"{type(exc).__name__}: {exc}"
+            self._warn(f"tuning cache {self.path} cannot be read ({self.not_ours}); tuning results stay in memory")
+            return {}
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            data, error = None, f"{type(exc).__name__}: {str(exc)[:200]}"
+        else:
+            error = None
+        fmt = data.get("format") if isinstance(data, dict) else None
+        if not (isinstance(fmt, str) and fmt.startswith(FORMAT.split("/")[0] + "/")):
+            self.not_ours = f"not a {FORMAT} file" + (f" ({error})" if error else "")
+            self._warn(f"tuning cache {self.path} is {self.not_ours}: left untouched, tuning results stay in memory "
+                       "(set [tune].cache to another path)")
+            return {}
+        if fmt != FORMAT or not isinstance(data.get("entries"), dict):
+            self._warn(f"tuning cache {self.path} ignored (format {fmt!r}, this kernelhub reads {FORMAT!r}); it will "
+                       "be rewritten by the next tuning")
+            return {}
+        entries = {k: v for k, v in data["entries"].items() if _well_formed(v)}
+        bad = sorted(set(data["entries"]) - set(entries))
+        if bad:
+            self._warn(f"tuning cache {self.path}: {len(bad)} malformed entries ignored ({bad[0]!r}"
+                       + (", ..." if len(bad) > 1 else "") + "); they will be rewritten by the next tuning")
+        return entries
+
+    def _warn(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"kernelhub: {message}", RuntimeWarning, stacklevel=4)
+
+    def entries(self) -> dict[str, dict]:
+        if self._entries is None:
+            self._entries = {**self._read(), **self._unsaved}
+        return self._entries
+
+    def get(self, key: str) -> dict | None:
+        return self.entries().get(key)
+
+    def put(self, new: dict[str, dict], to_disk: bool = True) -> None:
+        """Record ``new`` in memory, and in the file where asked, the file is ours and it can be written (else it
+        stays in memory for the process, with one warning per reason, and `write_error` says why)."""
+        import filelock
+
+        self.entries()
+        if to_disk and self.not_ours is None:
+            try:
+                with self.lock():
+                    merged = self._read()
+                    if self.not_ours is None:
+                        merged.update(new)
+                        self._write(merged)
+                        self._entries, self.write_error = {**merged, **self._unsaved}, None
+                        return
+            except (OSError, filelock.Timeout) as exc:
+                self.write_error = f"{type(exc).__name__}: {exc}"
+        self._unsaved.update(new)
+        self._entries = {**self.entries(), **new}
+        if to_disk:
+            self.write_error = self.write_error or self.not_ours
+            if self.write_error not in self._write_warned and self.write_error != self.not_ours:  # warned at read
+                self._write_warned.add(self.write_error)
+                warnings.warn(f"kernelhub: tuning cache {self.path} not written ({self.write_error}); tuning results "
+                              "stay in memory", RuntimeWarning, stacklevel=3)
+
+    def _write(self, entries: dict[str, dict]) -> None:
+        try:
+            mode = stat.S_IMODE(self.path.stat().st_mode)
+        except FileNotFoundError:
+            mode = 0o644
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                os.fchmod(f.fileno(), mode)
+                json.dump({"format": FORMAT, "entries": entries}, f, indent=1, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

@@ -1,0 +1,71 @@
+"""kernelhub's modules import only downward: each module sits in a layer, and every kernelhub import in it
+(at module level or inside a function) names a module of a lower layer. The runtime (everything up to the
+package's own API) therefore never imports the test kit, the CLI or the benchmarks. A new module must be placed
+in a layer here."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "kernelhub"
+
+LAYERS = [
+    # what everything reads: errors, declarations, a call's arguments, the hook contracts, timing, argument checks
+    ["kernelhub.errors", "kernelhub.spec", "kernelhub.args", "kernelhub.hookspecs", "kernelhub.timing",
+     "kernelhub.ops._checks"],
+    ["kernelhub.config", "kernelhub.ops.tolerances"],
+    ["kernelhub.ops.tv", "kernelhub.ops.kplanes", "kernelhub.ops.semiconv", "kernelhub.ops.trilinear",
+     "kernelhub.ops.tikhonov"],
+    ["kernelhub.ops", "kernelhub.parity", "kernelhub.winners", "kernelhub.registry"],
+    ["kernelhub.tune"],
+    ["kernelhub.select", "kernelhub.dispatch"],
+    ["kernelhub.hub"],
+    ["kernelhub"],  # the package's API: op, explain, get_hub, ...; the runtime ends here
+    ["kernelhub.nn", "kernelhub.testing"],
+    ["kernelhub.bench", "kernelhub.testing.tolerances"],
+    ["kernelhub.cli"],
+]
+RUNTIME_TOP = LAYERS.index(["kernelhub"])
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """The kernelhub modules ``path`` imports: ``from kernelhub.x import y`` is kernelhub.x.y where that is a
+    module, else kernelhub.x."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "kernelhub":
+            subs = {f"{node.module}.{a.name}" for a in node.names} & modules
+            found |= subs
+            if len(subs) < len(node.names):
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "kernelhub"}
+    return found
+
+
+def test_every_module_has_a_layer():
+    placed = [m for layer in LAYERS for m in layer]
+    assert len(placed) == len(set(placed))
+    assert set(_modules()) == set(placed)
+
+
+@pytest.mark.parametrize("module", sorted(m for layer in LAYERS for m in layer))
+def test_imports_point_downward(module):
+    modules = _modules()
+    rank = {m: i for i, layer in enumerate(LAYERS) for m in layer}
+    upward = sorted(d for d in _imports(modules[module], set(modules)) - {module}
+                    if d in rank and rank[d] >= rank[module])
+    assert not upward, f"{module} (layer {rank[module]}) imports {upward}, not below it"
+    if rank[module] <= RUNTIME_TOP:
+        kit = [d for d in _imports(modules[module], set(modules))
+               if d.startswith(("kernelhub.testing", "kernelhub.cli", "kernelhub.bench"))]
+        assert not kit, f"runtime module {module} imports {kit}"

@@ -1,5 +1,6 @@
 """What the examples share: their device / output arguments, timing with the device synchronised, the JSON
-report, and a grayscale PNG writer (no imaging dependency)."""
+report, and a PNG writer: titled grayscale panels (matplotlib, the plot extra), or without matplotlib the bare
+panels side by side."""
 
 from __future__ import annotations
 
@@ -36,9 +37,30 @@ def timed_ms(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
     return out, 1e3 * (time.perf_counter() - t0)
 
 
-def write_png(path: Path, images: list[torch.Tensor]) -> None:
-    """Grayscale PNG of the images side by side, each scaled to [0, 255] by the first's range."""
+def write_png(path: Path, images: list[torch.Tensor], titles: list[str], title: str = "") -> None:
+    """The images side by side as grayscale panels, each scaled by the first's range, each under its title (and
+    ``title`` over them all), drawn with matplotlib; without matplotlib, the bare panels (and a note saying so)."""
+    assert len(titles) == len(images)
     lo, hi = images[0].min().item(), images[0].max().item()
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"{path}: no matplotlib (pip install 'kernelhub[plot]'), so the panels carry no titles: "
+              + " | ".join(titles))
+    else:
+        fig, axes = plt.subplots(1, len(images), figsize=(2.6 * len(images), 2.9), squeeze=False)
+        for ax, im, name in zip(axes[0], images, titles):
+            ax.imshow(im.detach().float().cpu().numpy(), cmap="gray", vmin=lo, vmax=hi)
+            ax.set_title(name, fontsize=9)
+            ax.axis("off")
+        if title:
+            fig.suptitle(title, fontsize=10)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return
     row = torch.cat([((im.float().cpu() - lo) / max(hi - lo, 1e-12)).clamp(0, 1) for im in images], dim=1)
     pix = (row * 255).round().to(torch.uint8)
     h, w = pix.shape

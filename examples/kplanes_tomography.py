@@ -164,7 +164,7 @@ def main(argv=None) -> dict:
         if results["best"]["backend"] == "torch_ref" else ""
     print(f"speed-up of {results['best']['backend']} over torch_ref: {speedup:.2f}x{same}")
     print(f"central slice PSNR {quality:.1f} dB (a flat image at the phantom's mean: {flat:.1f} dB)")
-    write_png(Path(args.out), [truth, recon])
+    write_png(Path(args.out), [truth, recon], ["truth", "K-Planes reconstruction"])
     print(f"wrote {args.out} (phantom | reconstruction, central z slice)")
     return {"psnr": quality, "flat_psnr": flat, "speedup": speedup, "best": results["best"]["backend"],
             "step_ms": {k: r["step_ms"] for k, r in results.items()}}

@@ -162,7 +162,8 @@ def main(argv=None) -> dict:
     print(f"classifier (discs vs rings, pooling by learned dilation): loss {first:.3f} -> {last:.3f} in "
           f"{args.net_steps} steps, held-out accuracy {acc:.1%}")
 
-    write_png(Path(args.out), [img[0, 0], gradient[0, 0], opening[0, 0], target_opening[0, 0]])
+    write_png(Path(args.out), [img[0, 0], gradient[0, 0], opening[0, 0], target_opening[0, 0]],
+              ["noisy image", "morphological gradient", "opening", "opening, learned element"])
     print(f"wrote {args.out} (noisy image | morphological gradient | opening | opening with the hidden element)")
     return {"backend": backend, "fit_before": before, "fit_after": after, "opening_err": opening_err,
             "closing_gap": closing_gap,

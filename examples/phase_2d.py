@@ -150,7 +150,8 @@ def main(argv=None) -> dict:
 
     def like_phase(a):  # absorption images on the phase truth's grey scale, by the absorption truth's range
         return phi.min() + (a - mu.min()) * (phi.max() - phi.min()) / (mu.max() - mu.min())
-    write_png(Path(args.out), [phi, phi_hub, phi_svd, like_phase(mu), like_phase(mu_hub), like_phase(mu_svd)])
+    write_png(Path(args.out), [phi, phi_hub, phi_svd, like_phase(mu), like_phase(mu_hub), like_phase(mu_svd)],
+              ["phase: truth", "phase: hub", "phase: SVD", "absorption: truth", "absorption: hub", "absorption: SVD"])
     print(f"wrote {args.out}: phase truth | hub | SVD, absorption truth | hub | SVD")
     save_json(args.json, result)
     return result

@@ -267,7 +267,8 @@ def main(argv=None) -> dict:
     diff = proj["hub"] - proj["torch_ref"]
     t_lo, t_hi = true_proj.min().item(), true_proj.max().item()
     gain = (t_hi - t_lo) / max(2 * diff.abs().max().item(), 1e-30)
-    write_png(Path(args.out), [true_proj, proj["hub"], proj["torch_ref"], (t_lo + t_hi) / 2 + gain * diff])
+    write_png(Path(args.out), [true_proj, proj["hub"], proj["torch_ref"], (t_lo + t_hi) / 2 + gain * diff],
+              ["projected phase: truth", "hub", "torch_ref", f"hub - torch_ref (x{gain:.3g})"])
     result["diff_gain"] = gain
     print(f"wrote {args.out}: projected phase, truth | hub | torch_ref | (hub - torch_ref) x {gain:.3g}")
     save_json(args.json, result)

@@ -100,7 +100,8 @@ def main(argv=None) -> dict:
         slices.append(x[args.size // 2])
         print(f"{op:15s} {backend:9s} {ms:8.3f} ms/iter (torch_ref {ms_ref:8.3f}, {ms_ref / ms:5.1f}x)  "
               f"PSNR {r['psnr']:.2f} dB (torch_ref {r['psnr_torch_ref']:.2f})")
-    write_png(Path(args.out), slices)
+    write_png(Path(args.out), slices, ["clean", "noisy", *(f"TV {op.split('_')[2]}" for op in result["ops"])],
+              "central slices")
     print(f"wrote {args.out}: clean | noisy | l1 | iso | sq (central slices)")
     save_json(args.json, result)
     return result

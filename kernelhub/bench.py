@@ -29,7 +29,7 @@ from kernelhub import testing
 from kernelhub.args import nbytes
 from kernelhub.timing import device_model, time_ms
 
-__all__ = ["compiled_reference", "copy_bandwidth", "floor_bytes", "make_step", "run", "plot"]
+__all__ = ["compiled_reference", "copy_bandwidth", "floor_bytes", "make_step", "run", "plot", "figure"]
 
 
 def floor_bytes(spec, args: Sequence[Any], out: torch.Tensor, backward: bool) -> int:
@@ -141,28 +141,47 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
 
 
 def plot(data: dict, path: str) -> None:
-    """Bars of each impl's time as a multiple of the floor, per (op, shape, pass); needs matplotlib."""
+    """`figure` of ``data`` written to ``path``; needs matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise RuntimeError("kernelhub bench --plot needs matplotlib: pip install 'kernelhub[plot]'") from exc
-    groups: dict[str, dict[str, float]] = {}
-    for r in data["rows"]:
-        groups.setdefault(f"{r['op']}\n{r['shape']} {r['pass']}", {})[r["impl"]] = r["x_floor"]
-    impls = sorted({r["impl"] for r in data["rows"]}, key=lambda n: ({"torch_ref": 0, "compiled": 1}.get(n, 2), n))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups)), 4.5))
-    width = 0.8 / max(1, len(impls))
-    for k, name in enumerate(impls):
-        xs = [i + k * width for i in range(len(groups))]
-        ax.bar(xs, [g.get(name, math.nan) for g in groups.values()], width, label=name)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], list(groups), fontsize=7)
-    ax.set_yscale("log")
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_ylabel("time / memory floor (log)")
-    ax.set_title(f"kernelhub bench on {data['device']} (copy {data['copy_GBps']:.0f} GB/s)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig = figure(data)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def figure(data: dict):
+    """One panel per op, titled with the op: for each of its (shape, pass), bars of each impl's time as a
+    multiple of the memory floor (log scale; 1 = the floor); one legend for all."""
+    import matplotlib.pyplot as plt
+
+    per_op: dict[str, dict[str, dict[str, float]]] = {}
+    for r in data["rows"]:
+        per_op.setdefault(r["op"], {}).setdefault(f"{r['shape']}\n{r['pass']}", {})[r["impl"]] = r["x_floor"]
+    impls = sorted({r["impl"] for r in data["rows"]}, key=lambda n: ({"torch_ref": 0, "compiled": 1}.get(n, 2), n))
+    colors = {name: f"C{k}" for k, name in enumerate(impls)}
+    cols = min(3, max(1, len(per_op)))
+    rows = math.ceil(len(per_op) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.0 * cols, 4.2 * rows), squeeze=False)
+    for ax, (op, groups) in zip(axes.flat, per_op.items()):
+        width = 0.8 / max(1, len(impls))
+        for k, name in enumerate(impls):
+            xs = [i + k * width for i in range(len(groups))]
+            ax.bar(xs, [g.get(name, math.nan) for g in groups.values()], width, label=name, color=colors[name])
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))],
+                      [g.replace("\n", " ") for g in groups], fontsize=6, rotation=30, ha="right")
+        ax.set_yscale("log")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_title(op, fontsize=10)
+        ax.set_ylabel("time / memory floor", fontsize=8)
+    for ax in list(axes.flat)[len(per_op):]:
+        ax.set_visible(False)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[n]) for n in impls]
+    fig.legend(handles, impls, loc="upper right", fontsize=8, ncol=len(impls))
+    fig.suptitle(f"kernelhub bench on {data['device']} (copy {data['copy_GBps']:.0f} GB/s): time / floor, lower is "
+                 "better", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    return fig

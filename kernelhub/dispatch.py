@@ -21,7 +21,7 @@ cached decision, fallback, output checks, kill switch, pins, tuned winners) thro
 `torch.autograd.Function`, whose backward reuses the forward's decision. The Python custom-op dispatch (schema binding, the autograd
 kernel, the operator's redispatch) costs more than such a Function: a 1x16^3 TV forward +
 backward on cuda_ext took 304-332 us through the operators, 213-258 us on the fast path and
-184 us in a minimal Function on the 2-core CPU (docs/benchmarks.md, "Per-call host cost").
+184 us in a minimal Function on the 2-core CPU (docs/lab/benchmarks-history.md, "Per-call host cost").
 What is left per call is the argument checks,
 the decision-cache key (a tuple of each tensor's device, dtype, shape and strides), one
 dict lookup (in the forward only) and the Function's own bookkeeping; where no input requires grad (or grad mode is off), not
@@ -203,7 +203,7 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable) -> A
         return run_backward(name, grad, args, needs, backend, rest[n + 2])
 
     # torch.library.define + impl, not custom_op: custom_op wraps each call in a dynamo-disable guard and an
-    # aliasing check, 16.8 against 4.3 us per call of a trivial op on the 2-core CPU (docs/benchmarks.md)
+    # aliasing check, 16.8 against 4.3 us per call of a trivial op on the 2-core CPU (docs/lab/benchmarks-history.md)
     lib = _library()
     lib.define(f"{name}{spec.schema()}")
     lib.define(f"{name}_backward{spec.backward_schema()}")
@@ -327,10 +327,6 @@ class OpHandle:
         if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
             return self.forward(self.spec.name, args, self.backend)[1]  # nothing to differentiate: no graph node
         return KernelhubFunction.apply(self, args, (layout, others), *tensors)
-
-    @property
-    def doc(self) -> str:
-        return self.spec.doc
 
     def __repr__(self) -> str:
         forced = f", backend={self.backend!r}" if self.backend else ""

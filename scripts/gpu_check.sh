@@ -10,6 +10,8 @@
 #            Numba path again under the numpy in .whl/numpy, if any), and benchmarks/tvloss3d.py
 #            (what kernelhub.nn.TVLoss3d costs over the bare op)
 #   host   - benchmarks/host_overhead.py: per-call wall time of the hub against minimal glue (HOST_ARGS narrows it)
+#   report - scripts/bench_report.py record: kernelhub bench of every op at its benchmark shapes, recorded as
+#            $OUT/h200.json for docs/results/ (REPORT_OPS narrows it)
 #   ddp    - two GPUs: examples/ddp_step.py under torchrun (NCCL) and the second-GPU tests
 #   all    - tests and bench (the default)
 # Several steps in one call: scripts/gpu_check.sh tests host examples
@@ -46,6 +48,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
 (git rev-parse --short HEAD 2>/dev/null; git status --short | head -5) | tee -a "$OUT/device.txt"
 rc=0
+if has report; then
+  timeout -s INT -k 30 "${REPORT_TIMEOUT:-0}" python3 scripts/bench_report.py record --out "$OUT/h200.json" \
+    ${REPORT_OPS:+--ops $REPORT_OPS} 2> "$OUT/report.log" || rc=1
+  tail -3 "$OUT/report.log"
+fi
 if has tests || has all; then
   kernelhub list 2>&1 | tee "$OUT/list.txt" | head -8
   python3 -c "from kernelhub_cuda_ext import _lib; print('cuda_ext:', _lib.load() or 'loaded', 'from', _lib.loaded_from(), '| CUDA kernels:', _lib.cuda_reason() or 'yes')" 2>&1 | tee -a "$OUT/list.txt"

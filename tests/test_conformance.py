@@ -28,6 +28,7 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 WIDE = (torch.float32, torch.float64)
 FAST = testing.tier() == "fast"
 OPS = kernelhub.op_names()
+TORCH_2_11 = torch.__version__.startswith("2.11.")
 
 
 def _first_small_sample(case):
@@ -66,6 +67,11 @@ def _check_tiered(check):
         elif FAST:
             check = dataclasses.replace(check, case=dataclasses.replace(check.case,
                                                                         sample=_first_small_sample(check.case)))
+    elif check.kind == "opcheck" and check.backend == "inductor" and check.op == "semiconv" and TORCH_2_11:
+        return pytest.param(check, marks=[pytest.mark.skip(
+            reason="torch 2.11 (the GPU host): inductor's compiled semiconv backward aborts the process ('double free "
+                   "or corruption') inside opcheck's AOT-autograd check, static or symbolic sizes (H200 host, "
+                   "2026-11-24); passes on torch 2.13")], id=str(check))
     elif check.kind in ("opcheck", "gradcheck") and check.backend == "inductor":
         reason = "inductor: a compile per sample"
     elif check.kind in ("opcheck", "gradcheck") and interpreted:

@@ -29,3 +29,24 @@ def test_demo_calls_every_op():
     backends = "|".join(kernelhub.get_hub().registry.backends)
     for name in kernelhub.op_names():
         assert re.search(rf"^{name}\s+-> ({backends}) ", out, re.M), out
+
+
+def test_the_readme_is_short_and_the_benchmarks_page_is_what_its_script_renders():
+    """README.md stays a page (<= 120 lines); docs/benchmarks.md (<= 25 KB) and the README's table of winners are
+    generated from the recorded results by scripts/bench_report.py, never edited by hand; code and docs cite
+    docs/ops.md, not design notes outside the repository."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import bench_report
+    finally:
+        sys.path.pop(0)
+    assert len((REPO / "README.md").read_text().splitlines()) <= 120
+    assert (REPO / "docs" / "benchmarks.md").stat().st_size <= 25_000
+    assert bench_report.render(check=True) == [], "run: python scripts/bench_report.py render"
+    devices = [r["device"] for r in bench_report._records()]
+    assert any(d.startswith("cpu") for d in devices) and any("H200" in d for d in devices), devices
+    cited = [str(p.relative_to(REPO)) for p in (*REPO.glob("kernelhub/**/*.py"), *REPO.glob("backends/**/*.py"),
+                                                 *REPO.glob("backends/**/*.h"), *REPO.glob("docs/*.md"),
+                                                 REPO / "README.md")
+             if re.search(r"(?<![\w/])(OPS|DESIGN)\.md", p.read_text())]
+    assert not cited, cited

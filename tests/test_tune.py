@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import kernelhub
-from kernelhub import cli, tune, winners
+from kernelhub import bench, cli, tune, winners
 from kernelhub.args import bucket
 from kernelhub.winners import WinnerCache
 
@@ -365,6 +365,9 @@ def test_bench_prints_times_floor_fractions_and_speedups_and_plots(tmp_path, mon
         assert r["vs_torch_ref"] == pytest.approx(ref[r["pass"]] / r["ms"])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     json.dumps(data)
+    two = {**data, "rows": data["rows"] + [{**r, "op": "semiconv"} for r in data["rows"]]}
+    fig = bench.figure(two)  # one panel per op, titled with it
+    assert [ax.get_title() for ax in fig.axes if ax.get_visible()] == ["tv_loss_sq_3d", "semiconv"]
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed: a clear error, exit code 2
     assert cli.main(["bench", "tv_loss_sq_3d", "--quick", "--device", "cpu", "--plot", str(out)]) == 2
 

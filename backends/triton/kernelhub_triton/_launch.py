@@ -41,7 +41,7 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
 
     Triton's own launch binds the arguments to the signature, computes the specialisation key and looks the
     compiled kernel up on every call; on a host that is most of a small kernel's time (a trivial kernel's
-    launch costs 11-15 us on an H200 host, docs/benchmarks.md). Here the compiled kernel Triton returned for the
+    launch costs 11-15 us on an H200 host, docs/lab/benchmarks-history.md). Here the compiled kernel Triton returned for the
     first call of a key (the kernel, the device, each argument's `_spec`) is kept, and later calls of the key
     hand it the arguments and the current stream directly, as Triton's own launch does after its lookup. The
     first call of a key, CPU tensors (Triton's interpreter), a triton without ``triton.knobs`` and a launch on a

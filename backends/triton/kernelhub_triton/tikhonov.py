@@ -34,7 +34,7 @@ __all__ = ["forward", "backward"]
 
 # 4 pixels per program on one warp; Z in chunks of up to 32 (Z = 21 in phase microscopy: one
 # chunk, read once and kept in registers). Kernel-only times on an H200 at 115000 x 2 x 21
-# complex64 (docs/benchmarks.md): forward 0.027 ms at 4 x 1, against 0.035 at 8 x 2 and 0.064 at
+# complex64 (docs/lab/benchmarks-history.md): forward 0.027 ms at 4 x 1, against 0.035 at 8 x 2 and 0.064 at
 # 16 x 4; backward 0.053 ms at 4 x 1. Small programs keep many independent pixels in flight.
 BLOCK_P = 4
 MAX_BLOCK_Z = 32

@@ -141,18 +141,14 @@ def _describe(args: Sequence[Any]) -> tuple | None:
     static = getattr(torch.fx.experimental.symbolic_shapes, "has_static_value", None)
     out = []
     for a in args:
-        if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
-            parts = _describe(a)
-            if parts is None:
-                return None
-            out.append(list(parts))
-        elif isinstance(a, torch.Tensor):
-            sizes = (*a.shape, *a.stride())
-            if static is None or not all(static(d) for d in sizes):
-                return None
-            out.append(("tensor", a.dtype, a.device, *[tuple(int(d) for d in x) for x in (a.shape, a.stride())]))
-        else:
+        ts = tensors_of(a)
+        if ts is None:
             out.append(a)
+            continue
+        if static is None or not all(static(d) for t in ts for d in (*t.shape, *t.stride())):
+            return None
+        parts = [("tensor", t.dtype, t.device, *[tuple(int(d) for d in x) for x in (t.shape, t.stride())]) for t in ts]
+        out.append(parts[0] if isinstance(a, torch.Tensor) else parts)
     return tuple(out)
 
 

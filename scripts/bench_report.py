@@ -38,15 +38,18 @@ def record(out: Path, quick: bool, ops: list[str] | None, device: str | None) ->
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     ops = ops or kernelhub.op_names()
-    data = {"rows": []}
+    meta = _where_and_how(quick)
+    rows: list[dict] = []
     for op in ops:  # the file is rewritten after each op: a run cut short keeps what it measured
         part = bench.run([op], None, device, quick=quick, log=lambda m: print(m, file=sys.stderr, flush=True))
-        data = {**part, "rows": data["rows"] + part["rows"]}
-        _write(out, data, quick)
+        rows += part["rows"]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({**part, "rows": rows, **meta}, indent=1) + "\n")
     print(f"wrote {out}")
 
 
-def _write(out: Path, data: dict, quick: bool) -> None:
+def _where_and_how(quick: bool) -> dict:
+    """What a record says besides its rows: the code (commit), the command, the date, versions, sample size."""
     import torch
 
     try:
@@ -63,11 +66,9 @@ def _write(out: Path, data: dict, quick: bool) -> None:
         versions["triton"] = triton.__version__
     except ImportError:
         pass
-    data.update(format=FORMAT, date=datetime.date.today().isoformat(), commit=commit,
+    return dict(format=FORMAT, date=datetime.date.today().isoformat(), commit=commit,
                 command="python scripts/bench_report.py " + " ".join(sys.argv[1:]), versions=versions,
                 samples="medium" if quick else "benchmark", threads=torch.get_num_threads())
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1) + "\n")
 
 
 def _geomean(xs: list[float]) -> float:

@@ -13,6 +13,7 @@ dtype with no recorded error gets no tolerance: its spec still loads, marked unm
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -43,11 +44,18 @@ def tolerance_for(dtype: torch.dtype, error: float) -> float:
 
 
 def read_errors(path: Path) -> tuple[tuple[str, ...], dict[str, dict[torch.dtype, tuple[float, float]]]]:
-    """(hosts, errors[op][dtype] = (forward, backward)) of a measured-errors file; a missing file has none."""
+    """(hosts, errors[op][dtype] = (forward, backward)) of a measured-errors file; a missing file has none. Read
+    once per version of the file (every spec of kernelhub's own reads the same file when kernelhub is imported)."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        st = Path(path).stat()
     except FileNotFoundError:
         return (), {}
+    return _read_errors(Path(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_errors(path: Path, mtime_ns: int, size: int) -> tuple[tuple[str, ...], dict]:
+    data = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{path}: not a {FORMAT} file")
     errors = {op: {getattr(torch, name): (float(f), float(b)) for name, (f, b) in entries.items()}

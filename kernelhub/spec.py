@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Arg", "Tolerance", "SampleInput", "OpSpec", "Backend", "Impl", "ARG_KINDS", "lazy"]
+__all__ = ["Arg", "Tolerance", "SampleInput", "SampleSpace", "OpSpec", "Backend", "Impl", "ARG_KINDS", "lazy"]
 
 # Argument kinds and their torch.library schema types. "tensors" is a list of tensors.
 ARG_KINDS = {
@@ -68,6 +68,24 @@ class SampleInput:
 
 
 @dataclasses.dataclass(frozen=True)
+class SampleSpace:
+    """Where the conformance kit finds calls an impl accepts (`kernelhub.testing.reach`).
+
+    ``tags(args)`` names the parts of the op's parameter space a canonical call exercises ("semifield=log",
+    "stride>1", "ties=tropical_max/corr", ...). ``required[size]`` lists the tags a check of that sample size must
+    reach, each in at least one call the impl accepts. ``draw(size, tag, i, dtype, device, generator)`` returns the
+    ``i``-th of a sequence of random calls carrying ``tag``, whose other parameters (dims, groups, stride,
+    dilation, padding, kind, ...) walk the op's space, so that a partial impl meets the calls it accepts within
+    ``DRAWS`` of them."""
+
+    tags: Callable[[tuple], frozenset[str]]
+    required: dict[str, tuple[str, ...]]
+    draw: Callable[[str, str, int, torch.dtype, torch.device, torch.Generator], SampleInput]
+
+    DRAWS = 200
+
+
+@dataclasses.dataclass(frozen=True)
 class OpSpec:
     """The contract of one op. Backends implement it; the selector and testing kit read it.
 
@@ -79,7 +97,8 @@ class OpSpec:
     ``SAMPLE_SIZES``. ``bad_inputs()`` yields ``(args, kwargs, exception type, text
     the message must contain)`` for the conformance kit. ``tolerances`` maps dtype to
     `Tolerance`, measured as documented in kernelhub/testing/tolerances.py; a dtype left out is
-    `unmeasured`.
+    `unmeasured`. ``space``, where given, is the op's `SampleSpace`: the kit draws calls from it until a partial
+    impl's checks have reached each tag it requires; without one, the kit's calls are the samples.
     """
 
     name: str
@@ -92,6 +111,7 @@ class OpSpec:
     samples: Callable[[str, torch.dtype, torch.device, torch.Generator], list[SampleInput]]
     bad_inputs: Callable[[], list[tuple[tuple, dict, type, str]]]
     reference_backend: str = "torch_ref"
+    space: SampleSpace | None = None
 
     SAMPLE_SIZES = ("small", "medium", "edge", "benchmark")
 

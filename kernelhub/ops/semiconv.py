@@ -14,7 +14,7 @@ import torch
 
 from kernelhub.ops import _checks as c
 from kernelhub.ops.tolerances import MEASURED_ERRORS, tolerances_from
-from kernelhub.spec import Arg, OpSpec, SampleInput
+from kernelhub.spec import Arg, OpSpec, SampleInput, SampleSpace
 
 __all__ = ["SEMICONV", "parse_semifield", "output_size", "Lifted", "lift_3d", "fold_broadcast",
            "out_channels"]
@@ -259,6 +259,97 @@ def _samples(size: str, dtype: torch.dtype, device: torch.device, gen: torch.Gen
     return out
 
 
+# -- the sample space: what the conformance kit draws from for a partial impl (kernelhub.testing.reach) -----------
+_FAMILIES = ("tropical_max", "tropical_min", "linear", "root", "log")
+_REQUIRED = {
+    "small": (*(f"semifield={f}" for f in _FAMILIES), "kind=conv", "kind=corr", "dims=1", "dims=2", "dims=3",
+              "stride>1", "dilation>1", "groups>1", "group_broadcasting", "padding=asymmetric"),
+    "edge": ("ties=tropical_max/conv", "ties=tropical_max/corr", "ties=tropical_min/conv", "ties=tropical_min/corr",
+             "values=nan", "values=inf", "batch=0"),
+}
+
+
+def _integral(t: torch.Tensor) -> bool:
+    return t.numel() > 0 and bool(torch.isfinite(t).all()) and torch.equal(t, t.round())
+
+
+def _tags(args: tuple) -> frozenset[str]:
+    """The parts of semiconv's parameter space one canonical call exercises (`SampleSpace.tags`)."""
+    img, kernel, semifield, stride, padding, dilation, groups, kind, bcast = args
+    name, _ = parse_semifield(semifield)
+    nd = img.ndim - 2
+    tags = {f"semifield={name}", f"kind={kind}", f"dims={nd}"}
+    tags |= {t for t, on in (("stride>1", max(stride) > 1), ("dilation>1", max(dilation) > 1),
+                             ("groups>1", groups > 1), ("group_broadcasting", bcast),
+                             ("padding=asymmetric", any(padding[2 * i] != padding[2 * i + 1] for i in range(nd))),
+                             ("batch=0", img.shape[0] == 0),
+                             ("values=nan", bool(img.isnan().any() or kernel.isnan().any())),
+                             ("values=inf", bool(img.isinf().any() or kernel.isinf().any()))) if on}
+    if name in ("tropical_max", "tropical_min") and _integral(img) and _integral(kernel):
+        tags.add(f"ties={name}/{kind}")  # small integers: many exact ties, decided by the (c, tap) order
+    return frozenset(tags)
+
+
+def _draw(size: str, tag: str, i: int, dtype: torch.dtype, device: torch.device, gen: torch.Generator) -> SampleInput:
+    """A random call carrying ``tag`` (`SampleSpace.draw`). Each other parameter is drawn on its own, the plain
+    choice more often than the others (2-D, stride 1, dilation 1, symmetric padding, no group broadcasting), so a
+    partial impl that takes only plain calls meets one in about every 20 draws, and one that takes more meets
+    those too. ``i`` numbers the draws of a check: the generator carries the sequence."""
+    key, _, value = tag.partition("=")
+    pick = lambda options: options[int(torch.randint(len(options), (1,), generator=gen, device=device))]  # noqa: E731
+    chance = lambda p: float(torch.rand((), generator=gen, device=device)) < p  # noqa: E731
+    family = value if key == "semifield" else value.split("/")[0] if key == "ties" else pick(_FAMILIES)
+    if key in ("values", "batch") and pick((0, 1)):
+        family = pick(("tropical_max", "tropical_min"))  # the contract's NaN and Inf rules are the max/min ones
+    kind = value if key == "kind" else value.split("/")[1] if key == "ties" else pick(("conv", "corr"))
+    nd = int(value) if key == "dims" else 2 if chance(0.5) else pick((1, 3))
+    stride = [pick((2, 3)) if (tag == "stride>1" and d == 0) or chance(0.1) else 1 for d in range(nd)]
+    dilation = [2 if (tag == "dilation>1" and d == 0) or chance(0.1) else 1 for d in range(nd)]
+    bcast = tag == "group_broadcasting" or chance(0.15)
+    mode = "grouped" if tag in ("groups>1", "group_broadcasting") and chance(0.5) else \
+        "depthwise" if tag in ("groups>1", "group_broadcasting") else pick(("dense", "depthwise", "grouped"))
+    cin = {"dense": pick((1, 2, 3)), "depthwise": pick((2, 3)), "grouped": 4}[mode]
+    groups = {"dense": 1, "depthwise": cin, "grouped": 2}[mode]
+    out = cin if mode == "depthwise" else pick((2, 4)) if mode == "grouped" else pick((1, 2, 3))
+    if bcast and groups == 1:
+        bcast = False
+    ksize = [pick((1, 2, 3)) if nd < 3 else pick((1, 2)) for _ in range(nd)]
+    if key == "ties":  # two taps or more in every dim: a row-major and a column-major walk differ
+        ksize = [pick((2, 3)) if nd < 3 else 2 for _ in range(nd)]
+    if tag == "padding=asymmetric":
+        ksize[0] = pick((2, 3))
+    reach = [dilation[d] * (ksize[d] - 1) + 1 for d in range(nd)]
+    spatial = [reach[d] + pick((0, 1, 2, 3)) for d in range(nd)]
+    # padding below each dim's reach: every window holds an image pixel (the edge samples have padding-only ones;
+    # here a window of -inf would make gradcheck's finite differences NaN)
+    if tag == "padding=asymmetric" or chance(0.15):
+        padding = [(lambda b, e: (b, e) if pick((0, 1)) else (e, b))(0, pick(range(1, r))) if r > 1 else (0, 0)
+                   for r in reach]
+    else:
+        padding = pick((0, "valid", "same", [(1, 1)] * nd, 1))
+        if padding in (1, [(1, 1)] * nd) and min(reach) < 2:
+            padding = 0
+    batch = 0 if tag == "batch=0" else pick((1, 2))
+    kshape = (out // groups if bcast else out, cin // groups, *ksize)
+    ishape = (batch, cin, *spatial)
+    if key == "ties":
+        img = torch.randint(0, 3, ishape, generator=gen, device=device).to(dtype)
+        ker = torch.randint(0, 2, kshape, generator=gen, device=device).to(dtype)
+    elif family == "root":
+        img, ker = c.randn(ishape, dtype, device, gen, 0.1, 2.0), c.randn(kshape, dtype, device, gen, 0.1, 2.0)
+    else:
+        img, ker = c.randn(ishape, dtype, device, gen), c.randn(kshape, dtype, device, gen)
+    if tag in ("values=nan", "values=inf") and img.numel():
+        flat = img.view(-1)
+        flat[int(torch.randint(flat.numel(), (1,), generator=gen, device=device))] = \
+            float("nan") if tag == "values=nan" else pick((1.0, -1.0)) * float("inf")
+    semifield = {"root": f"root:{pick((2, 3))}", "log": f"log:{pick((-1.5, 0.5, 1, 2.5))}"}.get(family, family)
+    args = _normalize(img, ker, semifield, stride, padding, dilation, groups, kind, bcast)
+    return SampleInput(f"drawn_{tag}_{i}_{semifield}_{kind}_{'x'.join(map(str, ishape))}_k{'x'.join(map(str, kshape))}"
+                       f"_s{'x'.join(map(str, stride))}_d{'x'.join(map(str, dilation))}_p{'x'.join(map(str, args[4]))}"
+                       f"_g{groups}" + ("_bcast" if bcast else ""), args)
+
+
 def _bad_inputs():
     img, ker = torch.zeros(1, 2, 5, 5), torch.zeros(2, 2, 3, 3)
     return [
@@ -297,4 +388,5 @@ SEMICONV = OpSpec(
     output=_output,
     samples=_samples,
     bad_inputs=_bad_inputs,
+    space=SampleSpace(tags=_tags, required=_REQUIRED, draw=_draw),
 )

@@ -18,7 +18,9 @@ values; on the rest, ``max|out - ref| / max|ref|`` must not exceed the tolerance
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import fnmatch
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -35,7 +37,8 @@ from kernelhub.spec import OpSpec, SampleInput
 __all__ = [
     "Case", "cases", "samples", "parity_error", "reference", "run", "check_parity", "check_opcheck",
     "check_gradcheck", "check_noncontiguous", "check_bad_inputs", "noncontiguous", "to_dtype", "leaves",
-    "with_grad", "fresh_leaves", "supported", "NothingChecked", "is_skip", "cuda_args", "copy_into",
+    "with_grad", "fresh_leaves", "supported", "reach", "Reached", "NotCovered", "MINIMUM", "is_skip", "cuda_args",
+    "copy_into",
     "check_no_host_sync", "check_cuda_graph_replay", "tier", "Check", "CHECK_KINDS", "suite",
 ]
 
@@ -155,35 +158,126 @@ def measure(op: str, backend: str, args: Sequence[Any], seed: int = 1,
     return parity.measure(_spec(op), backend, args, seed, reference)
 
 
-def supported(op: str, backend: str, sample_list: Iterable[SampleInput]) -> list[SampleInput]:
-    """The samples the impl accepts. One it rejects (``not_supported_reasons``: a part of the parameter space it
-    does not cover, or a call it is known to get wrong) must be refused by a forced call, naming the reason;
-    an unforced call falls back (the selector's tests)."""
-    impl = get_hub().registry.impls(op)[backend]
-    out = []
-    for sample in sample_list:
-        reasons = impl.not_supported_reasons(sample.args)
-        if not reasons:
-            out.append(sample)
-            continue
+def _refused(op: str, backend: str, impl, sample: SampleInput, confirm: bool = True) -> list[str]:
+    """The impl's reasons to decline ``sample`` ([] where it accepts it); with ``confirm``, a declined call forced on
+    the backend must be refused, naming the first reason (an unforced call falls back: the selector's tests)."""
+    reasons = impl.not_supported_reasons(sample.args)
+    if reasons and confirm:
         try:
             run(op, backend, sample.args)
         except NoImplementationError as exc:
             assert reasons[0] in str(exc), f"{op} on {backend} [{sample.name}]: the refusal does not name {reasons}"
         else:
             raise AssertionError(f"{op} on {backend} [{sample.name}]: rejected ({reasons}) but a forced call ran")
+    return reasons
+
+
+def supported(op: str, backend: str, sample_list: Iterable[SampleInput]) -> list[SampleInput]:
+    """The samples the impl accepts (``not_supported_reasons``: a part of the parameter space it does not cover, or
+    a call it is known to get wrong); each one it declines is checked to be refused when forced, naming the
+    reason."""
+    impl = get_hub().registry.impls(op)[backend]
+    return [sample for sample in sample_list if not _refused(op, backend, impl, sample)]
+
+
+CONFIRM = 8  # declined calls per check that are forced, to see the refusal name its reason
+MINIMUM = 1  # accepted calls a check needs of each tag its size requires (`SampleSpace.required`), and in all
+
+
+@dataclasses.dataclass
+class Reached:
+    """The calls a check reached: ``samples`` the impl accepted (the check runs each; ``run`` counts those it ran),
+    ``declined`` how many it declined (``reasons``: how often each first reason), ``drawn`` how many of all came
+    from the op's `SampleSpace` beyond its samples, and ``tags``: for each tag the check requires, how many
+    accepted calls carry it."""
+
+    samples: list[SampleInput]
+    declined: int = 0
+    drawn: int = 0
+    run: int = 0
+    tags: dict[str, int] = dataclasses.field(default_factory=dict)
+    reasons: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    def missing(self, allow: Iterable[str] = ()) -> list[str]:
+        """The required tags below `MINIMUM` (``allow``: fnmatch patterns of tags a partial impl may leave out)
+        and, where the impl accepted no call at all, "any call"."""
+        allow = list(allow)
+        short = [t for t, n in self.tags.items() if n < MINIMUM] + ([] if self.samples else ["any call"])
+        return [t for t in short if not any(fnmatch.fnmatchcase(t, p) for p in allow)]
+
+    @property
+    def counts(self) -> str:
+        text = f"{len(self.samples)} accepted, {self.declined} declined, {self.run} run"
+        return text + (f" ({self.drawn} drawn from the op's sample space)" if self.drawn else "")
+
+    def declines(self) -> str:
+        """The impl's reasons to decline, most frequent first, with how often each ("" where it declined none)."""
+        why = "; ".join(f"{n}x {r!r}" for r, n in self.reasons.most_common())
+        return f"declined for {why}" if why else ""
+
+    def summary(self) -> str:
+        """The counts, and why the impl declined."""
+        return "; ".join(filter(None, (self.counts, self.declines())))
+
+
+class NotCovered(AssertionError):
+    """A check reached fewer accepted calls of a required tag than `MINIMUM` (or none at all): what was not
+    compared is not a pass. ``reached`` says what was."""
+
+    def __init__(self, message: str, reached: Reached) -> None:
+        super().__init__(message)
+        self.reached = reached
+
+
+def reach(op: str, backend: str, size: str, dtype: torch.dtype, device: str = "cpu", seed: int = 0,
+          sample: str | None = None) -> Reached:
+    """The calls a check of ``op`` on ``backend`` runs: the spec's samples of ``size`` the impl accepts, then,
+    for each tag the op's `SampleSpace` requires of that size and the accepted ones lack, calls drawn from the space
+    until `MINIMUM` carry it or `SampleSpace.DRAWS` were declined. ``sample`` names the one sample to run (no
+    drawing, no tag required); ``backend`` "" (the hub selects) declines nothing."""
+    spec = _spec(op)
+    impl = get_hub().registry.impls(op)[backend] if backend else None
+    out = Reached([])
+
+    def offer(candidate: SampleInput) -> bool:
+        # the first declines are forced too, to see them refused; the rest (hundreds where a partial impl declines
+        # most of a space) only asked
+        reasons = _refused(op, backend, impl, candidate, out.declined < CONFIRM) if impl is not None else []
+        if reasons:
+            out.declined += 1
+            out.reasons[reasons[0]] += 1
+            return False
+        out.samples.append(candidate)
+        for tag in space.tags(candidate.args) & out.tags.keys() if space else ():
+            out.tags[tag] += 1
+        return True
+
+    space = spec.space if sample is None else None
+    out.tags = {t: 0 for t in (space.required.get(size, ()) if space else ())}
+    for candidate in Case(op, backend, dtype, str(device), size, sample).samples(seed):
+        offer(candidate)
+    if space is not None:
+        gen = torch.Generator(device=device).manual_seed(seed + 1)
+        for tag in list(out.tags):
+            for i in range(space.DRAWS):
+                if out.tags[tag] >= MINIMUM:
+                    break
+                out.drawn += 1
+                offer(space.draw(size, tag, i, dtype, torch.device(device), gen))
     return out
 
 
-class NothingChecked(Exception):
-    """The impl rejects every sample of a check (with its reasons): nothing was compared, which is not a pass.
-    Under pytest the check skips instead (pytest's own skip exception)."""
+def _covered(reached: Reached, what: str, allow: Iterable[str]) -> Reached:
+    """``reached``, after its samples ran; a `NotCovered` where a required tag (not allowed) was not reached."""
+    missing = reached.missing(allow)
+    if missing:
+        raise NotCovered(f"{what}: not covered: {', '.join(missing)} (minimum {MINIMUM} accepted call each; "
+                         f"{reached.summary()})", reached)
+    return reached
 
 
 def is_skip(exc: BaseException) -> bool:
-    """Whether ``exc`` is a check's "nothing to compare" (NothingChecked, or pytest's skip)."""
-    if isinstance(exc, NothingChecked):
-        return True
+    """Whether ``exc`` is pytest's skip (a check that does not apply here)."""
     try:
         import pytest
     except ImportError:
@@ -191,36 +285,29 @@ def is_skip(exc: BaseException) -> bool:
     return isinstance(exc, pytest.skip.Exception)
 
 
-def _to_check(op: str, backend: str, every: list[SampleInput], what: str) -> list[SampleInput]:
-    """`supported` samples; where the impl rejects all of them, a skip: nothing compared is not a pass."""
-    checked = supported(op, backend, every)
-    if every and not checked:
-        msg = f"{what}: the impl rejects every sample of this size"
-        try:
-            import pytest
-        except ImportError:
-            raise NothingChecked(msg) from None
-        pytest.skip(msg)
-    return checked
-
-
-def check_parity(case: Case, seed: int = 0) -> None:
-    """Forward and backward of every sample of ``case`` within the spec's tolerance (the samples the impl
-    rejects with a reason: refused when forced, see `supported`). In a dtype the spec has not measured yet
-    (`OpSpec.unmeasured`), within `kernelhub.parity.call_tolerance` of each sample."""
+def check_parity(case: Case, seed: int = 0, allow: Iterable[str] = ()) -> Reached:
+    """Forward and backward of every call `reach` finds for ``case`` within the spec's tolerance (the drawn calls
+    are no larger than its samples; not the per-call `kernelhub.parity.call_tolerance`, which in float64 a tie
+    widens to anything: one rounding moves the winner), or in a dtype the spec has not measured yet
+    (`OpSpec.unmeasured`) the call's own. The calls the impl declines are refused when forced (`supported`); a
+    required tag it reached no call of is `NotCovered` unless ``allow`` names it."""
     spec = _spec(case.op)
-    for sample in _to_check(case.op, case.backend, case.samples(seed), str(case)):
+    reached = reach(case.op, case.backend, case.size, case.dtype, case.device, seed, case.sample)
+    for sample in reached.samples:
         tol = spec.tolerances.get(case.dtype) or parity.call_tolerance(spec, sample.args)
         fwd, bwd = measure(case.op, case.backend, sample.args)
         assert fwd <= tol.forward, f"{case} [{sample.name}]: forward error {fwd:.3g} > {tol.forward:.3g}"
         assert bwd <= tol.backward, f"{case} [{sample.name}]: backward error {bwd:.3g} > {tol.backward:.3g}"
+        reached.run += 1
+    return _covered(reached, f"parity of {case}", allow)
 
 
-def check_noncontiguous(case: Case, seed: int = 0) -> None:
+def check_noncontiguous(case: Case, seed: int = 0, allow: Iterable[str] = ()) -> Reached:
     """Non-contiguous inputs give the result of their contiguous copies, within the dtype's tolerance
-    (forward and gradients)."""
+    (forward and gradients), on every call `reach` finds."""
     spec = _spec(case.op)
-    for sample in _to_check(case.op, case.backend, case.samples(seed), str(case)):
+    reached = reach(case.op, case.backend, case.size, case.dtype, case.device, seed, case.sample)
+    for sample in reached.samples:
         ref_out, _ = run(case.op, case.backend, sample.args)
         grad = upstream_grad(ref_out)
         want, want_g = run(case.op, case.backend, sample.args, grad)
@@ -229,21 +316,28 @@ def check_noncontiguous(case: Case, seed: int = 0) -> None:
         assert parity_error(got, want) <= tol.forward, f"{case} [{sample.name}]: non-contiguous forward differs"
         for g, w in zip(got_g, want_g):
             assert parity_error(g, w) <= tol.backward, f"{case} [{sample.name}]: non-contiguous backward differs"
+        reached.run += 1
+    return _covered(reached, f"non-contiguous {case}", allow)
 
 
-def check_opcheck(op: str, backend: str = "", size: str = "small", device: str = "cpu") -> None:
-    """torch.library.opcheck (schema, autograd registration, fake tensor, AOT dispatch) on float64 samples."""
+def check_opcheck(op: str, backend: str = "", size: str = "small", device: str = "cpu",
+                  allow: Iterable[str] = ()) -> Reached:
+    """torch.library.opcheck (schema, autograd registration, fake tensor, AOT dispatch) on the float64 calls
+    `reach` finds (``backend`` "": the operator as a call reaches it, the hub selecting)."""
     overload = getattr(torch.ops.kernelhub, op).default
-    for sample in samples(op, size, torch.float64, device):
+    reached = reach(op, backend, size, torch.float64, device)
+    for sample in reached.samples:
         args = with_grad(op, sample.args)
         result = torch.library.opcheck(overload, (*args, backend, 0), raise_exception=False)
         bad = {k: v for k, v in result.items() if v != "SUCCESS"}
-        assert not bad, f"opcheck of {op} [{sample.name}] failed: {bad}"
+        assert not bad, f"opcheck of {op} on {backend or 'the selected backend'} [{sample.name}] failed: {bad}"
+        reached.run += 1
+    return _covered(reached, f"opcheck of {op} on {backend or 'the selected backend'}", allow)
 
 
 def check_gradcheck(op: str, backend: str, device: str = "cpu", fast_mode: bool = False,
-                    sample: str | None = None) -> None:
-    """torch.autograd.gradcheck in float64 on the small samples (``fast_mode``: against one random
+                    sample: str | None = None, allow: Iterable[str] = ()) -> Reached:
+    """torch.autograd.gradcheck in float64 on the small calls `reach` finds (``fast_mode``: against one random
     projection of the Jacobian instead of all of it, for slow kernels such as interpreted ones; ``sample``:
     only the small sample of that name)."""
     spec = _spec(op)
@@ -251,8 +345,8 @@ def check_gradcheck(op: str, backend: str, device: str = "cpu", fast_mode: bool 
     fn = lambda *a: overload(*a, backend, 0)  # noqa: E731
     # an impl that adds with atomics gives backwards that differ in the last bits from run to run
     nondet_tol = 0.0 if get_hub().registry.impls(op)[backend].deterministic else 1e-12
-    case = Case(op, backend, torch.float64, str(device), "small", sample)
-    for checked in _to_check(op, backend, case.samples(), f"gradcheck of {op} on {backend}"):
+    reached = reach(op, backend, "small", torch.float64, str(device), sample=sample)
+    for checked in reached.samples:
         args = list(checked.args)
         diff = spec.differentiable
 
@@ -272,6 +366,8 @@ def check_gradcheck(op: str, backend: str, device: str = "cpu", fast_mode: bool 
         assert torch.autograd.gradcheck(f, tuple(inputs), eps=1e-6, atol=1e-5, rtol=1e-4, fast_mode=fast_mode,
                                         nondet_tol=nondet_tol), \
             f"gradcheck of {op} on {backend} [{checked.name}] failed"
+        reached.run += 1
+    return _covered(reached, f"gradcheck of {op} on {backend}", allow)
 
 
 def check_bad_inputs(op: str, backend: str | None = None) -> None:
@@ -291,8 +387,7 @@ def check_bad_inputs(op: str, backend: str | None = None) -> None:
 @dataclasses.dataclass(frozen=True)
 class Check:
     """One conformance check of one backend's impl of one op on one device (``case``: the parity case, for the
-    parity and non-contiguous checks). `suite` lists them; ``run()`` runs it (an AssertionError on a failure,
-    a skip where the impl rejects every sample)."""
+    parity and non-contiguous checks). `suite` lists them; ``run()`` runs it."""
 
     kind: str  # one of CHECK_KINDS
     op: str
@@ -313,21 +408,25 @@ class Check:
             return f"non-contiguous {str(self.case.dtype).removeprefix('torch.')}"
         return f"{self.kind} float64" if self.kind in ("opcheck", "gradcheck") else self.kind
 
-    def run(self) -> None:
+    def run(self, allow: Iterable[str] = ()) -> Reached | None:
+        """Run the check: an AssertionError on a failure, `NotCovered` where a tag its size requires (and
+        ``allow``'s fnmatch patterns do not name) was reached by no call the impl accepts; returns what it
+        reached (None for the checks that run one fixed call: bad inputs and the CUDA ones)."""
         if self.kind == "parity":
-            check_parity(self.case)
-        elif self.kind == "non-contiguous":
-            check_noncontiguous(self.case)
-        elif self.kind == "opcheck":
-            check_opcheck(self.op, self.backend, "small", self.device)
-        elif self.kind == "gradcheck":
-            check_gradcheck(self.op, self.backend, self.device)
-        elif self.kind == "bad inputs":
+            return check_parity(self.case, allow=allow)
+        if self.kind == "non-contiguous":
+            return check_noncontiguous(self.case, allow=allow)
+        if self.kind == "opcheck":
+            return check_opcheck(self.op, self.backend, "small", self.device, allow=allow)
+        if self.kind == "gradcheck":
+            return check_gradcheck(self.op, self.backend, self.device, allow=allow)
+        if self.kind == "bad inputs":
             check_bad_inputs(self.op, self.backend)
         elif self.kind == "no host sync":
             check_no_host_sync(self.op, self.backend)
         else:
             check_cuda_graph_replay(self.op, self.backend)
+        return None
 
 
 CHECK_KINDS = ("parity", "non-contiguous", "opcheck", "gradcheck", "bad inputs", "no host sync", "CUDA graph replay")

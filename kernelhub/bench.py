@@ -8,8 +8,9 @@ For every op and each sample of the chosen size (the spec's "benchmark" shapes; 
   device. Forward: read each tensor input, write the output. Backward: also read the upstream gradient
   and the tensor inputs again, and write each gradient (an upper bound where a backward needs fewer
   inputs: benchmarks/kernels.py refines it per op);
-- the median time (`kernelhub.timing.time_ms`: `triton.testing.do_bench` on CUDA, `torch.utils.benchmark`
-  on the CPU) of the reference's forward in eager mode ("torch_ref"), under `torch.compile` ("compiled",
+- the median time and its spread (`kernelhub.timing.timed`: `triton.testing.do_bench` on CUDA,
+  `torch.utils.benchmark` on the CPU; the spread is the repeats' interquartile range over the median) of the
+  reference's forward in eager mode ("torch_ref"), under `torch.compile` ("compiled",
   compiled before any timing, its compile time reported), and each backend through the hub with that
   backend forced. Each one's first call is timed apart ("first_call_s": where the inductor backend
   compiles) and never enters the median.
@@ -27,7 +28,7 @@ import torch
 from kernelhub.hub import get_hub
 from kernelhub import testing
 from kernelhub.args import nbytes
-from kernelhub.timing import device_model, time_ms
+from kernelhub.timing import device_model, time_ms, timed
 
 __all__ = ["compiled_reference", "copy_bandwidth", "floor_bytes", "make_step", "run", "plot", "figure"]
 
@@ -113,7 +114,7 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
             for grads_of in (None, spec.differentiable):
                 passname = "fwd" if grads_of is None else "fwd+bwd"
                 floor_ms = floor_bytes(spec, args, out, grads_of is not None) / bw * 1e3
-                times, first = {}, {}
+                times, first, spread = {}, {}, {}
                 for label, fn in [("torch_ref", ref_fn)] + [("compiled", compiled)] * (compiled is not None) + [
                         (b, get_hub().handle(op, b)) for b in names]:
                     try:
@@ -123,14 +124,14 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
                         if dev.type == "cuda":
                             torch.cuda.synchronize(dev)
                         first[label] = time.perf_counter() - start
-                        times[label] = time_ms(step, dev, quick)
+                        times[label], spread[label] = timed(step, dev, quick)
                         log(f"{op} {sample.name} {passname} {label}: {times[label]:.4f} ms "
                             f"(first call {first[label]:.2f} s)")  # progress: a long run shows each row as it lands
                     except Exception as exc:  # a backend that cannot serve this sample, out of memory...
                         log(f"{op} {sample.name} {passname} {label}: {type(exc).__name__}: {exc}"[:300])
                 for label, ms in times.items():
                     rows.append({"op": op, "shape": sample.name, "pass": passname, "impl": label, "ms": ms,
-                                 "floor_ms": floor_ms, "x_floor": ms / floor_ms,
+                                 "spread": spread[label], "floor_ms": floor_ms, "x_floor": ms / floor_ms,
                                  "vs_torch_ref": times.get("torch_ref", math.nan) / ms,
                                  "vs_compiled": times.get("compiled", math.nan) / ms, "first_call_s": first[label],
                                  "compile_s": compile_s if label == "compiled" else None})

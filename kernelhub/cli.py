@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import inspect
 import importlib.metadata
 import json
 import math
@@ -74,6 +75,7 @@ def _winners(hub) -> dict:
         times = {n: c.get("step_ms") for n, c in e["candidates"].items()}
         rows.setdefault(e.get("device", "?"), []).append(
             {"op": e.get("op"), "dtype": e.get("dtype"), "bucket": e.get("bucket"), "winner": e.get("winner"),
+             "within_noise": e.get("within_noise", []),
              "step_ms": times, "failed": {n: c["error"] for n, c in e["candidates"].items() if c.get("error")},
              "stale": stale})
     return {"cache": str(tuning.cache.path), "mode": hub.config.tune.mode, "devices": rows}
@@ -119,7 +121,8 @@ def render_list(data: dict, console: Console) -> None:
                               if ms is not None)
             note = "; ".join([f"[red]{n} failed[/]" for n in r["failed"]] + ([f"[yellow]stale: {r['stale']}[/]"]
                                                                            if r["stale"] else []))
-            t.add_row(r["op"], r["dtype"], r["bucket"], r["winner"] or "-", times, note)
+            winner = r["winner"] or (f"none: within noise ({', '.join(r['within_noise'])})" if r["within_noise"] else "-")
+            t.add_row(r["op"], r["dtype"], r["bucket"], winner, times, note)
         console.print(t)
 
 
@@ -129,9 +132,10 @@ EXPLAIN_REAL_BYTES = 1 << 28  # `explain` allocates real tensors up to this much
 
 def _example_args(op: str, shapes: list[list[int]], values: list[str], dtype: torch.dtype, device: str,
                   fake_above: int | None = None) -> tuple:
-    """Arguments for ``op``: tensors of the given shapes, other arguments from ``values`` (NAME=VALUE)
-    or else from the spec's first small sample; validated by the spec like a real call. Where the tensors
-    would take more than ``fake_above`` bytes they are fake tensors (shapes, no memory)."""
+    """Arguments for ``op``: tensors of the given shapes, other arguments from ``values`` (NAME=VALUE) or else the
+    op's defaults (the spec's first small sample where an argument has none; with no shapes, that whole sample);
+    validated by the spec like a real call. Where the tensors would take more than ``fake_above`` bytes they are
+    fake tensors (shapes, no memory)."""
     spec = kernelhub.get_hub().registry.spec(op)
     nbytes = sum(math.prod(shape) for shape in shapes) * torch.empty((), dtype=dtype).element_size()
     if fake_above is not None and nbytes > fake_above:
@@ -146,6 +150,10 @@ def _example_args(op: str, shapes: list[list[int]], values: list[str], dtype: to
         raise ValueError(f"{op} takes {len(tensors)} tensor shape(s) "
                          f"({', '.join(spec.args[i].name for i in tensors)}), got {len(shapes)}")
     kwargs = {a.name: v for a, v in zip(spec.args, template)}
+    if shapes:  # a call of the user's: what the op does when an argument is left out
+        params = inspect.signature(spec.normalize).parameters
+        kwargs.update({a.name: params[a.name].default for a in spec.args if not a.is_tensor and a.name in params
+                       and params[a.name].default is not inspect.Parameter.empty})
     for i, shape in zip(tensors, shapes):
         kwargs[spec.args[i].name] = torch.randn(shape, generator=gen, device=device).to(template[i].dtype)
     for item in values:
@@ -238,9 +246,14 @@ def render_tune(data: dict, console: Console) -> None:
         t.add_column(col)
     for e in data["tuned"]:
         for i, (name, c) in enumerate(sorted(e["candidates"].items(), key=lambda x: x[1].get("step_ms") or 1e30)):
-            outcome = (f"[red]{c['error']}[/]" if c["error"] else
+            close = e.get("within_noise", [])
+            fastest = e["winner"] or (close[0] if close else None)
+            outcome = (f"[red]{escape(c['error'])}[/]" if c["error"] else
                        "[green]winner[/]" if name == e["winner"] else
-                       f"{c['step_ms'] / e['candidates'][e['winner']]['step_ms']:.2f}x slower")
+                       "[yellow]within noise[/]: priority order decides" if name in close else
+                       f"{c['step_ms'] / e['candidates'][fastest]['step_ms']:.2f}x slower")
+            if c.get("step_spread") is not None:
+                outcome += f" (spread {c['step_spread']:.0%})"
             t.add_row(e["op"] if i == 0 else "", e["call"] if i == 0 else "", name,
                       f"{c['first_call_s']:.3g}" if c.get("first_call_s") is not None else "-",
                       f"{c['forward_ms']:.4g}" if c.get("forward_ms") is not None else "-",
@@ -273,11 +286,12 @@ def cmd_bench(args: argparse.Namespace) -> dict:
 
 def render_bench(data: dict, console: Console) -> None:
     t = Table(title=f"kernelhub bench on {data['device']} (copy bandwidth {data['copy_GBps']:.0f} GB/s)")
-    numbers = ("ms", "x floor", "vs torch_ref", "vs compiled", "first call s")
+    numbers = ("ms", "spread", "x floor", "vs torch_ref", "vs compiled", "first call s")
     for col in ("op", "shape", "pass", "impl", *numbers):
         t.add_column(col, justify="right" if col in numbers else "left")
     for r in data["rows"]:
-        t.add_row(r["op"], r["shape"], r["pass"], r["impl"], f"{r['ms']:.4g}", f"{r['x_floor']:.2f}x",
+        t.add_row(r["op"], r["shape"], r["pass"], r["impl"], f"{r['ms']:.4g}", f"{r['spread']:.0%}",
+                  f"{r['x_floor']:.2f}x",
                   f"{r['vs_torch_ref']:.2f}x", f"{r['vs_compiled']:.2f}x", f"{r['first_call_s']:.3g}")
     console.print(t)
     if data.get("plot"):

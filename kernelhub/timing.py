@@ -1,4 +1,5 @@
-"""Timing: what a timing depends on (`device_model`) and the median time of a call after warm-up (`time_ms`).
+"""Timing: what a timing depends on (`device_model`) and the median time of a call after warm-up (`time_ms`), with
+its spread (`timed`).
 
 `time_ms` uses `triton.testing.do_bench` on CUDA (CUDA events when triton is missing) and
 `torch.utils.benchmark.Timer.blocked_autorange` on the CPU. The tuner (`kernelhub.tune`) and `kernelhub bench`
@@ -10,11 +11,11 @@ from __future__ import annotations
 import functools
 import platform
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["cpu_name", "device_model", "time_ms"]
+__all__ = ["cpu_name", "device_model", "time_ms", "timed", "Timing"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -39,15 +40,28 @@ def device_model(device: torch.device | str) -> str:
     return device.type
 
 
-def time_ms(fn: Callable[[], Any], device: torch.device, quick: bool = False) -> float:
-    """Median time of ``fn()`` in milliseconds, after warm-up."""
+class Timing(NamedTuple):
+    """A median time in milliseconds and its spread: the interquartile range of the repeats over the median."""
+
+    ms: float
+    spread: float
+
+
+def _quartiles(times: list[float]) -> Timing:
+    q = torch.tensor(times, dtype=torch.float64).quantile(torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64))
+    return Timing(float(q[1]), float((q[2] - q[0]) / q[1]) if q[1] > 0 else 0.0)
+
+
+def timed(fn: Callable[[], Any], device: torch.device, quick: bool = False) -> Timing:
+    """Median time of ``fn()`` in milliseconds after warm-up, and its spread (`Timing`)."""
     if device.type == "cuda":
         try:
             from triton.testing import do_bench
         except ImportError:
             do_bench = None
         if do_bench is not None:
-            return float(do_bench(fn, warmup=5 if quick else 25, rep=20 if quick else 100, return_mode="median"))
+            return _quartiles(list(do_bench(fn, warmup=5 if quick else 25, rep=20 if quick else 100,
+                                            return_mode="all")))
         for _ in range(3):
             fn()
         times = []
@@ -58,8 +72,14 @@ def time_ms(fn: Callable[[], Any], device: torch.device, quick: bool = False) ->
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
-        return float(sorted(times)[len(times) // 2])
+        return _quartiles(times)
     import torch.utils.benchmark as benchmark
     fn()
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    return timer.blocked_autorange(min_run_time=0.05 if quick else 0.3).median * 1e3
+    m = timer.blocked_autorange(min_run_time=0.05 if quick else 0.3)
+    return Timing(m.median * 1e3, m.iqr / m.median if m.median > 0 else 0.0)
+
+
+def time_ms(fn: Callable[[], Any], device: torch.device, quick: bool = False) -> float:
+    """Median time of ``fn()`` in milliseconds, after warm-up."""
+    return timed(fn, device, quick).ms

@@ -6,8 +6,11 @@ An entry records torch's version and, per backend timed, its fingerprint (versio
 sources, `Registry.fingerprint`), its median forward and forward+backward times, and its parity outcome.
 It serves a call only while torch is the same and every backend now eligible for the call was timed
 with its current fingerprint, so a new or changed backend invalidates only the entries of the ops it
-implements. Among the eligible backends that passed parity the fastest forward+backward wins: the
-backward always runs on the backend that ran the forward, so one winner serves both passes. A backend
+implements. Among the eligible backends that passed parity the fastest forward+backward wins (the
+backward always runs on the backend that ran the forward, so one winner serves both passes), but only by more
+than the noise (`within_noise`: each time's spread, at least `NOISE_FLOOR`); where the fastest are within noise
+of each other no winner is recorded, the priority order stands among them, and `explain` says so. Tuning a bucket
+again warns when the winner changed. A backend
 that failed parity on the bucket (and fails it in this process too) is never chosen for it; one that raised
 while tuned is only never its winner.
 
@@ -17,7 +20,7 @@ spec's reference backend is the judge and is never rejected for parity.
 
 Timing: the first call (a backend that compiles, such as inductor, compiles then) is timed on its own
 and recorded as ``first_call_s``, never mixed into the median after warm-up, which goes through the
-hub's operator with the backend forced (each pays the same dispatch cost), by `kernelhub.timing.time_ms`.
+hub's operator with the backend forced (each pays the same dispatch cost), by `kernelhub.timing.timed`.
 Parity: forward and backward against the float64 reference on the same fresh random inputs, within the call's
 tolerance (above).
 
@@ -39,11 +42,12 @@ import torch
 
 from kernelhub.args import bucket, describe_args, first_tensor, map_tensors
 from kernelhub.parity import call_tolerance, parity_error, reference_with_upstream, run
-from kernelhub.timing import device_model, time_ms
+from kernelhub.timing import device_model, timed
 from kernelhub.winners import WinnerCache, entry_key
 
-__all__ = ["Tuning", "may_tune_now"]
+__all__ = ["Tuning", "may_tune_now", "within_noise", "NOISE_FLOOR"]
 
+NOISE_FLOOR = 0.05  # the least relative noise a timing is taken to have: runs move more than one run's repeats
 FAILED_PARITY = "failed parity"  # how a candidate's error starts when it ran but disagreed with the reference
 SHARED_TUNE_WAIT_S = 900.0  # how long online tuning waits for another process tuning under the file's lock
 
@@ -69,6 +73,18 @@ def _fresh(args: Sequence[Any], seed: int = 0) -> tuple:
         return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).normal_(generator=g)
 
     return map_tensors(args, fresh)
+
+
+def within_noise(cands: dict[str, dict]) -> list[str]:
+    """The candidates that passed whose forward+backward time is within noise of the fastest's, fastest first: the
+    relative gap at most the larger spread of the two (`kernelhub.timing.Timing`), and at least `NOISE_FLOOR`. One
+    name: a clear winner; several: none, the priority order stands among them; none: nothing passed."""
+    ok = sorted((n for n, c in cands.items() if c["error"] is None), key=lambda n: cands[n]["step_ms"])
+    if not ok:
+        return []
+    noise = lambda n: max(cands[n].get("step_spread", 0.0), NOISE_FLOOR)  # noqa: E731
+    best = cands[ok[0]]["step_ms"]
+    return [n for n in ok if cands[n]["step_ms"] <= best * (1 + max(noise(ok[0]), noise(n)))]
 
 
 class Tuning:
@@ -155,19 +171,29 @@ class Tuning:
                 if cand["error"] is None:
                     try:
                         overload = getattr(torch.ops.kernelhub, op).default
-                        cand["forward_ms"] = time_ms(lambda: overload(*fresh, name, 0), first.device, quick)
-                        cand["step_ms"] = time_ms(lambda: run(spec, name, fresh, grad), first.device, quick)
+                        cand["forward_ms"], cand["forward_spread"] = timed(lambda: overload(*fresh, name, 0),
+                                                                           first.device, quick)
+                        cand["step_ms"], cand["step_spread"] = timed(lambda: run(spec, name, fresh, grad),
+                                                                     first.device, quick)
                         self._verified[(entry_key(op, args), name)] = None
                     except Exception as exc:
                         cand["error"] = f"raised {type(exc).__name__}: {exc}"
                 cands[name] = cand
                 if progress is not None:
                     progress(name)
-        ok = {n: c["step_ms"] for n, c in cands.items() if c["error"] is None}
+        close = within_noise(cands)
         entry = {"op": op, "device": device_model(first.device), "dtype": str(first.dtype).removeprefix("torch."),
                  "bucket": bucket(args), "call": describe_args(args), "torch": torch.__version__,
                  "tuned": datetime.datetime.now().isoformat(timespec="seconds"), "candidates": cands,
-                 "winner": min(ok, key=ok.get) if ok else None}
+                 "winner": close[0] if len(close) == 1 else None}
+        if len(close) > 1:
+            entry["within_noise"] = close
+        before = self.cache.get(entry_key(op, args))
+        if before is not None and before.get("winner") and before["winner"] != entry["winner"]:
+            now = entry["winner"] or f"none (within noise: {', '.join(close)})"
+            warnings.warn(f"kernelhub tune: {entry_key(op, args)}: the winner is {now} now, {before['winner']} when "
+                          f"tuned on {before.get('tuned', '?')}: the timings move between runs more than within one "
+                          "(a loaded machine?)", RuntimeWarning, stacklevel=2)
         self.tuned_here.append(entry_key(op, args))
         self.cache.put({entry_key(op, args): entry}, to_disk=save)
         return entry
@@ -226,6 +252,8 @@ class Tuning:
         reference = self.registry.spec(op).reference_backend
         timed = [n for n in eligible if n in cands]
         passed = sorted((n for n in timed if cands[n]["error"] is None), key=lambda n: cands[n]["step_ms"])
+        close = [n for n in eligible if n in entry.get("within_noise", ()) and n in passed]  # in priority order
+        passed = close + [n for n in passed if n not in close]
         failed = {}
         for n in timed:
             error = cands[n]["error"]
@@ -235,7 +263,17 @@ class Tuning:
                 continue  # the file says it failed; here it passes
             failed[n] = f"{error} (when tuned on {entry.get('call', '?')}, {entry.get('tuned', '?')})"
         why = {}
-        if passed:
+        if len(close) > 1:
+            best = min(cands[n]["step_ms"] for n in close)
+            for n in close:
+                why[n] = (f"within noise of the fastest for bucket {entry.get('bucket', '?')}: {cands[n]['step_ms']:.4g} ms "
+                          f"vs {best:.4g} ms forward+backward (spread {cands[n].get('step_spread', 0):.0%}, at least "
+                          f"{NOISE_FLOOR:.0%}): priority order among {', '.join(close)} ({entry.get('tuned', '?')})")
+            best = cands[close[0]]["step_ms"]
+            for n in passed[len(close):]:
+                t = cands[n]["step_ms"]
+                why[n] = f"lost on time: {t:.4g} ms vs {best:.4g} ms forward+backward ({t / best:.2f}x slower)"
+        elif passed:
             best = cands[passed[0]]["step_ms"]
             why[passed[0]] = (f"tuned winner for bucket {entry.get('bucket', '?')}: {best:.4g} ms forward+backward "
                               f"({entry.get('tuned', '?')})")

@@ -107,9 +107,13 @@ def test_the_fast_tier_keeps_float32_and_float64_parity_of_every_op_and_backend(
                 assert set(impl.dtypes) & set(WIDE) <= kept, (op, backend, device, kept)
 
 
+# parts of an op's space a built-in impl declines by design (docs/ops.md's inventory): its checks pass without them
+ALLOW_PARTIAL = {("inductor", "cuda"): ["semifield=root"]}  # torch 2.11's compiled root gradient was wrong on CUDA
+
+
 @pytest.mark.parametrize("check", CHECKS)
 def test_conformance(check):
-    check.run()
+    check.run(ALLOW_PARTIAL.get((check.backend, check.device), ()))
 
 
 @pytest.mark.parametrize("device", DEVICES)

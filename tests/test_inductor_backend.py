@@ -43,9 +43,13 @@ def test_the_tuner_picks_it_where_it_is_fastest_and_reports_its_compile_time(mon
     # the faster one wins (inductor, by several x, on an idle machine; two xdist workers on two cores once timed
     # it 2.4x slower than torch_ref, so the test follows the measurement rather than assume it)
     fastest = min(c, key=lambda n: c[n]["step_ms"])
-    assert data["tuned"][0]["winner"] == fastest
     decision = kernelhub.explain("trilinear_interp", FEATS, POINTS)
-    assert decision.chosen == fastest and "tuned winner" in decision.candidates[0].reasons[0]
+    if "within_noise" in data["tuned"][0]:  # no winner: the priority order decides (torch_ref; inductor is tuned-only)
+        assert data["tuned"][0]["winner"] is None and decision.chosen == "torch_ref"
+        assert "within noise" in decision.candidates[0].reasons[0]
+    else:
+        assert data["tuned"][0]["winner"] == fastest
+        assert decision.chosen == fastest and "tuned winner" in decision.candidates[0].reasons[0]
 
 
 def test_a_bucket_compiles_a_few_times_not_per_size_inside_an_outer_fullgraph_compile(monkeypatch):

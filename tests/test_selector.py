@@ -364,8 +364,13 @@ def test_cli_explain(capsys, install, tmp_path):
     assert cli.main(["explain", "tv_loss_l1_3d", "--shape", "4,5,6", "--dtype", "float64"]) == 0
     out = capsys.readouterr().out
     assert "rejected" in out and "dtype torch.float64 not in" in out
+    # arguments left out take the op's defaults (groups 1, tropical_max, ...), not a sample's
+    assert cli.main(["explain", "semiconv", "--shape", "1,2,8,8", "--shape", "2,2,3,3", "--json"]) == 0
+    assert "'tropical_max', [1, 1], [0, 0, 0, 0], [1, 1], 1, 'conv', False" in json.loads(capsys.readouterr().out)["call"]
+    assert cli.main(["explain", "semiconv", "--shape", "1,2,8,8", "--shape", "2,1,3,3", "--arg", "groups=2"]) == 0
+    capsys.readouterr()
     assert cli.main(["explain", "semiconv", "--shape", "1,2,8,8", "--shape", "2,1,3,3"]) == 2
-    assert "groups" in capsys.readouterr().err  # errors go to stderr
+    assert "C/groups = 2 input" in capsys.readouterr().err  # errors go to stderr
 
 
 WRONG = '''

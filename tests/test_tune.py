@@ -117,6 +117,35 @@ def test_winner_overrides_priority_and_a_wrong_backend_is_never_chosen(hub):
     assert kernelhub.explain("tv_loss_sq_3d", VOLUME).chosen == "aslow"
 
 
+def test_a_gap_within_the_noise_records_no_winner():
+    from kernelhub.tune import NOISE_FLOOR, within_noise
+
+    def cands(*times):
+        return {f"b{i}": {"error": None, "step_ms": ms, "step_spread": spread} for i, (ms, spread) in enumerate(times)}
+    assert within_noise(cands((1.0, 0.01), (1.0 + NOISE_FLOOR / 2, 0.01), (2.0, 0.01))) == ["b0", "b1"]
+    assert within_noise(cands((1.2, 0.30), (1.0, 0.01))) == ["b1", "b0"]  # the slower one's spread counts too
+    assert within_noise(cands((1.0, 0.02), (1.2, 0.02))) == ["b0"]  # a clear winner
+    assert within_noise({"b0": {"error": "failed parity: ...", "step_ms": None}}) == []
+
+
+def test_tuning_within_noise_keeps_the_priority_order_and_a_changed_winner_warns(hub, monkeypatch):
+    from kernelhub import timing, tune
+    hub()
+    assert _tune_cli("tv_loss_sq_3d", "--shape", "1,8,8,8", "--quick")["tuned"][0]["winner"] == "torch_ref"
+    # the same timings for every backend (a loaded machine's, say): no winner, and the re-run warns
+    monkeypatch.setattr(tune, "timed", lambda fn, device, quick=False: (fn(), timing.Timing(1.0, 0.02))[1])
+    with pytest.warns(RuntimeWarning, match="the winner is none .within noise: .* now, torch_ref when tuned"):
+        entry = _tune_cli("tv_loss_sq_3d", "--shape", "1,8,8,8", "--quick")["tuned"][0]
+    assert entry["winner"] is None and set(entry["within_noise"]) == {"aslow", "bfast", "torch_ref"}
+    hub()
+    decision = kernelhub.explain("tv_loss_sq_3d", VOLUME)
+    assert decision.chosen == "aslow"  # the priority order's first, as untuned
+    assert "within noise of the fastest" in decision.candidates[0].reasons[0]
+    rows = [r for rows in cli.cmd_list(cli.build_parser().parse_args(["list"]))["winners"]["devices"].values()
+            for r in rows]
+    assert rows[0]["winner"] is None and rows[0]["within_noise"]
+
+
 def test_a_changed_backend_invalidates_only_the_entries_it_was_timed_in(hub, monkeypatch):
     hub()
     _tune_cli("tv_loss_sq_3d", "--shape", "1,8,8,8", "--quick")

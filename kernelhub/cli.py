@@ -245,9 +245,9 @@ def render_tune(data: dict, console: Console) -> None:
     for col in ("op", "call", "backend", "first call s", "forward ms", "forward+backward ms", "outcome"):
         t.add_column(col)
     for e in data["tuned"]:
+        close = e.get("within_noise", [])
+        fastest = e["winner"] or (close[0] if close else None)
         for i, (name, c) in enumerate(sorted(e["candidates"].items(), key=lambda x: x[1].get("step_ms") or 1e30)):
-            close = e.get("within_noise", [])
-            fastest = e["winner"] or (close[0] if close else None)
             outcome = (f"[red]{escape(c['error'])}[/]" if c["error"] else
                        "[green]winner[/]" if name == e["winner"] else
                        "[yellow]within noise[/]: priority order decides" if name in close else

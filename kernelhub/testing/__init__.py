@@ -306,13 +306,13 @@ def check_noncontiguous(case: Case, seed: int = 0, allow: Iterable[str] = ()) ->
     """Non-contiguous inputs give the result of their contiguous copies, within the dtype's tolerance
     (forward and gradients), on every call `reach` finds."""
     spec = _spec(case.op)
+    tol = parity.spec_tolerance(spec, case.dtype)
     reached = reach(case.op, case.backend, case.size, case.dtype, case.device, seed, case.sample)
     for sample in reached.samples:
         ref_out, _ = run(case.op, case.backend, sample.args)
         grad = upstream_grad(ref_out)
         want, want_g = run(case.op, case.backend, sample.args, grad)
         got, got_g = run(case.op, case.backend, noncontiguous(sample.args), grad)
-        tol = parity.spec_tolerance(spec, case.dtype)
         assert parity_error(got, want) <= tol.forward, f"{case} [{sample.name}]: non-contiguous forward differs"
         for g, w in zip(got_g, want_g):
             assert parity_error(g, w) <= tol.backward, f"{case} [{sample.name}]: non-contiguous backward differs"

@@ -23,7 +23,6 @@ MISTAKES = {
     "ignores_stride": "does not decline stride or dilation > 1, and computes stride 1, dilation 1",
     "column_major_ties": "walks the window's taps column-major, so ties go to another winner",
 }
-SERVES = ("semifield=tropical_max", "semifield=tropical_min", "dims=2", "groups>1", "kind=*")
 
 
 def _why_not(mistake: str | None):

@@ -18,14 +18,15 @@ The eager fast path: where nothing traces (no dynamo, no functorch transform, no
 such as fake tensors, only plain tensors off the meta device), `OpHandle` skips the
 operators and runs the same hub calls (`Hub.forward` / `Hub.backward_grads`: the same
 cached decision, fallback, output checks, kill switch, pins, tuned winners) through one
-`torch.autograd.Function`, whose backward reuses the forward's decision. The Python custom-op dispatch (schema binding, the autograd
-kernel, the operator's redispatch) costs more than such a Function: a 1x16^3 TV forward +
-backward on cuda_ext took 304-332 us through the operators, 213-258 us on the fast path and
-184 us in a minimal Function on the 2-core CPU (docs/lab/benchmarks-history.md, "Per-call host cost").
-What is left per call is the argument checks,
-the decision-cache key (a tuple of each tensor's device, dtype, shape and strides), one
-dict lookup (in the forward only) and the Function's own bookkeeping; where no input requires grad (or grad mode is off), not
-even the Function: the hub's forward is called directly. ``KERNELHUB_EAGER_FAST_PATH=0`` (read at
+`torch.autograd.Function`, whose backward runs on the hub that ran the forward with the forward's decision.
+The Python custom-op dispatch (schema binding, the autograd kernel, the operator's redispatch) costs more than
+such a Function (docs/lab/benchmarks-history.md, "Per-call host cost"). What a call costs on top of the
+backend's own functions in a minimal Function: the spec's argument checks (`OpSpec.canonical`), three
+thread-local reads (`_tracing`), one pass over the tensors (`_plain_tensors`), the decision-cache key (each
+tensor's device, dtype, shape and strides) and one dict lookup, the output and gradient checks (shape, dtype,
+device and one `torch._C._is_alias_of` per tensor argument), and the Function's three extra inputs; no
+closures, no per-call allocations beyond a few small tuples and lists. Where no input requires grad (or grad mode
+is off), not even the Function: the hub's forward is called directly. ``KERNELHUB_EAGER_FAST_PATH=0`` (read at
 import) always takes the operators.
 
 Under ``torch.compile``, where the hub would serve a traced call (of sizes known at compile time) with an
@@ -56,17 +57,34 @@ _functorch_active = getattr(torch._C, "_are_functorch_transforms_active",
                             lambda: torch._C._functorch.peek_interpreter_stack() is not None)
 
 
+def _tracing() -> bool:
+    """Whether dynamo is tracing, a functorch transform (vmap, grad, jvp) or a dispatch mode (fake tensors, make_fx,
+    FlopCounterMode) is active."""
+    return torch.compiler.is_compiling() or _functorch_active() or bool(torch._C._len_torch_dispatch_stack())
+
+
+def _plain_tensors(args: Sequence[Any], positions: Sequence[int]) -> list[torch.Tensor] | None:
+    """Every tensor of the arguments at ``positions`` (tensors or lists of them) in order, or None where one is a
+    tensor subclass or on the meta device (then the operators serve the call)."""
+    flat: list[torch.Tensor] = []
+    for i in positions:
+        a = args[i]
+        if type(a) is list:
+            for t in a:
+                if type(t) not in _PLAIN or t.is_meta:
+                    return None
+            flat += a
+        elif type(a) not in _PLAIN or a.is_meta:
+            return None
+        else:
+            flat.append(a)
+    return flat
+
+
 def traced(args: Sequence[Any]) -> bool:
-    """Whether a call must go through the torch.library operators: dynamo is tracing, a functorch transform
-    (vmap, grad, jvp) or a dispatch mode (fake tensors, make_fx, FlopCounterMode) is active, or an argument is
-    a tensor subclass or on the meta device. Otherwise the eager fast path serves it."""
-    if torch.compiler.is_compiling() or _functorch_active() or torch._C._len_torch_dispatch_stack():
-        return True
-    for a in args:
-        for t in (a if isinstance(a, list) else (a,)):
-            if isinstance(t, torch.Tensor) and (type(t) not in _PLAIN or t.is_meta):
-                return True
-    return False
+    """Whether a call must go through the torch.library operators: `_tracing`, or an argument is a tensor subclass
+    or on the meta device. Otherwise the eager fast path serves it."""
+    return _tracing() or _plain_tensors(args, [i for i, a in enumerate(args) if tensors_of(a) is not None]) is None
 
 
 def refuse_unsupported_autodiff(op: str, args: Sequence[Any]) -> None:
@@ -109,28 +127,34 @@ def flatten_grads(spec: OpSpec, args: Sequence[Any], needs: Sequence[bool], grad
     return flat
 
 
-def _split(args: Sequence[Any], tensor_pos: Sequence[int]) -> tuple[list[torch.Tensor], tuple, list[Any]]:
-    """What autograd saves of a call: every tensor of the tensor arguments in order (a "tensors" argument's
-    elements one by one), each tensor argument's (position, count, is a list), and the other arguments (None
-    at the tensor positions); `_join` puts them back together."""
-    flat, layout, others = [], [], list(args)
-    for i in tensor_pos:
-        group = tensors_of(args[i])
-        is_list = not isinstance(args[i], torch.Tensor)
-        layout.append((i, len(group), is_list))
-        flat += group
-        others[i] = None
-    return flat, tuple(layout), others
+def _others(args: Sequence[Any], positions: Sequence[int]) -> list[Any]:
+    """What autograd glue keeps of a call besides its saved tensors: the arguments with each tensor (at
+    ``positions``) replaced by None and each list of tensors by its length; `_rebuild` puts the call back."""
+    others = list(args)
+    for i in positions:
+        others[i] = None if isinstance(args[i], torch.Tensor) else len(args[i])
+    return others
 
 
-def _join(others: Sequence[Any], layout: tuple, flat: Sequence[torch.Tensor]) -> tuple[list[Any], dict]:
-    """The arguments `_split` took apart, and each tensor argument's range in ``flat``."""
-    args, spans, pos = list(others), {}, 0
-    for i, count, is_list in layout:
-        args[i] = list(flat[pos:pos + count]) if is_list else flat[pos]
-        spans[i] = range(pos, pos + count)
-        pos += count
-    return args, spans
+def _rebuild(spec: OpSpec, others: Sequence[Any], saved: Sequence[torch.Tensor], needs_input: Sequence[bool],
+             offset: int) -> tuple[tuple, list[bool], list[int]]:
+    """The call `_others` took apart, from its saved tensors (every tensor of the tensor arguments in order, a
+    list's one by one); whether each differentiable argument needs a gradient (any of its tensors:
+    ``needs_input[offset + k]`` for saved tensor k); and the position ``offset + k`` of its first tensor."""
+    args, needs, slots, k = list(others), [], [], 0
+    diff = spec.differentiable
+    for i in spec.tensor_args:
+        count = others[i]
+        if count is None:
+            args[i] = saved[k]
+            count = 1
+        else:
+            args[i] = list(saved[k:k + count])
+        if i in diff:
+            needs.append(any(needs_input[offset + k:offset + k + count]))
+            slots.append(offset + k)
+        k += count
+    return tuple(args), needs, slots
 
 
 def _describe(args: Sequence[Any]) -> tuple | None:
@@ -219,19 +243,19 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable) -> A
     def setup_context(ctx, inputs, output):
         args = inputs[:n]
         ctx.backend, ctx.hub = inputs[n], inputs[n + 1]
-        ctx.needs = [any(t.requires_grad for t in tensors_of(args[i])) for i in spec.differentiable]
-        flat, ctx.layout, ctx.others = _split(args, spec.tensor_args)
+        flat = [t for i in spec.tensor_args for t in tensors_of(args[i])]
+        ctx.others, ctx.requires = _others(args, spec.tensor_args), [t.requires_grad for t in flat]
         ctx.save_for_backward(*flat)
 
     def autograd_backward(ctx, grad):
-        args, _ = _join(ctx.others, ctx.layout, ctx.saved_tensors)
-        flat = bwd(grad, *args, ctx.needs, ctx.backend, ctx.hub)
+        args, needs, _ = _rebuild(spec, ctx.others, ctx.saved_tensors, ctx.requires, 0)
+        flat = bwd(grad, *args, needs, ctx.backend, ctx.hub)
         result: list[Any] = [None] * (n + 2)
         pos = 0
-        for i, need in zip(spec.differentiable, ctx.needs):
-            count = len(args[i]) if isinstance(args[i], list) else 1
+        for i, need in zip(spec.differentiable, needs):  # the backward operator's flat gradients -> arguments
+            count = len(args[i]) if type(args[i]) is list else 1
             if need:
-                result[i] = list(flat[pos:pos + count]) if isinstance(args[i], list) else flat[pos]
+                result[i] = list(flat[pos:pos + count]) if type(args[i]) is list else flat[pos]
             pos += count
         return tuple(result)
 
@@ -252,77 +276,81 @@ def _library() -> torch.library.Library:
 
 
 class KernelhubFunction(torch.autograd.Function):
-    """The eager fast path's autograd glue: ``apply(handle, args, (layout, others), *tensors)``, the call taken
-    apart by `_split` (``tensors``: every tensor of ``args``, a "tensors" argument's elements one by one, so
-    autograd sees them). The backward runs the backend of the forward's decision (no second selection)."""
+    """The eager fast path's autograd glue: ``apply(handle, others, args, *tensors)``, with ``tensors`` every
+    tensor of ``args`` (a "tensors" argument's elements one by one, so autograd sees them) and ``others`` what
+    `_rebuild` needs besides them (`_others`). The backward runs on the hub that ran the forward, with the
+    backend of the forward's decision (no second selection)."""
 
     @staticmethod
-    def forward(ctx, handle: OpHandle, args: tuple, parts: tuple, *tensors: torch.Tensor) -> torch.Tensor:
-        ctx.handle, (ctx.layout, ctx.others) = handle, parts
+    def forward(ctx, handle: OpHandle, others: list, args: tuple, *tensors: torch.Tensor) -> torch.Tensor:
+        ctx.handle, ctx.others, ctx.hub = handle, others, handle.hub_of()
         ctx.save_for_backward(*tensors)
-        ctx.decision, out = handle.forward(handle.spec.name, args, handle.backend)
+        ctx.decision, out = ctx.hub.forward(handle.spec.name, args, handle.backend)
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        if not torch.is_grad_enabled():  # torch.autograd.grad / .backward() without create_graph
-            return KernelhubFunction._backward(ctx, grad)
-        with torch.no_grad():
-            grads = KernelhubFunction._backward(ctx, grad)
-        # create_graph=True: gradients that raise if differentiated (what once_differentiable does, with a message)
+        handle, needs_input = ctx.handle, ctx.needs_input_grad
+        args, needs, slots = _rebuild(handle.spec, ctx.others, ctx.saved_tensors, needs_input, 3)
+        create_graph = torch.is_grad_enabled()  # torch.autograd.grad / .backward() with create_graph=True
+        if create_graph:
+            with torch.no_grad():
+                grads = ctx.hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, ctx.decision)
+        else:
+            grads = ctx.hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, ctx.decision)
+        out: list[Any] = [None] * len(needs_input)
+        for slot, need, g in zip(slots, needs, grads):  # each differentiable argument's gradient -> its tensors' slots
+            if need:
+                if type(g) is torch.Tensor:
+                    out[slot] = g
+                else:
+                    for k, gk in enumerate(g, slot):
+                        out[k] = gk if needs_input[k] else None
+        if not create_graph:
+            return tuple(out)
+        # gradients that raise if differentiated (what once_differentiable does, with a message)
         err = torch._C._functions.DelayedError(
-            f"double backward is not supported by kernelhub.{ctx.handle.spec.name}".encode(), len(grads))
-        return err(*[g if g is None else g.detach().requires_grad_() for g in grads])
-
-    @staticmethod
-    def _backward(ctx, grad: torch.Tensor) -> tuple:
-        handle, needs_input = ctx.handle, ctx.needs_input_grad[3:]
-        args, spans = _join(ctx.others, ctx.layout, ctx.saved_tensors)
-        diff = handle.spec.differentiable
-        needs = [any(needs_input[k] for k in spans[i]) for i in diff]
-        grads = handle.backward_grads(handle.spec.name, grad, tuple(args), needs, handle.backend, ctx.decision)
-        out: list[Any] = [None] * (3 + len(needs_input))
-        for i, g in zip(diff, grads):  # each differentiable argument's gradient -> its tensors' slots
-            if g is not None:
-                for k, gk in zip(spans[i], g if isinstance(args[i], list) else (g,)):
-                    out[3 + k] = gk if needs_input[k] else None
-        return tuple(out)
+            f"double backward is not supported by kernelhub.{handle.spec.name}".encode(), len(out))
+        return err(*[g if g is None else g.detach().requires_grad_() for g in out])
 
 
 class OpHandle:
     """The callable returned by ``kernelhub.op(name)``: normalises arguments, then runs the eager fast path
     (`KernelhubFunction`) where nothing traces (`traced`), else calls the operator."""
 
-    __slots__ = ("spec", "backend", "hub", "_overload", "forward", "backward_grads", "inline_impl")
+    __slots__ = ("spec", "backend", "hub", "_overload", "hub_of", "inline_impl")
 
-    def __init__(self, spec: OpSpec, overload: Any, backend: str = "", forward: Callable | None = None,
-                 backward_grads: Callable | None = None, inline_impl: Callable | None = None, hub: int = 0) -> None:
+    def __init__(self, spec: OpSpec, overload: Any, backend: str = "", hub_of: Callable | None = None,
+                 inline_impl: Callable | None = None, hub: int = 0) -> None:
         self.spec = spec
         self.backend = backend
         self.hub = hub  # the operators' ``hub`` argument: which hub runs the call when it goes through them
         self._overload = overload
-        self.forward, self.backward_grads = forward, backward_grads  # the hub's Hub.forward and Hub.backward_grads
+        self.hub_of = hub_of  # the hub that runs an eager call (`kernelhub.get_hub` for the global one); None: none
         self.inline_impl = inline_impl  # the hub's Hub.inline_impl: see _inline_choice
         if inline_impl is not None:
             _INLINE_IMPL[(spec.name, hub)] = inline_impl
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        args = self.spec.canonical(*args, **kwargs)
+        spec = self.spec
+        args = spec.canonical(*args, **kwargs)
         if _fwad._current_level >= 0 or _functorch_active():
-            refuse_unsupported_autodiff(self.spec.name, args)
-        if not EAGER_FAST_PATH or self.forward is None or traced(args):
-            if self.inline_impl is not None and torch.compiler.is_compiling():
-                described = _describe(args)
-                backend = "" if described is None else _inline_choice(self.spec.name, self.backend, self.hub,
-                                                                      described)
-                if backend:
-                    # the impl's own torch ops go into the graph: inductor fuses them, autograd differentiates them
-                    return _INLINE_FUNCTIONS[(self.spec.name, backend)](*args)
-            return self._overload(*args, self.backend, self.hub)
-        tensors, layout, others = _split(args, self.spec.tensor_args)
-        if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
-            return self.forward(self.spec.name, args, self.backend)[1]  # nothing to differentiate: no graph node
-        return KernelhubFunction.apply(self, args, (layout, others), *tensors)
+            refuse_unsupported_autodiff(spec.name, args)
+        if EAGER_FAST_PATH and self.hub_of is not None and not _tracing():
+            tensors = _plain_tensors(args, spec.tensor_args)
+            if tensors is not None:
+                if torch.is_grad_enabled():
+                    for t in tensors:
+                        if t.requires_grad:
+                            return KernelhubFunction.apply(self, _others(args, spec.tensor_args), args, *tensors)
+                return self.hub_of().forward(spec.name, args, self.backend)[1]  # nothing to differentiate: no node
+        if self.inline_impl is not None and torch.compiler.is_compiling():
+            described = _describe(args)
+            backend = "" if described is None else _inline_choice(spec.name, self.backend, self.hub, described)
+            if backend:
+                # the impl's own torch ops go into the graph: inductor fuses them, autograd differentiates them
+                return _INLINE_FUNCTIONS[(spec.name, backend)](*args)
+        return self._overload(*args, self.backend, self.hub)
 
     def __repr__(self) -> str:
         forced = f", backend={self.backend!r}" if self.backend else ""

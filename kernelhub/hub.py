@@ -49,10 +49,9 @@ class Hub:
                     f"{self.registry.unavailable_reason(backend)} (registered: {sorted(self.registry.backends)})")
             overload = define_ops(spec, _run_forward, _run_backward)
             if self.key == GLOBAL:
-                h = OpHandle(spec, overload, backend or "", _forward, _backward_grads, _inline_impl)
+                h = OpHandle(spec, overload, backend or "", get_hub, _inline_impl)
             else:
-                h = OpHandle(spec, overload, backend or "", self.forward, self.backward_grads, self.inline_impl,
-                             hub=self.key)
+                h = OpHandle(spec, overload, backend or "", lambda: self, self.inline_impl, hub=self.key)
             self._handles[key] = h
         return h
 
@@ -70,43 +69,37 @@ class Hub:
     def explain(self, name: str, *args: Any, **kwargs: Any) -> Decision:
         return self.selector.decide(name, self.registry.spec(name).canonical(*args, **kwargs))
 
-    def _run(self, op: str, args: Sequence[Any], forced: str, call, decision: Decision | None = None):
-        """``(decision, call(impl, decision))`` for the first eligible impl that does not raise (the decision's
-        first unless given: the backward reuses its forward's), marking each that raises as failed for the key."""
-        while True:
-            if decision is None:
-                decision = self.selector.decide(op, args, forced)
-            if decision.chosen is None:
-                raise NoImplementationError(f"kernelhub: no implementation can serve this call:\n{decision}")
-            impl = decision.eligible[0]
-            try:
-                return decision, call(impl, decision)
-            except CONTAINED as exc:  # a backend's failure, SystemExit included: fall back (or raise, not exit)
-                if forced or len(decision.eligible) == 1:
-                    if isinstance(exc, SystemExit):
-                        raise RuntimeError(f"kernelhub: {op}: backend {impl.backend!r} called sys.exit"
-                                           f"({exc.code!r})") from exc
-                    raise
-                self.selector.strict_check(
-                    f"{op}: backend {impl.backend!r} raised {type(exc).__name__}: {exc} (would fall back to "
-                    f"{decision.eligible[1].backend!r})")
-                self.selector.mark_failed(op, args, forced, impl.backend, exc)
-                decision = None
+    def _next(self, op: str, args: Sequence[Any], forced: str, decision: Decision, impl: Any,
+              exc: BaseException) -> Decision:
+        """After ``impl`` (the decision's first) raised ``exc`` or returned a wrong result: re-raise where nothing
+        may take over (a forced backend, the only eligible one; sys.exit as a RuntimeError), else mark it failed for
+        the call's key (strict mode raises instead) and return the decision that falls back to the next."""
+        if forced or len(decision.eligible) == 1:
+            if isinstance(exc, SystemExit):
+                raise RuntimeError(f"kernelhub: {op}: backend {impl.backend!r} called sys.exit({exc.code!r})") from exc
+            raise exc
+        self.selector.strict_check(f"{op}: backend {impl.backend!r} raised {type(exc).__name__}: {exc} (would fall "
+                                   f"back to {decision.eligible[1].backend!r})")
+        self.selector.mark_failed(op, args, forced, impl.backend, exc)
+        return self.selector.decide(op, args, forced)
 
     def run_forward(self, op: str, args: Sequence[Any], forced: str) -> torch.Tensor:
         return self.forward(op, args, forced)[1]
 
     def forward(self, op: str, args: Sequence[Any], forced: str) -> tuple[Decision, torch.Tensor]:
-        """The decision that served the call, and the checked output."""
-        spec = self.registry.spec(op)
-
-        def call(impl, decision):
-            out = impl.forward(*args)
-            _check_output(op, impl.backend, "an output", out, decision.output)
-            _check_fresh(spec, impl.backend, "its output", out, args)
-            # outputs are contiguous, as the fake implementations promise torch.compile
-            return out.contiguous()
-        return self._run(op, args, forced, call)
+        """The decision that served the call, and the checked output: the first eligible impl's, falling back past
+        each that raises or returns a wrong output (`_next`). Every eager call runs this loop; it is written out
+        (no closures, no per-call allocations beyond the output) because its cost is the hub's per-call cost."""
+        decision = self.selector.decide(op, args, forced)
+        while True:
+            impl = _first(decision)
+            try:
+                out = impl.forward(*args)
+                _check_result(self.registry.spec(op), impl.backend, "an output", out, decision.output, args)
+                # outputs are contiguous, as the fake implementations promise torch.compile
+                return decision, out.contiguous()
+            except CONTAINED as exc:
+                decision = self._next(op, args, forced, decision, impl, exc)
 
     def run_backward(self, op: str, grad: torch.Tensor, args: Sequence[Any], needs: Sequence[bool],
                      forced: str) -> list[torch.Tensor]:
@@ -119,54 +112,77 @@ class Hub:
         checked against the arguments, from the backend that ran the forward: ``decision``'s first eligible where
         the forward's decision is given (the eager fast path), else the one the selector picks for the call."""
         spec = self.registry.spec(op)
-
-        def call(impl, decision):
-            grads = impl.backward(grad, *args, needs=needs)
-            if len(grads) != len(spec.differentiable):
-                raise WrongOutputError(f"kernelhub: {op}: backend {impl.backend!r} returned {len(grads)} gradients, "
-                                       f"the op has {len(spec.differentiable)} differentiable arguments")
-            for i, need, g in zip(spec.differentiable, needs, grads):
-                if need:
-                    arg, name = args[i], spec.args[i].name
-                    if isinstance(arg, list) and len(g) != len(arg):
-                        raise WrongOutputError(f"kernelhub: {op}: backend {impl.backend!r} returned {len(g)} "
-                                               f"gradients for {name!r}, which holds {len(arg)} tensors")
-                    for j, (t, gt) in enumerate(zip(arg, g) if isinstance(arg, list) else ((arg, g),)):
-                        _check_output(op, impl.backend, (name, j if isinstance(arg, list) else None), gt,
-                                      (t.shape, t.dtype, t.device))
-                        _check_fresh(spec, impl.backend, f"a gradient of {name!r}", gt, args, grad)
-            return grads
-        return self._run(op, args, forced, call, decision)[1]
+        if decision is None:
+            decision = self.selector.decide(op, args, forced)
+        while True:
+            impl = _first(decision)
+            try:
+                grads = impl.backward(grad, *args, needs=needs)
+                _check_grads(spec, impl.backend, grads, args, needs, grad)
+                return grads
+            except CONTAINED as exc:
+                decision = self._next(op, args, forced, decision, impl, exc)
 
 
-def _check_output(op: str, backend: str, what: str | tuple, out: Any, expected: tuple) -> None:
-    """Raise WrongOutputError unless ``out`` is a tensor of the expected (shape, dtype, device). ``what``: "an
-    output", or (argument name, index in its list or None) for a gradient, whose words are built only for the
-    error (the backward checks every gradient of every call)."""
-    if isinstance(out, torch.Tensor) and (out.shape, out.dtype, out.device) == expected:
-        return
-    if isinstance(what, tuple):
-        name, j = what
-        what = f"a gradient of {name!r}" + ("" if j is None else f"[{j}]")
-    got = (f"{str(out.dtype).removeprefix('torch.')}{list(out.shape)}@{out.device}" if isinstance(out, torch.Tensor)
-           else type(out).__name__)
-    shape, dtype, device = expected
-    raise WrongOutputError(f"kernelhub: {op}: backend {backend!r} returned {what} {got}; the spec says "
-                           f"{str(dtype).removeprefix('torch.')}{list(shape)}@{device}")
+def _first(decision: Decision) -> Any:
+    """The impl that runs a decision: its first eligible."""
+    if decision.chosen is None:
+        raise NoImplementationError(f"kernelhub: no implementation can serve this call:\n{decision}")
+    return decision.eligible[0]
 
 
-def _check_fresh(spec: OpSpec, backend: str, what: str, out: torch.Tensor, args: Sequence[Any],
-                 grad: torch.Tensor | None = None) -> None:
-    """Raise WrongOutputError if ``out`` shares memory with a tensor argument (or the upstream gradient): the
-    operators promise torch.compile new tensors, and a caller's input must never come back as a result."""
+def _check_grads(spec: OpSpec, backend: str, grads: Sequence[Any], args: Sequence[Any], needs: Sequence[bool],
+                 grad: torch.Tensor) -> None:
+    """Raise WrongOutputError unless ``grads`` holds one entry per differentiable argument, each needed one a new
+    tensor (or list of them) of its argument's shape, dtype and device (`_check_result`)."""
+    if len(grads) != len(spec.differentiable):
+        raise WrongOutputError(f"kernelhub: {spec.name}: backend {backend!r} returned {len(grads)} gradients, "
+                               f"the op has {len(spec.differentiable)} differentiable arguments")
+    for i, need, g in zip(spec.differentiable, needs, grads):
+        if not need:
+            continue
+        arg = args[i]
+        if type(arg) is not list:
+            _check_result(spec, backend, (spec.args[i].name, None), g, (arg.shape, arg.dtype, arg.device), args, grad)
+            continue
+        if not isinstance(g, (list, tuple)) or len(g) != len(arg):
+            raise WrongOutputError(f"kernelhub: {spec.name}: backend {backend!r} returned "
+                                   f"{len(g) if isinstance(g, (list, tuple)) else type(g).__name__} gradients for "
+                                   f"{spec.args[i].name!r}, which holds {len(arg)} tensors")
+        for j, (t, gt) in enumerate(zip(arg, g)):
+            _check_result(spec, backend, (spec.args[i].name, j), gt, (t.shape, t.dtype, t.device), args, grad)
+
+
+def _check_result(spec: OpSpec, backend: str, what: str | tuple, out: Any, expected: tuple, args: Sequence[Any],
+                  grad: torch.Tensor | None = None) -> None:
+    """Raise WrongOutputError unless ``out`` is a tensor of the expected (shape, dtype, device) that shares no
+    memory with a tensor argument (or the upstream gradient): the operators promise torch.compile new tensors, and
+    a caller's input must never come back as a result. ``what``: "an output", or (argument name, index in its list
+    or None) for a gradient (`_words`). Every call checks its output and gradients: a few attribute reads and
+    one `torch._C._is_alias_of` per tensor argument."""
+    if not (isinstance(out, torch.Tensor) and (out.shape, out.dtype, out.device) == expected):
+        got = (f"{str(out.dtype).removeprefix('torch.')}{list(out.shape)}@{out.device}"
+               if isinstance(out, torch.Tensor) else type(out).__name__)
+        shape, dtype, device = expected
+        raise WrongOutputError(f"kernelhub: {spec.name}: backend {backend!r} returned {_words(what)} {got}; the spec "
+                               f"says {str(dtype).removeprefix('torch.')}{list(shape)}@{device}")
     for i in spec.tensor_args:
-        for t in args[i] if isinstance(args[i], list) else (args[i],):
+        for t in args[i] if type(args[i]) is list else (args[i],):
             if torch._C._is_alias_of(out, t):
-                raise WrongOutputError(f"kernelhub: {spec.name}: backend {backend!r} returned {what} sharing memory "
-                                       f"with argument {spec.args[i].name!r}; an op returns new tensors")
+                raise WrongOutputError(f"kernelhub: {spec.name}: backend {backend!r} returned {_words(what)} sharing "
+                                       f"memory with argument {spec.args[i].name!r}; an op returns new tensors")
     if grad is not None and torch._C._is_alias_of(out, grad):
-        raise WrongOutputError(f"kernelhub: {spec.name}: backend {backend!r} returned {what} sharing memory with "
-                               "the upstream gradient; an op returns new tensors")
+        raise WrongOutputError(f"kernelhub: {spec.name}: backend {backend!r} returned {_words(what)} sharing memory "
+                               "with the upstream gradient; an op returns new tensors")
+
+
+def _words(what: str | tuple) -> str:
+    """What the checks name in an error: ``what`` itself, or for a gradient's (argument name, index in its list or
+    None) "a gradient of 'name'[j]" (built only for the error: the backward checks every gradient of every call)."""
+    if isinstance(what, str):
+        return what
+    name, j = what
+    return f"a gradient of {name!r}" + ("" if j is None else f"[{j}]")
 
 
 _HUB: Hub | None = None
@@ -216,14 +232,6 @@ def _run_forward(op, args, backend, hub):
 
 def _run_backward(op, grad, args, needs, backend, hub):
     return _hub(hub).run_backward(op, grad, args, needs, backend)
-
-
-def _forward(op, args, backend):
-    return get_hub().forward(op, args, backend)
-
-
-def _backward_grads(op, grad, args, needs, backend, decision):
-    return get_hub().backward_grads(op, grad, args, needs, backend, decision)
 
 
 def _inline_impl(op, args, backend):

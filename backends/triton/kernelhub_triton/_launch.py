@@ -26,13 +26,15 @@ _HANDLES: dict[tuple, tuple] = {}
 _MAX_HANDLES = 4096
 
 
-def _spec(a):
-    """What Triton specialises a kernel on for one argument: a tensor's dtype and 16-byte alignment, an
-    integer's value (Triton looks at == 1, divisibility by 16 and the width; the value covers them all), a
-    float's type (floats are not specialised), any other value (constexprs) with its type (True == 1)."""
-    if isinstance(a, torch.Tensor):
-        return a.dtype, a.data_ptr() % 16 == 0
-    return float if type(a) is float else (type(a), a)
+def _key(kernel, device: int, args: tuple, kwargs: dict) -> tuple:
+    """What Triton specialises a launch on: each tensor's dtype and 16-byte alignment, an integer's value (Triton
+    looks at == 1, divisibility by 16 and the width; the value covers them all), a float's type (floats are not
+    specialised), any other value (constexprs) as it is. One comprehension per call, no function call per
+    argument (the key of a TV launch's 16 arguments cost 3.8 us per call that way on the 2-core CPU, 1.0 us so).
+    A keyword keeps one type across calls (True and 1 would share a key)."""
+    return (kernel, device, *[(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
+                              else float if type(a) is float else a for a in args],
+            *[(k, float if type(v) is float else v) for k, v in kwargs.items()])
 
 
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
@@ -42,7 +44,7 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     Triton's own launch binds the arguments to the signature, computes the specialisation key and looks the
     compiled kernel up on every call; on a host that is most of a small kernel's time (a trivial kernel's
     launch costs 11-15 us on an H200 host, docs/lab/benchmarks-history.md). Here the compiled kernel Triton returned for the
-    first call of a key (the kernel, the device, each argument's `_spec`) is kept, and later calls of the key
+    first call of a key (`_key`) is kept, and later calls of the key
     hand it the arguments and the current stream directly, as Triton's own launch does after its lookup. The
     first call of a key, CPU tensors (Triton's interpreter), a triton without ``triton.knobs`` and a launch on a
     device that is not the current one take Triton's path.
@@ -52,7 +54,7 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
         kernel[grid](*args, **kwargs)
         return
     device = t.device.index
-    key = (kernel, device, *map(_spec, args), *[(k, _spec(v)) for k, v in kwargs.items()])
+    key = _key(kernel, device, args, kwargs)
     entry = _HANDLES.get(key)
     if entry is None or torch.cuda.current_device() != device:
         with torch.cuda.device(device):  # Triton launches on the current device

@@ -69,8 +69,8 @@ def test_the_same_errors_on_both_paths(fast, monkeypatch):
 
 def test_the_fast_path_is_not_taken_while_dynamo_traces(monkeypatch):
     calls = []
-    real = dispatch.KernelhubFunction.apply
-    monkeypatch.setattr(dispatch.KernelhubFunction, "apply", lambda *a: calls.append(1) or real(*a))
+    real = dispatch._apply
+    monkeypatch.setattr(dispatch, "_apply", lambda *a: calls.append(1) or real(*a))
     graphs = []
 
     def backend(gm, example_inputs):
@@ -94,8 +94,10 @@ def test_functorch_transforms_dispatch_modes_and_meta_tensors_take_the_operators
         return kernelhub.op("tv_loss_sq_3d")(v)
 
     v = torch.randn(3, 4, 5)
-    torch.func.vmap(f)(torch.randn(2, 3, 4, 5))
+    leaked = []
+    torch.func.vmap(lambda t: leaked.append(t) or f(t))(torch.randn(2, 3, 4, 5))
     assert seen == [True] and not dispatch.traced((v,))
+    assert dispatch.traced((leaked[0],))  # a wrapper that outlived its vmap: the operators, not the fast path
 
     class Recording(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -151,3 +153,26 @@ def test_a_hub_built_directly_runs_its_own_handles_eagerly_and_through_the_opera
         assert calls.count("forward") >= 1 and calls.count("backward") == 1, calls
     with pytest.raises(kernelhub.NoImplementationError, match="spy"):
         kernelhub.op("tv_loss_l1_3d", backend="spy")
+
+
+def test_the_backward_runs_on_the_hub_that_ran_the_forward(monkeypatch):
+    """A reload between the forward and the backward (a new config, new plugins) does not change who computes the
+    gradient: the forward's hub runs it, with the forward's decision, and the new hub is not asked."""
+    v = torch.randn(3, 4, 5, requires_grad=True)
+    first = kernelhub.get_hub()
+    out = kernelhub.op("tv_loss_sq_3d")(v)
+    asked = []
+    real = first.backward_grads
+    monkeypatch.setattr(first, "backward_grads", lambda *a, **k: asked.append("first") or real(*a, **k))
+    second = kernelhub.reload()
+    monkeypatch.setattr(second, "backward_grads", lambda *a, **k: asked.append("second"))
+    (g,) = torch.autograd.grad(out, v)
+    assert asked == ["first"]
+    torch.testing.assert_close(g, _sq_grad(v))
+
+
+def _sq_grad(v):
+    """The gradient of the sum of squared forward differences along the last three dims, by plain autograd."""
+    w = v.detach().requires_grad_()
+    total = sum(((w.narrow(d, 1, w.shape[d] - 1) - w.narrow(d, 0, w.shape[d] - 1)) ** 2).sum() for d in (-3, -2, -1))
+    return torch.autograd.grad(total, w)[0]

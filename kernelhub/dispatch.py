@@ -71,7 +71,7 @@ def _plain_tensors(args: Sequence[Any], positions: Sequence[int]) -> list[torch.
     flat: list[torch.Tensor] = []
     for i in positions:
         a = args[i]
-        for t in a if type(a) is list else (a,):
+        for t in a if isinstance(a, (list, tuple)) else (a,):
             if type(t) not in _PLAIN or t.is_meta or _wrapped(t):
                 return None
             flat.append(t)
@@ -79,8 +79,9 @@ def _plain_tensors(args: Sequence[Any], positions: Sequence[int]) -> list[torch.
 
 
 def traced(args: Sequence[Any]) -> bool:
-    """Whether a call must go through the torch.library operators: `_tracing`, or an argument is a tensor subclass
-    or on the meta device. Otherwise the eager fast path serves it."""
+    """Whether a call must go through the torch.library operators: `_tracing`, or an argument is a tensor subclass,
+    on the meta device or a functorch wrapper left from a finished transform. Otherwise the eager fast path
+    serves it."""
     return _tracing() or _plain_tensors(args, [i for i, a in enumerate(args) if tensors_of(a) is not None]) is None
 
 
@@ -298,7 +299,7 @@ class KernelhubFunction(torch.autograd.Function):
         out: list[Any] = [None] * len(needs_input)
         for slot, need, g in zip(slots, needs, grads):  # each differentiable argument's gradient -> its tensors' slots
             if need:
-                if type(g) is torch.Tensor:
+                if isinstance(g, torch.Tensor):
                     out[slot] = g
                 else:
                     for k, gk in enumerate(g, slot):

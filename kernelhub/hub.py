@@ -89,7 +89,7 @@ class Hub:
     def forward(self, op: str, args: Sequence[Any], forced: str) -> tuple[Decision, torch.Tensor]:
         """The decision that served the call, and the checked output: the first eligible impl's, falling back past
         each that raises or returns a wrong output (`_next`). Every eager call runs this loop; it is written out
-        (no closures, no per-call allocations beyond the output) because its cost is the hub's per-call cost."""
+        (no closure, no wrapper per call) because its cost is the hub's per-call cost."""
         decision = self.selector.decide(op, args, forced)
         while True:
             impl = _first(decision)

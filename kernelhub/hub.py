@@ -90,12 +90,13 @@ class Hub:
         """The decision that served the call, and the checked output: the first eligible impl's, falling back past
         each that raises or returns a wrong output (`_next`). Every eager call runs this loop; it is written out
         (no closure, no wrapper per call) because its cost is the hub's per-call cost."""
+        spec = self.registry.spec(op)
         decision = self.selector.decide(op, args, forced)
         while True:
             impl = _first(decision)
             try:
                 out = impl.forward(*args)
-                _check_result(self.registry.spec(op), impl.backend, "an output", out, decision.output, args)
+                _check_result(spec, impl.backend, "an output", out, decision.output, args)
                 # outputs are contiguous, as the fake implementations promise torch.compile
                 return decision, out.contiguous()
             except CONTAINED as exc:

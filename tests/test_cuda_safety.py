@@ -134,4 +134,6 @@ def test_online_tuning_waits_out_a_graph_capture(tmp_path):
     assert not (tmp_path / "tuning.json").exists()
     torch.testing.assert_close(out, fn(x), rtol=1e-4, atol=0)  # this call tunes
     assert (tmp_path / "tuning.json").exists()
-    assert "tuned winner" in kernelhub.explain("tv_loss_l1_3d", x).candidates[0].reasons[0]
+    reason = kernelhub.explain("tv_loss_l1_3d", x).candidates[0].reasons[0]
+    # tuned: a winner, or none where the two ran within each other's noise (a loaded host: 33% spread seen)
+    assert "tuned winner" in reason or "within noise of the fastest" in reason, reason

@@ -31,7 +31,8 @@ def _key(kernel, device: int, args: tuple, kwargs: dict) -> tuple:
     looks at == 1, divisibility by 16 and the width; the value covers them all), a float's type (floats are not
     specialised), any other value (constexprs) as it is. One comprehension per call, no function call per
     argument (the key of a TV launch's 16 arguments cost 3.8 us per call that way on the 2-core CPU, 1.0 us so).
-    A keyword keeps one type across calls (True and 1 would share a key)."""
+    A keyword keeps one type across calls (True and 1 would share a key), and tensors go positionally (a
+    keyword's value enters the key as it is: a tensor there would be keyed by its identity)."""
     return (kernel, device, *[(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
                               else float if type(a) is float else a for a in args],
             *[(k, float if type(v) is float else v) for k, v in kwargs.items()])

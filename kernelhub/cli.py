@@ -404,9 +404,8 @@ def cmd_check(args: argparse.Namespace) -> dict:
 
 
 def render_check(data: dict, console: Console) -> None:
-    counts = data
-    t = Table(title=f"kernelhub check {data['backend']} on {data['device']}: {counts['pass']} passed, "
-                    f"{counts['fail']} failed, {counts['not covered']} not covered, {counts['skip']} skipped"
+    t = Table(title=f"kernelhub check {data['backend']} on {data['device']}: {data['pass']} passed, "
+                    f"{data['fail']} failed, {data['not covered']} not covered, {data['skip']} skipped"
                     + (f" (--allow-partial {' '.join(data['allow_partial'])})" if data["allow_partial"] else ""))
     for col in ("op", "check", "status", "calls", "detail"):
         t.add_column(col, overflow="fold")

@@ -263,21 +263,17 @@ class Tuning:
                 continue  # the file says it failed; here it passes
             failed[n] = f"{error} (when tuned on {entry.get('call', '?')}, {entry.get('tuned', '?')})"
         why = {}
+        head = close if len(close) > 1 else passed[:1]  # the backends placed first: within noise, or the winner
         if len(close) > 1:
-            best = min(cands[n]["step_ms"] for n in close)
+            fastest = min(cands[n]["step_ms"] for n in close)
             for n in close:
                 why[n] = (f"within noise of the fastest for bucket {entry.get('bucket', '?')}: {cands[n]['step_ms']:.4g} ms "
-                          f"vs {best:.4g} ms forward+backward (spread {cands[n].get('step_spread', 0):.0%}, at least "
+                          f"vs {fastest:.4g} ms forward+backward (spread {cands[n].get('step_spread', 0):.0%}, at least "
                           f"{NOISE_FLOOR:.0%}): priority order among {', '.join(close)} ({entry.get('tuned', '?')})")
-            best = cands[close[0]]["step_ms"]
-            for n in passed[len(close):]:
-                t = cands[n]["step_ms"]
-                why[n] = f"lost on time: {t:.4g} ms vs {best:.4g} ms forward+backward ({t / best:.2f}x slower)"
         elif passed:
-            best = cands[passed[0]]["step_ms"]
-            why[passed[0]] = (f"tuned winner for bucket {entry.get('bucket', '?')}: {best:.4g} ms forward+backward "
-                              f"({entry.get('tuned', '?')})")
-            for n in passed[1:]:
-                t = cands[n]["step_ms"]
-                why[n] = f"lost on time: {t:.4g} ms vs {best:.4g} ms forward+backward ({t / best:.2f}x slower)"
+            why[passed[0]] = (f"tuned winner for bucket {entry.get('bucket', '?')}: {cands[passed[0]]['step_ms']:.4g} ms "
+                              f"forward+backward ({entry.get('tuned', '?')})")
+        for n in passed[len(head):]:  # against the one that runs: the first placed
+            t, best = cands[n]["step_ms"], cands[passed[0]]["step_ms"]
+            why[n] = f"lost on time: {t:.4g} ms vs {best:.4g} ms forward+backward ({t / best:.2f}x slower)"
         return passed, why, failed

@@ -80,6 +80,32 @@ def test_tikhonov_long_rows_take_several_z_chunks(dtype):
     fwd, bwd = testing.measure("tikhonov_inverse_2xn", "triton", (M, 0.3))
     assert fwd <= tol.forward and bwd <= tol.backward, (fwd, bwd)
 
+@pytest.mark.parametrize("semifield", ["tropical_max", "tropical_min"])
+def test_semiconv_tile_kernel_gives_an_all_zero_window_s_gradient_to_its_first_tap(semifield):
+    # max/min of a 2-D call take the tile kernel; where every product of a window is the semifield's zero (-inf for
+    # max, +inf for min), the first tap wins: here it lies in the padding, so only the kernel's gradient gets it
+    from kernelhub.ops.semiconv import lift_3d
+    from kernelhub_triton import semiconv
+
+    zero = float("-inf") if semifield == "tropical_max" else float("inf")
+    x = torch.full((1, 1, 4, 4), zero, dtype=torch.float64, device=DEVICE)
+    x[0, 0, 3, 3] = 1.0
+    k = torch.randn((1, 1, 3, 3), dtype=torch.float64, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(2))
+    args = (semifield, [1, 1], [1, 1, 1, 1], [1, 1], 1, "conv", False)
+    assert semiconv._tiled_layout(lift_3d(x, k, *args)) is not None
+    assert semiconv._tiled_layout(lift_3d(x, k, "log:1", *args[1:])) is None  # the smooth semifields walk
+    g = torch.arange(16.0, dtype=torch.float64, device=DEVICE).view(1, 1, 4, 4)
+    got, want = [], []
+    for backend, into in (("triton", got), ("torch_ref", want)):
+        xi, ki = x.clone().requires_grad_(), k.clone().requires_grad_()
+        out = kernelhub.op("semiconv", backend=backend)(xi, ki, *args)
+        out.backward(g)
+        into += [out.detach(), xi.grad, ki.grad]
+    assert got[2].abs().sum() > 0  # the padded first taps' upstream gradients reached the kernel
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 # -- past 2^31 elements: 64-bit offsets (GPU with >= 60 GB) --------------------------------
 
 BIG = CUDA and torch.cuda.get_device_properties(0).total_memory >= 60 * 2**30

@@ -81,8 +81,8 @@ def test_tikhonov_long_rows_take_several_z_chunks(dtype):
     assert fwd <= tol.forward and bwd <= tol.backward, (fwd, bwd)
 
 @pytest.mark.parametrize("semifield", ["tropical_max", "tropical_min"])
-def test_semiconv_tile_kernel_gives_an_all_zero_window_s_gradient_to_its_first_tap(semifield):
-    # max/min of a 2-D call take the tile kernel; where every product of a window is the semifield's zero (-inf for
+def test_semiconv_row_kernel_gives_an_all_zero_window_s_gradient_to_its_first_tap(semifield):
+    # max/min of a 2-D call take the row kernel; where every product of a window is the semifield's zero (-inf for
     # max, +inf for min), the first tap wins: here it lies in the padding, so only the kernel's gradient gets it
     from kernelhub.ops.semiconv import lift_3d
     from kernelhub_triton import semiconv
@@ -92,8 +92,8 @@ def test_semiconv_tile_kernel_gives_an_all_zero_window_s_gradient_to_its_first_t
     x[0, 0, 3, 3] = 1.0
     k = torch.randn((1, 1, 3, 3), dtype=torch.float64, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(2))
     args = (semifield, [1, 1], [1, 1, 1, 1], [1, 1], 1, "conv", False)
-    assert semiconv._tiled_layout(lift_3d(x, k, *args)) is not None
-    assert semiconv._tiled_layout(lift_3d(x, k, "log:1", *args[1:])) is None  # the smooth semifields walk
+    assert semiconv._row_layout(lift_3d(x, k, *args)) is not None
+    assert semiconv._row_layout(lift_3d(x, k, "log:1", *args[1:])) is None  # the smooth semifields walk
     g = torch.arange(16.0, dtype=torch.float64, device=DEVICE).view(1, 1, 4, 4)
     got, want = [], []
     for backend, into in (("triton", got), ("torch_ref", want)):

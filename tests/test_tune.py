@@ -157,7 +157,9 @@ def test_a_changed_backend_invalidates_only_the_entries_it_was_timed_in(hub, mon
     sq = kernelhub.explain("tv_loss_sq_3d", VOLUME)
     l1 = kernelhub.explain("tv_loss_l1_3d", VOLUME)
     assert sq.chosen == "aslow" and "priority order" in sq.candidates[0].reasons[0]  # stale: back to priority
-    assert "tuned winner" in l1.candidates[0].reasons[0]  # bfast does not serve tv_loss_l1_3d: still valid
+    # bfast does not serve tv_loss_l1_3d: its entry still holds, a winner or, where a loaded machine timed the
+    # backends within noise of each other, none (the priority order among them)
+    assert l1.candidates[0].reasons[0].startswith(("tuned winner for bucket", "within noise of the fastest for bucket"))
     stale = {r["op"]: r["stale"] for rows in cli.cmd_list(cli.build_parser().parse_args(["list"]))["winners"]
              ["devices"].values() for r in rows}
     assert stale == {"tv_loss_sq_3d": "bfast changed", "tv_loss_l1_3d": ""}

@@ -1,33 +1,30 @@
 """Semifield convolution (docs/ops.md) in Triton: forward and analytic backward, no unfolded products.
 
-The call is lifted to 3 spatial dims (``kernelhub.ops.semiconv.lift_3d``: 1-D and 2-D with leading
-size-1 dims; for "conv" window tap t reads kernel tap taps-1-t, FLIP). A program serves BLOCK outputs of one (b, oc); each
-lane walks its window in (c, tap) row-major order, reading the image through the cache and the
-semifield's zero where a tap falls in the padding. The kernel's spatial sizes are compile-time
-constants (the taps unroll); offsets within one image channel are 32-bit (larger channels are
-rejected and fall back). One loop nest, ``_walk``, does every walk over the taps:
+The call is lifted to 3 spatial dims (``kernelhub.ops.semiconv.lift_3d``: 1-D and 2-D with leading size-1 dims;
+for "conv" window tap t reads kernel tap taps-1-t, FLIP). The kernel's spatial sizes are compile-time constants
+(the taps unroll); offsets within one image channel are 32-bit (larger channels are rejected and fall back).
 
-- STATS: the window's max (max/min; log: of mu*a, the shift), its sums (linear, root) and whether a
-  NaN was seen; for max/min also the first winner's (c, tap) index, by a strict comparison in order;
+max/min (`_tropical_kernel`): a program serves rows of output segments, one output column per lane, and each tap
+is one load of the segment shifted by the tap (no per-output index arithmetic per tap), the semifield's zero in
+the padding. The backward recomputes each output's first winner (a strict comparison in (c, tap) order), adds
+the upstream gradient at the winner into the image's gradient (atomics: windows overlap) and writes the winner;
+`_tropical_kernel_grad` then sums the kernel's gradient from those winners. On an H200 this is 1.8x (5x5
+depthwise), 1.4x (3x3 depthwise), 2.7x (3x3, 32 channels per group) and 1.1x (3x3x3) faster forward + backward
+than the walk below, which served max/min before (docs/lab/benchmarks-history.md).
+
+linear, root, log (the walk): a program serves BLOCK outputs of one (b, oc); each lane walks its window in
+(c, tap) row-major order, reading the image through the cache. One loop nest, ``_walk``, does every walk:
+
+- STATS: the window's sums (linear, root), or log's max of mu*a (the shift) and whether a NaN was seen;
 - LOGSUM: log's sum of exp(mu*a - shift), a second walk;
-- GRAD (log, root, linear): every tap's share of the upstream gradient.
+- GRAD: every tap's share of the upstream gradient.
 
-max/min of 1-D and 2-D calls take `_tropical_kernel` instead: a program per output tile, each tap one shifted
-load of the whole tile (no per-output index arithmetic per tap), forward and backward in one kernel (below). On an
-H200 it is 1.5x (5x5 depthwise), 1.1x (3x3 depthwise) and 2.2x (3x3, 32 channels per group) faster forward +
-backward than the walk (docs/lab/benchmarks-history.md).
-
-The backward recomputes the statistics (the forward saves nothing). For max/min the first winner
-takes the whole gradient: one atomic add into img's gradient at its position, and the kernel's
-gradient as a per-program sum for each (c, tap), one atomic per program and tap. The smooth
-semifields add each tap's share to img's gradient with atomics (windows overlap) and to the
-kernel's with one atomic per program and tap. The atomics make the gradients' last bits vary run
-to run.
+The backward recomputes the statistics (the forward saves nothing) and adds each tap's share to img's gradient
+with atomics and to the kernel's with one atomic per program and tap. The atomics make the gradients' last bits
+vary run to run (max/min's too).
 """
-
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -35,7 +32,7 @@ import triton
 import triton.language as tl
 
 from kernelhub.ops.semiconv import lift_3d, semifield_zero
-from kernelhub_triton._launch import acc_type, launch
+from kernelhub_triton._launch import acc_type, launch, sm_count
 
 __all__ = ["forward", "backward", "not_supported_reasons"]
 
@@ -47,9 +44,7 @@ STATS, LOGSUM, GRAD = 0, 1, 2
 
 @triton.jit
 def _product(xv, kv, SF: tl.constexpr):
-    if SF == 1:
-        a = xv - kv
-    elif SF == 0 or SF == 4:
+    if SF == 4:
         a = xv + kv
     else:
         a = xv * kv
@@ -88,7 +83,7 @@ def _tap(x_c, row_in, zz, yy, ow, s2, p2, d2, H, W, kw, zero):
 @triton.jit
 def _walk(x_ptr, k_ptr, gx_ptr, gk_ptr, b, oc, od, oh, ow, mask,
           C, D, H, W, Cg, Og, s0, s1, s2, p0, p1, p2, d0, d1, d2,
-          zero, prm, best, acc, nan, win, g, lse,
+          zero, prm, best, acc, nan, g, lse,
           SF: tl.constexpr, PASS: tl.constexpr, NEED_IMG: tl.constexpr, NEED_KERNEL: tl.constexpr,
           KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, FLIP: tl.constexpr):
     taps = KD * KH * KW
@@ -105,24 +100,15 @@ def _walk(x_ptr, k_ptr, gx_ptr, gk_ptr, b, oc, od, oh, ow, mask,
                 row_in = mask & (zz >= 0) & (zz < D) & (yy >= 0) & (yy < H)
                 for kw in tl.static_range(KW):
                     tap = (kd * KH + kh) * KW + kw
-                    t = c * taps + tap  # (c, tap) in window order
                     if FLIP:
                         kt = c * taps + (taps - 1 - tap)  # the kernel's index for this tap
                     else:
-                        kt = t
+                        kt = c * taps + tap
                     xv, inb, off = _tap(x_c, row_in, zz, yy, ow, s2, p2, d2, H, W, kw, zero)
                     kv = tl.load(k_ptr + kbase + kt).to(best.dtype)
                     a = _product(xv, kv, SF)
                     if PASS == 0:
-                        if SF == 0 or SF == 1:
-                            nan = nan | (a != a)
-                            if SF == 0:
-                                take = (win < 0) | (a > best)
-                            else:
-                                take = (win < 0) | (a < best)
-                            best = tl.where(take, a, best)
-                            win = tl.where(take, t, win)
-                        elif SF == 2:
+                        if SF == 2:
                             acc += a
                         elif SF == 3:
                             acc += _pow(a, prm)
@@ -149,25 +135,24 @@ def _walk(x_ptr, k_ptr, gx_ptr, gk_ptr, b, oc, od, oh, ow, mask,
                             tl.atomic_add(gx_ptr + chan + off, dx, mask=inb, sem="relaxed")
                         if NEED_KERNEL:
                             tl.atomic_add(gk_ptr + kbase + kt, tl.sum(tl.where(mask, dk, 0.0), axis=0), sem="relaxed")
-    return best, acc, nan, win
+    return best, acc, nan
 
 
 @triton.jit
 def _stats(x_ptr, k_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og, s0, s1, s2, p0, p1, p2, d0, d1,
-           d2, zero, prm, start, SF: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr,
+           d2, zero, prm, SF: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr,
            KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, FLIP: tl.constexpr):
-    best = tl.zeros([BLOCK], ACC) + start
+    best = tl.full([BLOCK], float("-inf"), ACC)  # log's max of mu * a (its shift)
     acc = tl.zeros([BLOCK], ACC)
     nan = tl.zeros([BLOCK], tl.int1)
-    win = tl.full([BLOCK], -1, tl.int32)
-    best, acc, nan, win = _walk(x_ptr, k_ptr, x_ptr, x_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og,
-                                s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, best, acc, nan, win, acc, acc,
-                                SF, 0, False, False, KD, KH, KW, FLIP)
+    best, acc, nan = _walk(x_ptr, k_ptr, x_ptr, x_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og,
+                           s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, best, acc, nan, acc, acc,
+                           SF, 0, False, False, KD, KH, KW, FLIP)
     if SF == 4:
-        best, acc, nan, win = _walk(x_ptr, k_ptr, x_ptr, x_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og,
-                                    s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, best, acc, nan, win, acc, acc,
-                                    SF, 1, False, False, KD, KH, KW, FLIP)
-    return best, acc, nan, win
+        best, acc, nan = _walk(x_ptr, k_ptr, x_ptr, x_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og,
+                               s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, best, acc, nan, acc, acc,
+                               SF, 1, False, False, KD, KH, KW, FLIP)
+    return best, acc, nan
 
 
 @triton.jit
@@ -181,29 +166,26 @@ def _position(O, per, OH, OW, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _prologue(x_ptr, k_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW, s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_, prm_, start_,
+def _prologue(x_ptr, k_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW, s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_, prm_,
               SF: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr, KD: tl.constexpr, KH: tl.constexpr,
               KW: tl.constexpr, FLIP: tl.constexpr):
     """What both kernels start with: the program's outputs and their windows' statistics."""
-    zero, prm, start = tl.cast(zero_, ACC), tl.cast(prm_, ACC), tl.cast(start_, ACC)
+    zero, prm = tl.cast(zero_, ACC), tl.cast(prm_, ACC)
     b, oc, out, od, oh, ow, mask = _position(O, OD * OH * OW, OH, OW, BLOCK)
-    best, acc, nan, win = _stats(x_ptr, k_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og,
-                                 s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, start, SF, BLOCK, ACC, KD, KH, KW, FLIP)
-    return b, oc, out, od, oh, ow, mask, zero, prm, best, acc, nan, win
+    best, acc, nan = _stats(x_ptr, k_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og,
+                            s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, SF, BLOCK, ACC, KD, KH, KW, FLIP)
+    return b, oc, out, od, oh, ow, mask, zero, prm, best, acc, nan
 
 
 @triton.jit
 def _semiconv_forward_kernel(x_ptr, k_ptr, o_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW,
                              s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_: tl.float64, prm_: tl.float64,
-                             start_: tl.float64, SF: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr,
-                             KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, TP2: tl.constexpr,
-                             FLIP: tl.constexpr):
-    b, oc, out, od, oh, ow, mask, zero, prm, best, acc, nan, win = _prologue(
-        x_ptr, k_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW, s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_, prm_, start_,
+                             SF: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr,
+                             KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, FLIP: tl.constexpr):
+    b, oc, out, od, oh, ow, mask, zero, prm, best, acc, nan = _prologue(
+        x_ptr, k_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW, s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_, prm_,
         SF, BLOCK, ACC, KD, KH, KW, FLIP)
-    if SF == 0 or SF == 1:
-        val = tl.where(nan, float("nan"), best)
-    elif SF == 2:
+    if SF == 2:
         val = acc
     elif SF == 3:
         val = _pow(acc, 1.0 / prm)
@@ -215,161 +197,162 @@ def _semiconv_forward_kernel(x_ptr, k_ptr, o_ptr, C, D, H, W, O, Cg, Og, OD, OH,
 @triton.jit
 def _semiconv_backward_kernel(g_ptr, x_ptr, k_ptr, gx_ptr, gk_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW,
                               s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_: tl.float64, prm_: tl.float64,
-                              start_: tl.float64, SF: tl.constexpr, NEED_IMG: tl.constexpr,
-                              NEED_KERNEL: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr,
-                              KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, TP2: tl.constexpr,
-                              FLIP: tl.constexpr):
-    b, oc, out, od, oh, ow, mask, zero, prm, best, acc, nan, win = _prologue(
-        x_ptr, k_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW, s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_, prm_, start_,
+                              SF: tl.constexpr, NEED_IMG: tl.constexpr, NEED_KERNEL: tl.constexpr,
+                              BLOCK: tl.constexpr, ACC: tl.constexpr, KD: tl.constexpr, KH: tl.constexpr,
+                              KW: tl.constexpr, FLIP: tl.constexpr):
+    b, oc, out, od, oh, ow, mask, zero, prm, best, acc, nan = _prologue(
+        x_ptr, k_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW, s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_, prm_,
         SF, BLOCK, ACC, KD, KH, KW, FLIP)
     g = tl.load(g_ptr + out, mask=mask, other=0.0).to(ACC)
-    if SF == 0 or SF == 1:  # the whole gradient to the first winner: no second walk
-        g = tl.where(mask & (nan == 0), g, 0.0)  # a NaN in the window: no gradient
-        taps = KD * KH * KW
-        if NEED_IMG:
-            c = win // taps
-            t = win % taps
-            zz = od * s0 - p0 + (t // (KH * KW)) * d0
-            yy = oh * s1 - p1 + ((t // KW) % KH) * d1
-            xx = ow * s2 - p2 + (t % KW) * d2
-            inb = mask & (nan == 0) & (zz >= 0) & (zz < D) & (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
-            chan = (b * C + (oc // Og) * Cg + c).to(tl.int64) * D * H * W
-            tl.atomic_add(gx_ptr + chan + (zz * H + yy) * W + xx, g, mask=inb, sem="relaxed")
-        if NEED_KERNEL:  # per channel c: the program's sum for each tap, one atomic per tap
-            if SF == 1:
-                g = -g
-            tt = tl.arange(0, TP2)
-            if FLIP:
-                kt = taps - 1 - tt
-            else:
-                kt = tt
-            for c in range(0, Cg):
-                hits = tl.where(win[:, None] == c * taps + tt[None, :], g[:, None], 0.0)
-                tl.atomic_add(gk_ptr + oc * Cg * taps + c * taps + kt, tl.sum(hits, axis=0), mask=tt < taps,
-                              sem="relaxed")
-    else:
-        lse = acc
-        if SF == 3:  # d out / d sum of a^p, times the upstream gradient
-            g = g * ((1.0 / prm) * _pow(acc, 1.0 / prm - 1.0))
-        if SF == 4:
-            lse = _lse(acc, best, nan)
-        _walk(x_ptr, k_ptr, gx_ptr, gk_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og,
-              s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, best, acc, nan, win, g, lse,
-              SF, 2, NEED_IMG, NEED_KERNEL, KD, KH, KW, FLIP)
+    lse = acc
+    if SF == 3:  # d out / d sum of a^p, times the upstream gradient
+        g = g * ((1.0 / prm) * _pow(acc, 1.0 / prm - 1.0))
+    if SF == 4:
+        lse = _lse(acc, best, nan)
+    _walk(x_ptr, k_ptr, gx_ptr, gk_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og,
+          s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, best, acc, nan, g, lse,
+          SF, 2, NEED_IMG, NEED_KERNEL, KD, KH, KW, FLIP)
 
 
-# -- max/min in 1-D and 2-D: output tiles ----------------------------------------------------
-# A program serves a [BH, BW] tile of one (b, oc) output plane; each tap is one shifted load of the tile
-# (neighbouring taps hit L1), one add and one max or min, with no per-tap index arithmetic beyond the shift.
-# The backward recomputes each output's first winner the same way, then adds the upstream gradient to the
-# image's gradient at the winner (an atomic add) and to the kernel's (per program and tap, one atomic).
-TILE_H, TILE_W, TILE_WARPS = 4, 128, 4
+# -- max/min: output rows ---------------------------------------------------------------------
+# A program serves ROWS rows of BW outputs of one (b, oc, od) output plane, one output column per lane: each tap is one
+# load of a row segment shifted by the tap (neighbouring taps hit L1; a warp's load is 32 adjacent elements), one
+# add and one max or min. The backward recomputes each output's first winner the same way, adds the upstream
+# gradient at the winner into the image's gradient (an atomic add) and writes the winner's index; the kernel's
+# gradient is then one pass over those indices (`_tropical_kernel_grad`: per program, a one-hot sum per window
+# index, one atomic each).
+ROWS, ROW_WIDTH, ROW_WARPS = 8, 256, 4
+MAX_BINS = 32  # window indices the kernel-gradient pass sums at a time, at most
+GRAD_BLOCK = 256  # outputs per program of that pass
 
 
 @triton.jit
-def _tropical_kernel(x_ptr, k_ptr, o_ptr, g_ptr, gx_ptr, gk_ptr, C, H, W, O, Cg, Og, OH, OW,
-                     s1, s2, p1, p2, d1, d2, SF: tl.constexpr, BACKWARD: tl.constexpr, NEED_IMG: tl.constexpr,
-                     NEED_KERNEL: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr,
-                     KH: tl.constexpr, KW: tl.constexpr, KWP2: tl.constexpr, FLIP: tl.constexpr):
-    """The forward (into ``o_ptr``) or, with BACKWARD, the gradients of ``g_ptr``'s upstream gradient (into the
-    zeroed ``gx_ptr`` and ``gk_ptr``)."""
+def _tropical_kernel(x_ptr, k_ptr, o_ptr, g_ptr, gx_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW, s0, s1, s2, p0, p1, p2,
+                     d0, d1, d2, SF: tl.constexpr, BACKWARD: tl.constexpr, NEED_IMG: tl.constexpr,
+                     ROWS: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr, KD: tl.constexpr, KH: tl.constexpr,
+                     KW: tl.constexpr, FLIP: tl.constexpr):
+    """The forward (the output into ``o_ptr``) or, with BACKWARD, each output's first winner ``c * taps + tap``
+    into ``o_ptr`` (-1 where the window holds a NaN) and ``g_ptr``'s upstream gradient at the winners into the
+    zeroed ``gx_ptr`` (NEED_IMG)."""
     pid = tl.program_id(0)
     n_w = tl.cdiv(OW, BW)
-    per = tl.cdiv(OH, BH) * n_w
+    n_h = tl.cdiv(OH, ROWS)
+    per = OD * n_h * n_w
     bo = pid // per
-    oh = ((pid % per) // n_w) * BH + tl.arange(0, BH)
-    ow = ((pid % per) % n_w) * BW + tl.arange(0, BW)
+    rest = pid % per
+    zero = tl.zeros([BW], tl.int32)  # scalar conditions join masks as tensors: the interpreter makes bool & bool ints
+    od = zero + rest // (n_h * n_w)
+    oh0 = ((rest // n_w) % n_h) * ROWS
+    ow = (rest % n_w) * BW + tl.arange(0, BW)
     b = bo // O
     oc = bo % O
-    taps = KH * KW
+    taps = KD * KH * KW
+    chan0 = (b * C + (oc // Og) * Cg).to(tl.int64) * D * H * W
     if SF == 0:
         start = float("-inf")
     else:
         start = float("inf")
-    best = tl.full([BH, BW], start, ACC)
-    win = tl.full([BH, BW], -1, tl.int32)
-    nan = tl.zeros([BH, BW], tl.int1)
-    for c in range(0, Cg):
-        x_c = x_ptr + (b * C + (oc // Og) * Cg + c).to(tl.int64) * H * W
-        for kh in tl.static_range(KH):
-            iy = oh * s1 - p1 + kh * d1
-            row = x_c + iy * W
-            row_in = (iy >= 0) & (iy < H)
-            for kw in tl.static_range(KW):
-                ix = ow * s2 - p2 + kw * d2
-                inb = row_in[:, None] & ((ix >= 0) & (ix < W))[None, :]
-                tap = kh * KW + kw
-                if FLIP:
-                    kv = tl.load(k_ptr + (oc * Cg + c) * taps + (taps - 1 - tap)).to(ACC)
-                else:
-                    kv = tl.load(k_ptr + (oc * Cg + c) * taps + tap).to(ACC)
-                xv = tl.load(row[:, None] + ix[None, :], mask=inb, other=start).to(ACC)  # padding: the zero
-                if SF == 0:
-                    a = xv + kv
-                else:
-                    a = xv - kv
-                if BACKWARD:  # a strict comparison in (c, tap) order: the first winner stays
-                    nan = nan | (a != a)
-                    if SF == 0:
-                        take = a > best
-                    else:
-                        take = a < best
-                    best = tl.where(take, a, best)
-                    win = tl.where(take, c * taps + tap, win)
-                elif SF == 0:
-                    best = tl.maximum(best, a, propagate_nan=tl.PropagateNan.ALL)
-                else:
-                    best = tl.minimum(best, a, propagate_nan=tl.PropagateNan.ALL)
-    omask = (oh < OH)[:, None] & (ow < OW)[None, :]
-    out = bo.to(tl.int64) * OH * OW + oh[:, None] * OW + ow[None, :]
-    if not BACKWARD:
-        tl.store(o_ptr + out, best.to(o_ptr.dtype.element_ty), mask=omask)
-    else:
-        win = tl.maximum(win, 0)  # no strict win: every product was the zero, the first tap wins
-        live = omask & (nan == 0)  # a NaN in the window: no gradient
-        g = tl.load(g_ptr + out, mask=live, other=0.0).to(ACC)
-        c = win // taps
-        t = win % taps
-        if NEED_IMG:
-            iy = oh[:, None] * s1 - p1 + (t // KW) * d1
-            ix = ow[None, :] * s2 - p2 + (t % KW) * d2
-            inb = live & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
-            chan = (b * C + (oc // Og) * Cg + c).to(tl.int64) * H * W
-            tl.atomic_add(gx_ptr + chan + iy * W + ix, g, mask=inb, sem="relaxed")
-        if NEED_KERNEL:  # per channel and kernel row: the program's sum for each tap, one atomic per tap
-            if SF == 1:
-                g = -g
-            kw_ = tl.arange(0, KWP2)
-            for ci in range(0, Cg):
+    for r in range(0, ROWS):
+        oh = zero + oh0 + r
+        best = tl.full([BW], start, ACC)
+        win = tl.full([BW], -1, tl.int32)
+        nan = tl.zeros([BW], tl.int1)
+        for c in range(0, Cg):
+            x_c = x_ptr + chan0 + c * D * H * W
+            for kd in tl.static_range(KD):
+                iz = od * s0 - p0 + kd * d0
                 for kh in tl.static_range(KH):
-                    hit = win[:, :, None] == (ci * taps + kh * KW + kw_)[None, None, :]
-                    s = tl.sum(tl.sum(tl.where(hit, g[:, :, None], 0.0), axis=0), axis=0)
-                    if FLIP:
-                        kt = taps - 1 - (kh * KW + kw_)
-                    else:
-                        kt = kh * KW + kw_
-                    tl.atomic_add(gk_ptr + (oc * Cg + ci) * taps + kt, s, mask=kw_ < KW, sem="relaxed")
+                    iy = oh * s1 - p1 + kh * d1
+                    row = x_c + (iz * H + iy) * W
+                    row_in = (iz >= 0) & (iz < D) & (iy >= 0) & (iy < H)
+                    for kw in tl.static_range(KW):
+                        ix = ow * s2 - p2 + kw * d2
+                        tap = (kd * KH + kh) * KW + kw
+                        if FLIP:
+                            kv = tl.load(k_ptr + (oc * Cg + c) * taps + (taps - 1 - tap)).to(ACC)
+                        else:
+                            kv = tl.load(k_ptr + (oc * Cg + c) * taps + tap).to(ACC)
+                        # padding reads the semifield's zero
+                        xv = tl.load(row + ix, mask=row_in & (ix >= 0) & (ix < W), other=start).to(ACC)
+                        if SF == 0:
+                            a = xv + kv
+                        else:
+                            a = xv - kv
+                        if BACKWARD:  # a strict comparison in (c, tap) order: the first winner stays
+                            nan = nan | (a != a)
+                            if SF == 0:
+                                take = a > best
+                            else:
+                                take = a < best
+                            best = tl.where(take, a, best)
+                            win = tl.where(take, c * taps + tap, win)
+                        elif SF == 0:
+                            best = tl.maximum(best, a, propagate_nan=tl.PropagateNan.ALL)
+                        else:
+                            best = tl.minimum(best, a, propagate_nan=tl.PropagateNan.ALL)
+        live = (ow < OW) & (oh < OH)
+        out = bo.to(tl.int64) * OD * OH * OW + (od * OH + oh) * OW + ow
+        if not BACKWARD:
+            tl.store(o_ptr + out, best.to(o_ptr.dtype.element_ty), mask=live)
+        else:
+            win = tl.where(nan, -1, tl.maximum(win, 0))  # no strict win: every product was the zero, tap 0 wins
+            tl.store(o_ptr + out, win.to(o_ptr.dtype.element_ty), mask=live)
+            if NEED_IMG:
+                t = win % taps
+                iz = od * s0 - p0 + (t // (KH * KW)) * d0
+                iy = oh * s1 - p1 + ((t // KW) % KH) * d1
+                ix = ow * s2 - p2 + (t % KW) * d2
+                hit = live & (win >= 0) & (iz >= 0) & (iz < D) & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
+                g = tl.load(g_ptr + out, mask=hit, other=0.0).to(ACC)
+                tl.atomic_add(gx_ptr + chan0 + (win // taps) * D * H * W + (iz * H + iy) * W + ix, g, mask=hit,
+                              sem="relaxed")
 
 
-def _tiled_layout(a) -> tuple | None:
-    """max/min of a 1-D or 2-D call (depth 1, no depth padding): the tile kernel's grid and arguments; else None."""
+@triton.jit
+def _tropical_kernel_grad(w_ptr, g_ptr, gk_ptr, O, Cg, per, split, SF: tl.constexpr, BLOCK: tl.constexpr,
+                          BINS: tl.constexpr, ACC: tl.constexpr, TAPS: tl.constexpr, FLIP: tl.constexpr):
+    """The kernel's gradient from the winners: for each window index (c, tap), the sum of the upstream gradients
+    of the outputs it won. A program takes every ``split``-th block of one (b, oc) plane's outputs, sums one-hot
+    per lane and BINS indices at a time, and adds each index's total with one atomic (few programs per kernel
+    entry: the atomics on one address serialise)."""
+    pid = tl.program_id(0)
+    bo = pid // split
+    base = bo.to(tl.int64) * per
+    for first in range(0, Cg * TAPS, BINS):
+        idx = first + tl.arange(0, BINS)
+        acc = tl.zeros([BINS, BLOCK], ACC)
+        for start in range((pid % split) * BLOCK, per, split * BLOCK):
+            j = start + tl.arange(0, BLOCK)
+            w = tl.load(w_ptr + base + j, mask=j < per, other=-1).to(tl.int32)
+            g = tl.load(g_ptr + base + j, mask=(w >= first) & (w < first + BINS), other=0.0).to(ACC)
+            acc += tl.where(w[None, :] == idx[:, None], g[None, :], 0.0)
+        s = tl.sum(acc, axis=1)
+        if SF == 1:
+            s = -s
+        if FLIP:
+            kt = (idx // TAPS) * TAPS + (TAPS - 1 - idx % TAPS)
+        else:
+            kt = idx
+        tl.atomic_add(gk_ptr + (bo % O) * Cg * TAPS + kt, s, mask=idx < Cg * TAPS, sem="relaxed")
+
+
+def _row_layout(a) -> tuple | None:
+    """max/min: the row kernel's grid and arguments; else (the smooth semifields) None."""
+    if a.code not in (MAX, MIN):
+        return None
     (B, C, D, H, W), (O, Cg, KD, KH, KW) = a.img.shape, a.kernel.shape
     OD, OH, OW = a.out_size
-    if a.code not in (MAX, MIN) or (D, KD, OD, a.pad_begin[0]) != (1, 1, 1, 0):
-        return None
-    bw, bh = _tile(OH, OW)
-    return (B * O * triton.cdiv(OH, bh) * triton.cdiv(OW, bw),), (
-        C, H, W, O, Cg, O // a.groups, OH, OW, a.stride[1], a.stride[2], a.pad_begin[1], a.pad_begin[2],
-        a.dilation[1], a.dilation[2]), {"KH": KH, "KW": KW, "KWP2": triton.next_power_of_2(KW), "FLIP": a.flip,
-                                         "SF": a.code, "ACC": acc_type(a.img.dtype), "BH": bh, "BW": bw,
-                                         "num_warps": TILE_WARPS}
+    bw = min(triton.next_power_of_2(OW), ROW_WIDTH)
+    rows = min(OH, ROWS)
+    return (B * O * OD * triton.cdiv(OH, rows) * triton.cdiv(OW, bw),), (
+        C, D, H, W, O, Cg, O // a.groups, OD, OH, OW, *a.stride, *a.pad_begin, *a.dilation), {
+        "KD": KD, "KH": KH, "KW": KW, "FLIP": a.flip, "SF": a.code, "ACC": acc_type(a.img.dtype), "ROWS": rows,
+        "BW": bw, "num_warps": ROW_WARPS}
 
 
-@functools.lru_cache(maxsize=256)
-def _tile(rows: int, cols: int) -> tuple[int, int]:
-    """A tile of TILE_H x TILE_W outputs, wider where the plane has fewer rows (a 1-D call's plane is one row)."""
-    bh = min(triton.next_power_of_2(rows), TILE_H)
-    return min(triton.next_power_of_2(cols), TILE_H * TILE_W // bh), bh
+def _winner_dtype(window: int) -> torch.dtype:
+    """The smallest integer type holding a window index (c * taps + tap) and -1."""
+    return torch.int8 if window < 2**7 else torch.int16 if window < 2**15 else torch.int32
 
 
 def not_supported_reasons(args) -> list[str]:
@@ -382,11 +365,10 @@ def _launch_args(a, semifield: str):
     """The grid, the kernels' scalar arguments and their compile-time kernel sizes for a lifted call."""
     (B, C, D, H, W), (O, Cg, KD, KH, KW) = a.img.shape, a.kernel.shape
     OD, OH, OW = a.out_size
-    start = float("inf") if a.code == MIN else float("-inf")  # the max/min's start
     grid = (B * O * triton.cdiv(OD * OH * OW, BLOCK),)
-    sizes = {"KD": KD, "KH": KH, "KW": KW, "TP2": triton.next_power_of_2(KD * KH * KW), "FLIP": a.flip}
+    sizes = {"KD": KD, "KH": KH, "KW": KW, "FLIP": a.flip}
     return grid, (C, D, H, W, O, Cg, O // a.groups, OD, OH, OW, *a.stride, *a.pad_begin, *a.dilation,
-                  semifield_zero(semifield), a.param, start), sizes
+                  semifield_zero(semifield), a.param), sizes
 
 
 def forward(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting=False):
@@ -395,11 +377,10 @@ def forward(img, kernel, semifield, stride, padding, dilation, groups, kind, gro
     out = img.new_empty(a.output_shape)
     if out.numel() == 0:
         return out
-    tiled = _tiled_layout(a)
-    if tiled is not None:
-        grid, scalars, sizes = tiled
-        launch(_tropical_kernel, grid, x, k, out, x, x, x, *scalars, BACKWARD=False, NEED_IMG=False,
-               NEED_KERNEL=False, **sizes)
+    rows = _row_layout(a)
+    if rows is not None:
+        grid, scalars, sizes = rows
+        launch(_tropical_kernel, grid, x, k, out, x, x, *scalars, BACKWARD=False, NEED_IMG=False, **sizes)
         return out
     grid, scalars, sizes = _launch_args(a, semifield)
     launch(_semiconv_forward_kernel, grid, x, k, out, *scalars, **sizes, SF=a.code, BLOCK=BLOCK,
@@ -413,11 +394,18 @@ def backward(grad, img, kernel, semifield, stride, padding, dilation, groups, ki
     acc = torch.float64 if img.dtype == torch.float64 else torch.float32
     gx = torch.zeros(x.shape, dtype=acc, device=x.device)
     gk = torch.zeros(k.shape, dtype=acc, device=x.device)
-    tiled = _tiled_layout(a)
-    if g.numel() and (needs[0] or needs[1]) and tiled is not None:
-        grid, scalars, sizes = tiled
-        launch(_tropical_kernel, grid, x, k, x, g, gx, gk, *scalars, BACKWARD=True, NEED_IMG=bool(needs[0]),
-               NEED_KERNEL=bool(needs[1]), **sizes)
+    rows = _row_layout(a)
+    if g.numel() and (needs[0] or needs[1]) and rows is not None:
+        grid, scalars, sizes = rows
+        win = torch.empty(g.shape, dtype=_winner_dtype(k[0].numel()), device=x.device)
+        launch(_tropical_kernel, grid, x, k, win, g, gx, *scalars, BACKWARD=True, NEED_IMG=bool(needs[0]), **sizes)
+        if needs[1]:
+            planes, per = win.shape[0] * win.shape[1], win[0, 0].numel()
+            split = max(1, min(triton.cdiv(per, GRAD_BLOCK), triton.cdiv(4 * sm_count(x), planes)))
+            bins = min(MAX_BINS, triton.next_power_of_2(k[0].numel()))
+            launch(_tropical_kernel_grad, (planes * split,), win, g, gk, k.shape[0], k.shape[1], per, split,
+                   SF=a.code, BLOCK=GRAD_BLOCK, BINS=bins, ACC=sizes["ACC"], TAPS=k[0, 0].numel(), FLIP=a.flip,
+                   num_warps=ROW_WARPS)
     elif g.numel() and (needs[0] or needs[1]):
         grid, scalars, sizes = _launch_args(a, semifield)
         launch(_semiconv_backward_kernel, grid, g, x, k, gx, gk, *scalars, **sizes, SF=a.code,

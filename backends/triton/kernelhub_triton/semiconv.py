@@ -8,9 +8,9 @@ max/min (`_tropical_kernel`): a program serves rows of output segments, one outp
 is one load of the segment shifted by the tap (no per-output index arithmetic per tap), the semifield's zero in
 the padding. The backward recomputes each output's first winner (a strict comparison in (c, tap) order), adds
 the upstream gradient at the winner into the image's gradient (atomics: windows overlap) and writes the winner;
-`_tropical_kernel_grad` then sums the kernel's gradient from those winners. On an H200 this is 1.8x (5x5
-depthwise), 1.4x (3x3 depthwise), 2.7x (3x3, 32 channels per group) and 1.1x (3x3x3) faster forward + backward
-than the walk below, which served max/min before (docs/lab/benchmarks-history.md).
+`_tropical_kernel_grad` then sums the kernel's gradient from those winners. On an H200 this is 1.9x (5x5
+depthwise), 1.2-1.4x (3x3 depthwise; it varies run to run), 3.0x (3x3, 32 channels per group) and 1.2x (3x3x3)
+faster forward + backward than the walk below, which served max/min before (docs/lab/benchmarks-history.md).
 
 linear, root, log (the walk): a program serves BLOCK outputs of one (b, oc); each lane walks its window in
 (c, tap) row-major order, reading the image through the cache. One loop nest, ``_walk``, does every walk:
@@ -256,7 +256,6 @@ def _tropical_kernel(x_ptr, k_ptr, o_ptr, g_ptr, gx_ptr, C, D, H, W, O, Cg, Og, 
         oh = zero + oh0 + r
         best = tl.full([BW], start, ACC)
         win = tl.full([BW], -1, tl.int32)
-        nan = tl.zeros([BW], tl.int1)
         for c in range(0, Cg):
             x_c = x_ptr + chan0 + c * D * H * W
             for kd in tl.static_range(KD):
@@ -278,24 +277,22 @@ def _tropical_kernel(x_ptr, k_ptr, o_ptr, g_ptr, gx_ptr, C, D, H, W, O, Cg, Og, 
                             a = xv + kv
                         else:
                             a = xv - kv
-                        if BACKWARD:  # a strict comparison in (c, tap) order: the first winner stays
-                            nan = nan | (a != a)
-                            if SF == 0:
-                                take = a > best
-                            else:
-                                take = a < best
-                            best = tl.where(take, a, best)
-                            win = tl.where(take, c * taps + tap, win)
-                        elif SF == 0:
+                        # the backward's winner: a strict comparison in (c, tap) order keeps the first; once a
+                        # NaN made best NaN no later tap wins, and the window gets no gradient
+                        if SF == 0:
+                            if BACKWARD:
+                                win = tl.where(a > best, c * taps + tap, win)
                             best = tl.maximum(best, a, propagate_nan=tl.PropagateNan.ALL)
                         else:
+                            if BACKWARD:
+                                win = tl.where(a < best, c * taps + tap, win)
                             best = tl.minimum(best, a, propagate_nan=tl.PropagateNan.ALL)
         live = (ow < OW) & (oh < OH)
         out = bo.to(tl.int64) * OD * OH * OW + (od * OH + oh) * OW + ow
         if not BACKWARD:
             tl.store(o_ptr + out, best.to(o_ptr.dtype.element_ty), mask=live)
         else:
-            win = tl.where(nan, -1, tl.maximum(win, 0))  # no strict win: every product was the zero, tap 0 wins
+            win = tl.where(best != best, -1, tl.maximum(win, 0))  # no strict win: all were the zero, tap 0 wins
             tl.store(o_ptr + out, win.to(o_ptr.dtype.element_ty), mask=live)
             if NEED_IMG:
                 t = win % taps

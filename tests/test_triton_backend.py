@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kernelhub
-from kernelhub import testing
+from kernelhub import parity, testing
 
 triton = pytest.importorskip("triton")
 from kernelhub_triton import plugin  # noqa: E402
@@ -92,8 +92,8 @@ def test_semiconv_row_kernel_gives_an_all_zero_window_s_gradient_to_its_first_ta
     x[0, 0, 3, 3] = 1.0
     k = torch.randn((1, 1, 3, 3), dtype=torch.float64, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(2))
     args = (semifield, [1, 1], [1, 1, 1, 1], [1, 1], 1, "conv", False)
-    assert semiconv._row_layout(lift_3d(x, k, *args)) is not None
-    assert semiconv._row_layout(lift_3d(x, k, "log:1", *args[1:])) is None  # the smooth semifields walk
+    assert semiconv._layouts(lift_3d(x, k, *args))[0] is not None  # the row kernel serves it
+    assert semiconv._layouts(lift_3d(x, k, "log:1", *args[1:]))[0] is None  # the smooth semifields walk
     g = torch.arange(16.0, dtype=torch.float64, device=DEVICE).view(1, 1, 4, 4)
     got, want = [], []
     for backend, into in (("triton", got), ("torch_ref", want)):
@@ -240,3 +240,44 @@ def test_launch_keeps_the_compiled_kernel_per_key_and_matches_tritons_own_launch
         on_side = tv.l1_forward(v)
     side.synchronize()
     torch.testing.assert_close(on_side, expected)
+
+
+@pytest.mark.parametrize("op", ["tv_loss_l1_3d", "tv_loss_iso_3d"])
+def test_tv_forward_finishes_its_sum_in_the_launch_on_every_stream_and_in_a_graph(op):
+    """The forward's last program sums the partials, counted with a per-stream counter (kernelhub_triton's
+    `counter`): calls back to back, calls on two streams at once and a captured call replayed on another stream
+    each give the sum of their own volume, bitwise the same every time."""
+    fn, ref = kernelhub.op(op, backend="triton"), kernelhub.op(op, backend="torch_ref")
+    shape = (2, 64, 128, 128) if CUDA else (2, 5, 6, 7)
+    gen = torch.Generator(device=DEVICE).manual_seed(5)
+    vols = [torch.randn(shape, device=DEVICE, generator=gen) * (k + 1) for k in range(2)]
+    tol = parity.spec_tolerance(kernelhub.get_hub().registry.spec(op), torch.float32).forward
+    first = [fn(v) for v in vols]
+    for v, out in zip(vols, first):
+        expected = ref(v.double())
+        assert (out.double() - expected).abs().max() <= tol * expected.abs().max()
+        assert all(torch.equal(fn(v), out) for _ in range(3))
+    if not CUDA:
+        return
+    streams = [torch.cuda.Stream() for _ in vols]
+    outs: list[list] = [[] for _ in vols]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    for _ in range(20):  # the two streams' launches overlap on the GPU
+        for s, v, o in zip(streams, vols, outs):
+            with torch.cuda.stream(s):
+                o.append(fn(v))
+    torch.cuda.synchronize()
+    assert all(torch.equal(r, f) for o, f in zip(outs, first) for r in o)
+    graph = torch.cuda.CUDAGraph()
+    static = vols[0].clone()
+    with torch.cuda.graph(graph):
+        captured = fn(static)
+    static.copy_(vols[1])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        graph.replay()
+        eager = fn(vols[0])  # the side stream's own counter, after the replay on that stream
+    torch.cuda.synchronize()
+    assert torch.equal(captured, first[1]) and torch.equal(eager, first[0])

@@ -6,6 +6,7 @@ pairs, dilation[n], groups, kind, group_broadcasting)`` with n the number of spa
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import NamedTuple
@@ -16,7 +17,7 @@ from kernelhub.ops import _checks as c
 from kernelhub.ops.tolerances import MEASURED_ERRORS, tolerances_from
 from kernelhub.spec import Arg, OpSpec, SampleInput, SampleSpace
 
-__all__ = ["SEMICONV", "parse_semifield", "output_size", "Lifted", "lift_3d", "fold_broadcast",
+__all__ = ["SEMICONV", "parse_semifield", "zero_of", "output_size", "Lifted", "lift_3d", "fold_broadcast",
            "out_channels"]
 
 OP = "semiconv"
@@ -41,7 +42,11 @@ def parse_semifield(semifield: str) -> tuple[str, float]:
 
 
 def semifield_zero(semifield: str) -> float:
-    name, p = parse_semifield(semifield)
+    return zero_of(*parse_semifield(semifield))
+
+
+def zero_of(name: str, p: float) -> float:
+    """The semifield's zero (what padding holds) from its parsed name and parameter."""
     if name == "tropical_max" or (name == "log" and p > 0):
         return float("-inf")
     if name == "tropical_min" or name == "log":
@@ -64,10 +69,10 @@ class Lifted(NamedTuple):
     semifield: str             # tropical_max | tropical_min | linear | root | log
     code: int                  # its index in SEMIFIELD_CODES
     param: float               # p (root) or mu (log), else 0
-    stride: list[int]
-    pad_begin: list[int]
-    dilation: list[int]
-    out_size: list[int]
+    stride: tuple[int, int, int]
+    pad_begin: tuple[int, int, int]
+    dilation: tuple[int, int, int]
+    out_size: tuple[int, int, int]
     flip: bool                 # kind == "conv"
     groups: int                # the groups the kernels see (1 for a group-broadcasting call)
     output_shape: tuple[int, ...]  # the op's output shape (the caller's: [B, O, *out])
@@ -95,18 +100,29 @@ def fold_broadcast(img: torch.Tensor, groups: int, group_broadcasting: bool) -> 
 
 
 def lift_3d(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting=False) -> Lifted:
-    """A call's canonical arguments (after the spec's normalize) in the form the kernels take (`Lifted`)."""
-    nd = img.ndim - 2
-    one = [1] * (3 - nd)
+    """A call's canonical arguments (after the spec's normalize) in the form the kernels take (`Lifted`): two
+    reshapes (views where strides allow) and the call's plan, computed once per shapes and arguments."""
+    plan = _plan(tuple(img.shape), tuple(kernel.shape), semifield, tuple(stride), tuple(padding), tuple(dilation),
+                 groups, kind, group_broadcasting)
+    return Lifted(img.reshape(plan[0]), kernel.reshape(plan[1]), *plan[2:])
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(img_shape, kernel_shape, semifield, stride, padding, dilation, groups, kind, group_broadcasting) -> tuple:
+    """`Lifted`'s fields for a call of these shapes and arguments, the two tensors as the shapes they take (the
+    group-broadcasting fold, `fold_broadcast`, and the leading size-1 dims in one reshape each)."""
+    nd = len(img_shape) - 2
+    one = (1,) * (3 - nd)
     name, param = parse_semifield(semifield)
-    sizes = [output_size(img.shape[2 + i], kernel.shape[2 + i], stride[i], padding[2 * i], padding[2 * i + 1],
-                         dilation[i]) for i in range(nd)]
-    out_shape = (img.shape[0], out_channels(kernel, groups, group_broadcasting), *sizes)
-    x, groups = fold_broadcast(img, groups, group_broadcasting)
-    return Lifted(x.reshape(*x.shape[:2], *one, *x.shape[2:]),
-                  kernel.reshape(*kernel.shape[:2], *one, *kernel.shape[2:]), name, SEMIFIELD_CODES[name], param,
-                  one + list(stride), [0] * (3 - nd) + list(padding[0::2]), one + list(dilation), one + sizes,
-                  kind == "conv", groups, out_shape)
+    sizes = tuple(output_size(img_shape[2 + i], kernel_shape[2 + i], stride[i], padding[2 * i], padding[2 * i + 1],
+                              dilation[i]) for i in range(nd))
+    out_shape = (img_shape[0], kernel_shape[0] * (groups if group_broadcasting else 1), *sizes)
+    B, C = img_shape[:2]
+    if group_broadcasting and groups > 1:
+        B, C, groups = B * groups, C // groups, 1
+    return ((B, C, *one, *img_shape[2:]), (*kernel_shape[:2], *one, *kernel_shape[2:]), name,
+            SEMIFIELD_CODES[name], param, one + stride, (0,) * (3 - nd) + padding[0::2], one + dilation, one + sizes,
+            kind == "conv", groups, out_shape)
 
 
 def _ints(name: str, value, nd: int, minimum: int) -> list[int]:

@@ -57,7 +57,7 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     device = t.device.index
     key = _key(kernel, device, args, kwargs)
     entry = _HANDLES.get(key)
-    if entry is None or torch.cuda.current_device() != device:
+    if entry is None or _current_device() != device:
         with torch.cuda.device(device):  # Triton launches on the current device
             compiled = kernel[grid](*args, **kwargs)
         if entry is None and compiled is not None:
@@ -71,13 +71,33 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     g = (*grid, 1, 1)
     stream = _current_stream(device)
     hooks = _knobs.runtime
+    enter = hooks.launch_enter_hook  # Triton computes the launch metadata for its hooks only
     compiled.run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata,
-                 compiled.launch_metadata(grid, stream, *values), hooks.launch_enter_hook, hooks.launch_exit_hook,
-                 *values)
+                 None if enter is None else compiled.launch_metadata(grid, stream, *values), enter,
+                 hooks.launch_exit_hook, *values)
 
 
 _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (  # what Triton's launch uses
     lambda device: torch.cuda.current_stream(device).cuda_stream)
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device  # no lazy-init check
+_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
+
+# counter's int32 counters: (device index, raw stream) -> a one-element tensor
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def counter(t: torch.Tensor) -> torch.Tensor:
+    """An int32 counter at 0 on ``t``'s device, for a kernel whose last program (the one that counts the
+    others done) finishes a reduction and sets the counter back to 0. One per device and stream (launches on
+    one stream run one after the other, so they never share it at once); under CUDA graph capture a new
+    zeroed one per launch (its zeroing captured with the kernel, so a replay on any stream starts at 0)."""
+    if t.is_cuda and _is_capturing():
+        return torch.zeros(1, dtype=torch.int32, device=t.device)
+    key = (t.device.index, _current_stream(t.device.index)) if t.is_cuda else (-1, 0)
+    c = _COUNTERS.get(key)
+    if c is None:
+        c = _COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=t.device)
+    return c
 
 
 @functools.cache

@@ -246,11 +246,16 @@ def _launch_backward(grad, pts, rotations, planes, needs, taps, h, col0):
     _, C, H, W = planes.shape
     acc = accumulation_dtype(pts.dtype)
     need_pl, need_p, need_r = (bool(n) for n in needs)
+    run = B > 0 and C > 0 and (need_pl or need_p or need_r)
     programs = triton.cdiv(B, BLOCK_B)
+    # the planes gradient is the atomics' target (zeroed); each program writes its points' gradients and its
+    # rows of the rotations gradient's partials (summed below in a fixed order: deterministic), so those are
+    # zeroed only where no kernel runs
+    new = torch.empty if run else torch.zeros
     gpl = torch.zeros((3 * T, H, W, C), dtype=acc, device=pts.device) if need_pl else None
-    gp = torch.zeros((B, 3), dtype=acc, device=pts.device) if need_p else None
-    gr = torch.zeros((programs, T, 9), dtype=acc, device=pts.device) if need_r else None
-    if B > 0 and C > 0 and (need_pl or need_p or need_r):
+    gp = new((B, 3), dtype=acc, device=pts.device) if need_p else None
+    gr = new((programs, T, 9), dtype=acc, device=pts.device) if need_r else None
+    if run:
         launch(_kplanes_backward_kernel, (programs,),
                grad, pts, rotations, _channels_last(planes), gpl if need_pl else pts, gp if need_p else pts,
                gr if need_r else pts, B, T, C, H, W, _step(pts, taps, h), *pts.stride(), *rotations.stride(),
@@ -259,7 +264,7 @@ def _launch_backward(grad, pts, rotations, planes, needs, taps, h, col0):
                BB=BLOCK_B, BC=max(triton.next_power_of_2(C), 2), ACC=acc_type(pts.dtype), num_warps=NUM_WARPS)
     return [None if gpl is None else gpl.permute(0, 3, 1, 2).to(planes.dtype).contiguous(),
             None if gp is None else gp.to(pts.dtype),
-            None if gr is None else gr.sum(0).reshape(T, 3, 3).to(rotations.dtype)]
+            None if gr is None else gr.sum(0).view(T, 3, 3).to(rotations.dtype)]
 
 
 def forward(pts: torch.Tensor, rotations: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:

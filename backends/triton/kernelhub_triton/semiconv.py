@@ -25,13 +25,14 @@ vary run to run (max/min's too).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import triton
 import triton.language as tl
 
-from kernelhub.ops.semiconv import lift_3d, semifield_zero
+from kernelhub.ops.semiconv import lift_3d, zero_of
 from kernelhub_triton._launch import acc_type, launch, sm_count
 
 __all__ = ["forward", "backward", "not_supported_reasons"]
@@ -333,17 +334,28 @@ def _tropical_kernel_grad(w_ptr, g_ptr, gk_ptr, O, Cg, per, split, SF: tl.conste
         tl.atomic_add(gk_ptr + (bo % O) * Cg * TAPS + kt, s, mask=idx < Cg * TAPS, sem="relaxed")
 
 
-def _row_layout(a) -> tuple | None:
+def _layouts(a) -> tuple:
+    """(the row kernel's grid, scalar arguments and compile-time sizes, or None where the semifield is not
+    max/min; the window walk's) for a lifted call, computed once per shapes, dtype and arguments."""
+    return _layouts_of(a._replace(img=None, kernel=None), a.img.shape, a.kernel.shape, a.img.dtype)
+
+
+@functools.lru_cache(maxsize=1024)
+def _layouts_of(a, img_shape, kernel_shape, dtype) -> tuple:
+    return _row_layout(a, img_shape, kernel_shape, dtype), _launch_args(a, img_shape, kernel_shape)
+
+
+def _row_layout(a, img_shape, kernel_shape, dtype) -> tuple | None:
     """max/min: the row kernel's grid and arguments; else (the smooth semifields) None."""
     if a.code not in (MAX, MIN):
         return None
-    (B, C, D, H, W), (O, Cg, KD, KH, KW) = a.img.shape, a.kernel.shape
+    (B, C, D, H, W), (O, Cg, KD, KH, KW) = img_shape, kernel_shape
     OD, OH, OW = a.out_size
     bw = min(triton.next_power_of_2(OW), ROW_WIDTH)
     rows = min(OH, ROWS)
     return (B * O * OD * triton.cdiv(OH, rows) * triton.cdiv(OW, bw),), (
         C, D, H, W, O, Cg, O // a.groups, OD, OH, OW, *a.stride, *a.pad_begin, *a.dilation), {
-        "KD": KD, "KH": KH, "KW": KW, "FLIP": a.flip, "SF": a.code, "ACC": acc_type(a.img.dtype), "ROWS": rows,
+        "KD": KD, "KH": KH, "KW": KW, "FLIP": a.flip, "SF": a.code, "ACC": acc_type(dtype), "ROWS": rows,
         "BW": bw, "num_warps": ROW_WARPS}
 
 
@@ -358,14 +370,14 @@ def not_supported_reasons(args) -> list[str]:
     return []
 
 
-def _launch_args(a, semifield: str):
-    """The grid, the kernels' scalar arguments and their compile-time kernel sizes for a lifted call."""
-    (B, C, D, H, W), (O, Cg, KD, KH, KW) = a.img.shape, a.kernel.shape
+def _launch_args(a, img_shape, kernel_shape):
+    """The window walk's grid, scalar arguments and compile-time kernel sizes for a lifted call."""
+    (B, C, D, H, W), (O, Cg, KD, KH, KW) = img_shape, kernel_shape
     OD, OH, OW = a.out_size
     grid = (B * O * triton.cdiv(OD * OH * OW, BLOCK),)
     sizes = {"KD": KD, "KH": KH, "KW": KW, "FLIP": a.flip}
     return grid, (C, D, H, W, O, Cg, O // a.groups, OD, OH, OW, *a.stride, *a.pad_begin, *a.dilation,
-                  semifield_zero(semifield), a.param), sizes
+                  zero_of(a.semifield, a.param), a.param), sizes
 
 
 def forward(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting=False):
@@ -374,12 +386,12 @@ def forward(img, kernel, semifield, stride, padding, dilation, groups, kind, gro
     out = img.new_empty(a.output_shape)
     if out.numel() == 0:
         return out
-    rows = _row_layout(a)
+    rows, walk = _layouts(a)
     if rows is not None:
         grid, scalars, sizes = rows
         launch(_tropical_kernel, grid, x, k, out, x, x, *scalars, BACKWARD=False, NEED_IMG=False, **sizes)
         return out
-    grid, scalars, sizes = _launch_args(a, semifield)
+    grid, scalars, sizes = walk
     launch(_semiconv_forward_kernel, grid, x, k, out, *scalars, **sizes, SF=a.code, BLOCK=BLOCK,
            ACC=acc_type(img.dtype), num_warps=NUM_WARPS)
     return out
@@ -391,7 +403,7 @@ def backward(grad, img, kernel, semifield, stride, padding, dilation, groups, ki
     acc = torch.float64 if img.dtype == torch.float64 else torch.float32
     gx = torch.zeros(x.shape, dtype=acc, device=x.device)
     gk = torch.zeros(k.shape, dtype=acc, device=x.device)
-    rows = _row_layout(a)
+    rows, walk = _layouts(a)
     if g.numel() and (needs[0] or needs[1]) and rows is not None:
         grid, scalars, sizes = rows
         win = torch.empty(g.shape, dtype=_winner_dtype(k[0].numel()), device=x.device)
@@ -404,7 +416,7 @@ def backward(grad, img, kernel, semifield, stride, padding, dilation, groups, ki
                    SF=a.code, BLOCK=GRAD_BLOCK, BINS=bins, ACC=sizes["ACC"], TAPS=k[0, 0].numel(), FLIP=a.flip,
                    num_warps=ROW_WARPS)
     elif g.numel() and (needs[0] or needs[1]):
-        grid, scalars, sizes = _launch_args(a, semifield)
+        grid, scalars, sizes = walk
         launch(_semiconv_backward_kernel, grid, g, x, k, gx, gk, *scalars, **sizes, SF=a.code,
                NEED_IMG=bool(needs[0]), NEED_KERNEL=bool(needs[1]), BLOCK=BLOCK, ACC=acc_type(img.dtype),
                num_warps=NUM_WARPS)

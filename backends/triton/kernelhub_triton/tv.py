@@ -8,9 +8,10 @@ plane just read, which hit L1 or L2. The backward carries each voxel's D-differe
 (its sign for L1) to the next plane instead of recomputing it. The three losses are one
 kernel with the loss as a compile-time ``MODE``.
 
-The reductions are two-stage and deterministic: each program writes its partial sums
-to its own row of a fixed-size array, and one torch sum over that array finishes
-(no floating-point atomics), so a result is bitwise identical run to run.
+The forward's reduction is deterministic: each program writes its partial sums to its own row
+of an array, and the last program to finish (an integer counter, `counter`) adds the rows
+up in a fixed order and writes the result, in the same launch (no floating-point atomics, no
+second kernel), so a result is bitwise identical run to run.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import triton
 import triton.language as tl
 
 from kernelhub import accumulation_dtype
-from kernelhub_triton._launch import acc_type, launch, sm_count
+from kernelhub_triton._launch import acc_type, counter, launch, sm_count
 
 __all__ = ["l1_forward", "l1_backward", "sq_forward", "sq_backward", "iso_forward", "iso_backward",
            "not_supported_reasons"]
@@ -36,6 +37,7 @@ L1, SQ, ISO = 0, 1, 2
 TILE = 512
 PROGRAMS_PER_SM = 32
 NUM_WARPS = 4
+FINISH = 1024  # partial rows the last program adds per step
 
 
 @triton.jit
@@ -82,6 +84,9 @@ def _plane(x_ptr, b, d, D, plane, hw, inside, last, zero, ACC: tl.constexpr):
 def _tv_forward_kernel(
     x_ptr,      # [B, D, H, W] contiguous volume
     part_ptr,   # [programs, NOUT] partial sums, one row per program
+    out_ptr,    # [NOUT] the result: the partials' sum / div
+    cnt_ptr,    # int32 counter, 0 at launch; the last program resets it
+    div,        # ISO: the corners, which the sum is divided by (1 otherwise)
     D, H, W,    # volume dims
     plane,      # H * W
     tiles,      # (H, W) tiles per plane
@@ -89,6 +94,7 @@ def _tv_forward_kernel(
     d_chunk,    # planes per chunk
     eps64: tl.float64,  # ISO: added under the square root
     MODE: tl.constexpr, NOUT: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr,
+    FINISH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b, d0, d1, hw, inside, has_h, has_w, _, _ = _tile(pid, tiles, chunks, H, W, d_chunk, D, BH, BW)
@@ -126,6 +132,17 @@ def _tv_forward_kernel(
     if MODE == 0:
         tl.store(out + 1, tl.sum(tl.sum(acc_h, axis=1), axis=0))
         tl.store(out + 2, tl.sum(tl.sum(acc_w, axis=1), axis=0))
+    # the last program to finish (acq_rel: it sees every other program's partials) sums them in a fixed
+    # order and resets the counter for the next launch
+    programs = tl.num_programs(0)
+    if tl.atomic_add(cnt_ptr, 1, sem="acq_rel") == programs - 1:
+        for k in tl.static_range(NOUT):
+            total = tl.zeros([FINISH], ACC)
+            for start in range(0, programs, FINISH):
+                i = start + tl.arange(0, FINISH)
+                total += tl.load(part_ptr + i * NOUT + k, mask=i < programs, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + k, tl.sum(total, axis=0) / div)
+        tl.store(cnt_ptr, 0)
 
 
 @triton.jit
@@ -217,14 +234,12 @@ def _tv_backward_kernel(
 
 # -- launchers ---------------------------------------------------------------------------
 
-def _launch(x: torch.Tensor) -> tuple[int, dict]:
-    """Programs and kernel arguments (tile shape, D chunking) for a [B, D, H, W] volume."""
-    return _layout(tuple(x.shape), sm_count(x))
-
-
 @functools.lru_cache(maxsize=256)
-def _layout(shape: tuple, sms: int) -> tuple[int, dict]:
-    B, D, H, W = shape
+def _layout(shape: tuple, sms: int) -> tuple[int, dict, int]:
+    """Programs, kernel arguments (tile shape, D chunking) and the corners (the iso mean's divisor) for volumes
+    of ``shape`` ``[..., D, H, W]`` (the leading dims one batch)."""
+    D, H, W = shape[-3:]
+    B = math.prod(shape[:-3])
     bw = min(triton.next_power_of_2(W), 256)
     bh = min(triton.next_power_of_2(H), max(1, TILE // bw))
     tiles = triton.cdiv(H, bh) * triton.cdiv(W, bw)
@@ -232,45 +247,34 @@ def _layout(shape: tuple, sms: int) -> tuple[int, dict]:
     d_chunk = triton.cdiv(D, chunks)
     chunks = triton.cdiv(D, d_chunk)
     return B * tiles * chunks, dict(D=D, H=H, W=W, plane=H * W, tiles=tiles, chunks=chunks, d_chunk=d_chunk,
-                                    BH=bh, BW=bw, num_warps=NUM_WARPS)
-
-
-def _batched(volume: torch.Tensor) -> torch.Tensor:
-    return volume.contiguous().view(math.prod(volume.shape[:-3]), *volume.shape[-3:])
+                                    BH=bh, BW=bw, num_warps=NUM_WARPS), B * (D - 1) * (H - 1) * (W - 1)
 
 
 def _forward(volume: torch.Tensor, mode: int, eps: float = 0.0) -> torch.Tensor:
-    x = _batched(volume)
-    nout = 3 if mode == L1 else 1
+    # the kernel indexes the volume as [B, D, H, W] from its pointer: no batched view needed
+    x = volume if volume.is_contiguous() else volume.contiguous()
     dtype = accumulation_dtype(volume.dtype)  # the specs' output dtype
-    if x.numel() == 0 or (mode == ISO and min(x.shape[1:]) < 2):
-        return torch.zeros((3,) if mode == L1 else (), dtype=dtype, device=volume.device)
-    programs, lay = _launch(x)
+    nout = 3 if mode == L1 else 1
+    out = torch.empty((3,) if mode == L1 else (), dtype=dtype, device=volume.device)
+    if x.numel() == 0 or (mode == ISO and min(x.shape[-3:]) < 2):
+        return out.zero_()
+    programs, lay, corners = _layout(tuple(x.shape), sm_count(x))
     partial = torch.empty((programs, nout), dtype=dtype, device=x.device)
-    launch(_tv_forward_kernel, (programs,), x, partial, eps64=eps, MODE=mode, NOUT=nout, ACC=acc_type(x.dtype), **lay)
-    total = partial.sum(0)  # fixed order over a fixed-size array: deterministic
-    if mode == L1:
-        return total
-    if mode == ISO:
-        return total[0] / _corners(x)
-    return total[0]
-
-
-def _corners(x: torch.Tensor) -> int:
-    B, D, H, W = x.shape
-    return B * (D - 1) * (H - 1) * (W - 1)
+    launch(_tv_forward_kernel, (programs,), x, partial, out, counter(x), float(corners) if mode == ISO else 1.0,
+           eps64=eps, MODE=mode, NOUT=nout, ACC=acc_type(x.dtype), FINISH=FINISH, **lay)
+    return out
 
 
 def _backward(grad: torch.Tensor, volume: torch.Tensor, mode: int, eps: float = 0.0) -> torch.Tensor:
-    x = _batched(volume)
+    x = volume if volume.is_contiguous() else volume.contiguous()
     out = torch.empty_like(x)
-    if x.numel() == 0 or (mode == ISO and min(x.shape[1:]) < 2):
-        return out.zero_().view(volume.shape)
-    scale = 1.0 / _corners(x) if mode == ISO else 2.0 if mode == SQ else 1.0
-    programs, lay = _launch(x)
-    launch(_tv_backward_kernel, (programs,), x, grad.contiguous(), out, eps64=eps, scale64=scale, MODE=mode,
-           ACC=acc_type(x.dtype), **lay)
-    return out.view(volume.shape)
+    if x.numel() == 0 or (mode == ISO and min(x.shape[-3:]) < 2):
+        return out.zero_()
+    programs, lay, corners = _layout(tuple(x.shape), sm_count(x))
+    scale = 1.0 / corners if mode == ISO else 2.0 if mode == SQ else 1.0
+    launch(_tv_backward_kernel, (programs,), x, grad if grad.is_contiguous() else grad.contiguous(), out,
+           eps64=eps, scale64=scale, MODE=mode, ACC=acc_type(x.dtype), **lay)
+    return out
 
 
 # -- what the plugin registers -----------------------------------------------------------

@@ -86,7 +86,7 @@ def _tv_forward_kernel(
     part_ptr,   # [programs, NOUT] partial sums, one row per program
     out_ptr,    # [NOUT] the result: the partials' sum / div
     cnt_ptr,    # int32 counter, 0 at launch; the last program resets it
-    div,        # ISO: the corners, which the sum is divided by (1 otherwise)
+    div64: tl.float64,  # ISO: the corners, which the sum is divided by (1 otherwise), in ACC
     D, H, W,    # volume dims
     plane,      # H * W
     tiles,      # (H, W) tiles per plane
@@ -141,7 +141,7 @@ def _tv_forward_kernel(
             for start in range(0, programs, FINISH):
                 i = start + tl.arange(0, FINISH)
                 total += tl.load(part_ptr + i * NOUT + k, mask=i < programs, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + k, tl.sum(total, axis=0) / div)
+            tl.store(out_ptr + k, tl.sum(total, axis=0) / tl.full([], div64, ACC))
         tl.store(cnt_ptr, 0)
 
 

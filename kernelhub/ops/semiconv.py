@@ -94,9 +94,15 @@ def fold_broadcast(img: torch.Tensor, groups: int, group_broadcasting: bool) -> 
     """(img, groups) of the plain call a call equals: with group broadcasting, img [B, G*Cg, *S] as
     [B*G, Cg, *S] and groups 1, so the one group's kernel serves every group (its gradient adds over them)
     with no repeated copy; the plain call's output [B*G, Og, *out] is the op's [B, G*Og, *out]."""
+    shape, plain_groups = folded_shape(tuple(img.shape), groups, group_broadcasting)
+    return (img, groups) if plain_groups == groups else (img.reshape(shape), plain_groups)
+
+
+def folded_shape(shape: tuple, groups: int, group_broadcasting: bool) -> tuple[tuple, int]:
+    """`fold_broadcast` on shapes: (img's shape, groups) of the plain call a call with img of ``shape`` equals."""
     if not group_broadcasting or groups == 1:
-        return img, groups
-    return img.reshape(img.shape[0] * groups, img.shape[1] // groups, *img.shape[2:]), 1
+        return shape, groups
+    return (shape[0] * groups, shape[1] // groups, *shape[2:]), 1
 
 
 def lift_3d(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting=False) -> Lifted:
@@ -117,10 +123,8 @@ def _plan(img_shape, kernel_shape, semifield, stride, padding, dilation, groups,
     sizes = tuple(output_size(img_shape[2 + i], kernel_shape[2 + i], stride[i], padding[2 * i], padding[2 * i + 1],
                               dilation[i]) for i in range(nd))
     out_shape = (img_shape[0], kernel_shape[0] * (groups if group_broadcasting else 1), *sizes)
-    B, C = img_shape[:2]
-    if group_broadcasting and groups > 1:
-        B, C, groups = B * groups, C // groups, 1
-    return ((B, C, *one, *img_shape[2:]), (*kernel_shape[:2], *one, *kernel_shape[2:]), name,
+    (B, C, *spatial), groups = folded_shape(img_shape, groups, group_broadcasting)
+    return ((B, C, *one, *spatial), (*kernel_shape[:2], *one, *kernel_shape[2:]), name,
             SEMIFIELD_CODES[name], param, one + stride, (0,) * (3 - nd) + padding[0::2], one + dilation, one + sizes,
             kind == "conv", groups, out_shape)
 

@@ -84,7 +84,7 @@ def _plane(x_ptr, b, d, D, plane, hw, inside, last, zero, ACC: tl.constexpr):
 def _tv_forward_kernel(
     x_ptr,      # [B, D, H, W] contiguous volume
     part_ptr,   # [programs, NOUT] partial sums, one row per program
-    out_ptr,    # [NOUT] the result: the partials' sum / div
+    out_ptr,    # [NOUT] the result: the partials' sum / div64
     cnt_ptr,    # int32 counter, 0 at launch; the last program resets it
     div64: tl.float64,  # ISO: the corners, which the sum is divided by (1 otherwise), in ACC
     D, H, W,    # volume dims

@@ -1,9 +1,12 @@
 """What kernelhub.nn.TVLoss3d costs over one bare ``tv_loss_l1_3d`` call, forward + backward, and where.
 
 Per call, on ptycho_tv's ``--benchmark`` volumes (two stacked ``[8, 512, 512]``) and a 4x64³ batch: wall time with
-the device synchronised around each call (what the example reports; median of 200) and host time per call with
-no synchronisation (200 calls back to back, then one synchronisation). Variants: the bare op with ``backward(ones)``;
-``TVLoss3d``; the same composition spelled ``torch.dot(S, c)``, ``(S * c).sum()`` and ``S @ c`` by hand.
+the device synchronised around each call (what the example reports; median of ``--n``) and host time per call with
+no synchronisation (median over rounds of 10 calls back to back, then one synchronisation); the variants
+interleaved, 10 calls of each in turn. Variants: the bare op with ``backward(ones)``;
+``TVLoss3d`` (``torch.dot(S, c)``) given its upstream gradient as the bare op is, and with ``backward()``
+(torch fills the scalar's upstream one: a launch that a step pays once for its whole loss, not per term); the same
+weighting spelled ``torch.dot(S, c)``, ``(S * c).sum()`` and ``torch.mv`` (one cuBLAS gemv each way) by hand.
 
 Usage: python benchmarks/tvloss3d.py [--device cuda] [--json PATH]
 """
@@ -35,36 +38,42 @@ def main() -> None:
         vol = torch.randn(shape, device=dev)
         tv = khnn.TVLoss3d("l1", (0.5, 1.0, 1.0))
         c = tv._scale(vol)  # the coefficients TVLoss3d keeps per shape
-        ones = torch.ones(3, device=dev)
+        ones, one = torch.ones(3, device=dev), torch.ones((), device=dev)
 
         def leaf():
             return vol.detach().requires_grad_()
         variants = {
             "bare op, backward(ones)": lambda: op(leaf()).backward(ones),
-            "TVLoss3d": lambda: tv(leaf()).backward(),
-            "op then torch.dot(S, c)": lambda: torch.dot(op(leaf()), c).backward(),
-            "op then (S * c).sum()": lambda: (op(leaf()) * c).sum().backward(),
-            "op then S @ c": lambda: (op(leaf()) @ c).backward(),
+            "TVLoss3d, backward(one)": lambda: tv(leaf()).backward(one),
+            "TVLoss3d, backward()": lambda: tv(leaf()).backward(),
+            "op then torch.dot(S, c)": lambda: torch.dot(op(leaf()), c).backward(one),
+            "op then (S * c).sum()": lambda: (op(leaf()) * c).sum().backward(one),
+            "op then torch.mv(c, S)": lambda: torch.mv(c[None], op(leaf())).squeeze(0).backward(one),  # cuBLAS gemv
         }
         for fn in variants.values():  # warm-up
             for _ in range(10):
                 fn()
         sync()
-        for name, fn in variants.items():
-            walls = []
-            for _ in range(args.n):
+        # interleaved: each round runs every variant in turn (so a drift of the host's speed hits them alike)
+        walls: dict[str, list[float]] = {name: [] for name in variants}
+        hosts: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(args.n // 10):
+            for name, fn in variants.items():
+                for _ in range(10):
+                    sync()
+                    t0 = time.perf_counter()
+                    fn()
+                    sync()
+                    walls[name].append((time.perf_counter() - t0) * 1e6)
                 sync()
                 t0 = time.perf_counter()
-                fn()
+                for _ in range(10):
+                    fn()
+                hosts[name].append((time.perf_counter() - t0) / 10 * 1e6)
                 sync()
-                walls.append((time.perf_counter() - t0) * 1e6)
-            t0 = time.perf_counter()
-            for _ in range(args.n):
-                fn()
-            host = (time.perf_counter() - t0) / args.n * 1e6
-            sync()
-            results.append({"shape": list(shape), "variant": name, "wall_us": statistics.median(walls),
-                            "host_us": host})
+        for name in variants:
+            results.append({"shape": list(shape), "variant": name, "wall_us": statistics.median(walls[name]),
+                            "host_us": statistics.median(hosts[name])})
         base = next(r for r in results if r["shape"] == list(shape) and r["variant"].startswith("bare"))
         print(f"{list(shape)} on {dev} ({kernelhub.explain('tv_loss_l1_3d', vol).chosen}):")
         for r in results:

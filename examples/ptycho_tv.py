@@ -144,13 +144,15 @@ def reconstruct(model: Multislice, measured: torch.Tensor, backend: str | None, 
         return data
     runs = [timed_ms(step, device) for _ in range(args.iters)]
     # the TV constraint alone, forward + backward, on the result; and one bare op call (the per-axis sums,
-    # backward with ones) on the same stack: what TVLoss3d adds to the op, interleaved so both see the same host
+    # backward with ones) on the same stack: what TVLoss3d adds to the op, interleaved so both see the same host.
+    # Each is given its upstream gradient (in a step, the TV term's comes from the loss it is part of)
     op, ones = kernelhub.op("tv_loss_l1_3d", backend=backend), torch.ones(3, device=device)
+    one = torch.ones((), device=device)
     ph, am = phase.detach(), amplitude.detach()
     tv_times, bare_times = [], []
-    for _ in range(max(5, args.iters // 5)):  # fresh leaves each call
+    for _ in range(max(50, args.iters)):  # fresh leaves each call; ~1 ms each, so enough for a steady median
         tv_times.append(timed_ms(lambda: constraint(ph.detach().requires_grad_(),
-                                                    am.detach().requires_grad_()).backward(), device)[1])
+                                                    am.detach().requires_grad_()).backward(one), device)[1])
         bare_times.append(timed_ms(lambda: op(torch.stack((ph.detach().requires_grad_(),
                                                            am.detach().requires_grad_()))).backward(ones), device)[1])
     warm = max(1, args.iters // 5)

@@ -15,7 +15,6 @@ import math
 import platform
 import shutil
 import sys
-from typing import Any
 
 import torch
 from rich.console import Console

@@ -174,8 +174,11 @@ def _describe(args: Sequence[Any]) -> tuple | None:
     return tuple(out)
 
 
-_INLINE_IMPL: dict[tuple[str, int], Callable] = {}  # (op, hub key) -> that hub's Hub.inline_impl (set by its OpHandles)
 _INLINE_FUNCTIONS: dict[tuple[str, str], Callable] = {}  # (op, backend) -> its Impl.inline, as _inline_choice found
+# op -> the ``inline_impl(op, args, forced, hub)`` define_ops was given: filled as the hub is built, before any trace
+# (not by an OpHandle as it is made: one made while dynamo traces, kernelhub.op(...) inside the compiled function,
+# has its side effects replayed only after the trace, and _inline_choice runs during it)
+_INLINE_IMPL: dict[str, Callable] = {}
 
 
 def _inline_choice(op: str, forced: str, hub: int, described: tuple) -> str:
@@ -192,7 +195,7 @@ def _inline_choice(op: str, forced: str, hub: int, described: tuple) -> str:
                 return torch.empty_strided(d[3], d[4], dtype=d[1], device=d[2])
             return d
         args = [fake(d) for d in described]
-    impl = _INLINE_IMPL[(op, hub)](op, args, forced)
+    impl = _INLINE_IMPL[op](op, args, forced, hub)
     if impl is None:
         return ""
     _INLINE_FUNCTIONS[(impl.op, impl.backend)] = impl.inline
@@ -202,12 +205,14 @@ def _inline_choice(op: str, forced: str, hub: int, described: tuple) -> str:
 _inline_choice = torch.compiler.assume_constant_result(_inline_choice)
 
 
-def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable) -> Any:
+def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable, inline_impl: Callable) -> Any:
     """Define (once per process) the two operators of ``spec``; returns the forward OpOverload.
 
-    ``run_forward(op, args, backend)`` and ``run_backward(op, grad, args, needs, backend)`` are
-    looked up at call time, so reloading the hub does not redefine operators.
+    ``run_forward(op, args, backend, hub)`` and ``run_backward(op, grad, args, needs, backend, hub)`` run the
+    operators, ``inline_impl(op, args, forced, hub)`` answers `_inline_choice`; each finds the hub by its key at call
+    time, so reloading the hub does not redefine operators.
     """
+    _INLINE_IMPL[spec.name] = inline_impl
     if spec.name in _DEFINED:
         return _DEFINED[spec.name][0]
     name = spec.name
@@ -322,18 +327,15 @@ class OpHandle:
     """The callable returned by ``kernelhub.op(name)``: normalises arguments, then runs the eager fast path
     (`KernelhubFunction`) where nothing traces (`traced`), else calls the operator."""
 
-    __slots__ = ("spec", "backend", "hub", "_overload", "hub_of", "inline_impl")
+    __slots__ = ("spec", "backend", "hub", "_overload", "hub_of")
 
     def __init__(self, spec: OpSpec, overload: Any, backend: str = "", hub_of: Callable | None = None,
-                 inline_impl: Callable | None = None, hub: int = 0) -> None:
+                 hub: int = 0) -> None:
         self.spec = spec
         self.backend = backend
         self.hub = hub  # the operators' ``hub`` argument: which hub runs the call when it goes through them
         self._overload = overload
         self.hub_of = hub_of  # the hub that runs an eager call (`kernelhub.get_hub` for the global one); None: none
-        self.inline_impl = inline_impl  # the hub's Hub.inline_impl: see _inline_choice
-        if inline_impl is not None:
-            _INLINE_IMPL[(spec.name, hub)] = inline_impl
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         spec = self.spec
@@ -348,7 +350,7 @@ class OpHandle:
                         if t.requires_grad:
                             return _apply(self, _others(args, spec.tensor_args), args, *tensors)
                 return self.hub_of().forward(spec.name, args, self.backend)[1]  # nothing to differentiate: no node
-        if self.inline_impl is not None and torch.compiler.is_compiling():
+        if self.hub_of is not None and torch.compiler.is_compiling():
             described = _describe(args)
             backend = "" if described is None else _inline_choice(spec.name, self.backend, self.hub, described)
             if backend:

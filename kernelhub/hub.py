@@ -36,7 +36,7 @@ class Hub:
         self.selector = Selector(self.registry, self.config)
         self._handles: dict[tuple[str, str], OpHandle] = {}
         for spec in self.registry.specs.values():
-            define_ops(spec, _run_forward, _run_backward)
+            define_ops(spec, _run_forward, _run_backward, _inline_impl)
 
     def handle(self, name: str, backend: str | None = None) -> OpHandle:
         key = (name, backend or "")
@@ -47,11 +47,11 @@ class Hub:
                 raise NoImplementationError(
                     f"kernelhub.op({name!r}, backend={backend!r}): backend not available: "
                     f"{self.registry.unavailable_reason(backend)} (registered: {sorted(self.registry.backends)})")
-            overload = define_ops(spec, _run_forward, _run_backward)
+            overload = define_ops(spec, _run_forward, _run_backward, _inline_impl)
             if self.key == GLOBAL:
-                h = OpHandle(spec, overload, backend or "", get_hub, _inline_impl)
+                h = OpHandle(spec, overload, backend or "", get_hub)
             else:
-                h = OpHandle(spec, overload, backend or "", lambda: self, self.inline_impl, hub=self.key)
+                h = OpHandle(spec, overload, backend or "", lambda: self, hub=self.key)
             self._handles[key] = h
         return h
 
@@ -204,10 +204,18 @@ def _global(hub: Hub) -> Hub:
 
 def get_hub() -> Hub:
     if _HUB is None:
-        with _LOCK:
-            if _HUB is None:
-                _global(Hub())
+        if torch.compiler.is_compiling():  # dynamo cannot trace the lock or the plugins' loading
+            raise RuntimeError("kernelhub: the hub is built at its first use outside torch.compile: call "
+                               "kernelhub.get_hub() (or kernelhub.op(...)) once before the compiled function runs")
+        _build_global()
     return _HUB
+
+
+@torch.compiler.disable  # not compiled either where dynamo, without fullgraph, resumes eagerly past the raise above
+def _build_global() -> None:
+    with _LOCK:
+        if _HUB is None:
+            _global(Hub())
 
 
 def reload(extra_plugins: Iterable[tuple[str, object]] = (), config: Config | None = None) -> Hub:
@@ -217,7 +225,7 @@ def reload(extra_plugins: Iterable[tuple[str, object]] = (), config: Config | No
 
 
 def _hub(key: int) -> Hub:
-    """The hub an operator call names (`GLOBAL`: the global one)."""
+    """The hub an operator call (or `dispatch._inline_choice`) names (`GLOBAL`: the global one)."""
     if key == GLOBAL:
         return get_hub()
     hub = _HUBS.get(key)
@@ -235,5 +243,5 @@ def _run_backward(op, grad, args, needs, backend, hub):
     return _hub(hub).run_backward(op, grad, args, needs, backend)
 
 
-def _inline_impl(op, args, backend):
-    return get_hub().inline_impl(op, args, backend)
+def _inline_impl(op, args, backend, hub):
+    return _hub(hub).inline_impl(op, args, backend)

@@ -92,3 +92,38 @@ def test_elsewhere_and_for_symbolic_sizes_the_graph_holds_the_operator():
         want = _reference_step(v)
         torch.testing.assert_close(out, want)
         torch.testing.assert_close(grad, torch.autograd.grad(want, v)[0])
+
+
+@pytest.mark.parametrize("backend", [None, "inductor"])
+def test_a_handle_made_inside_the_compiled_function_works(backend):
+    """``kernelhub.op(name)`` called inside the traced function, its handle not made before (each test starts from a
+    fresh hub): dynamo replays the handle's side effects only after the trace, so the choice between the operator
+    and the reference's inlined ops must not depend on them (it raised a KeyError inside dynamo)."""
+    v = torch.randn(2, 5, 6, 7, dtype=torch.float64, requires_grad=True)
+    targets, out, grad = _graph_of(
+        lambda x: (kernelhub.op("tv_loss_l1_3d", backend=backend)(x) * torch.tensor([1.0, 2.0, 3.0])).sum(), v)
+    assert (torch.ops.kernelhub.tv_loss_l1_3d.default in targets) == (backend is None)
+    want = _reference_step(v)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(grad, torch.autograd.grad(want, v)[0])
+
+
+def test_the_first_use_of_the_hub_inside_a_compiled_function(monkeypatch):
+    """No hub built yet: under fullgraph a clear error (dynamo cannot trace the plugins' loading); without fullgraph
+    dynamo breaks the graph there and the hub is built eagerly."""
+    from kernelhub import hub
+
+    v = torch.randn(3, 4, 5, requires_grad=True)
+
+    def step(x):
+        return kernelhub.op("tv_loss_sq_3d")(x) * 2
+
+    monkeypatch.setattr(hub, "_HUB", None)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="the hub is built at its first use outside torch.compile"):
+        torch.compile(step, fullgraph=True, backend="aot_eager")(v)
+    assert hub._HUB is None
+    torch._dynamo.reset()
+    out = torch.compile(step, backend="aot_eager")(v)
+    assert hub._HUB is not None
+    torch.testing.assert_close(out, kernelhub.op("tv_loss_sq_3d", backend="torch_ref")(v) * 2)

@@ -108,7 +108,8 @@ class KPlanesField(nn.Module):
     """Tilted multi-scale K-Planes features. ``T`` tilts (rotation 0 the identity, the others small random
     rotations by ``tilt`` radians about random axes; a buffer, or a parameter with ``learn_rotations=True``) and
     one planes parameter ``[3T, C, R, R]`` per resolution R, initialised ``1 + 0.1 N(0, 1)`` (the K-Planes
-    tomography example's init; ``seed`` draws both).
+    tomography example's init; ``seed`` draws both), stored channels-last (``torch.channels_last``: the layout the
+    kernels read, so no copy per call; ``.to(device)`` and optimizers keep it).
 
     ``forward(points)``: the features ``[B, T*C*scales]`` (``kplanes_interp_tilted_ms``: one call for every scale);
     ``forward(points, tv_taps=h)``: ``[4, B, T*C*scales]``, the features at the points (tap 0) and at
@@ -130,8 +131,11 @@ class KPlanesField(nn.Module):
             self.rotations = nn.Parameter(torch.stack(rotations))
         else:
             self.register_buffer("rotations", torch.stack(rotations))
+        # channels-last, the layout the triton and cuda_ext kernels read: no copy of the planes per call (and the
+        # triton backward's planes gradient comes in this layout, so none of it either)
         self.planes = nn.ParameterList(
-            [nn.Parameter(1.0 + 0.1 * torch.randn(3 * T, C, r, r, generator=g)) for r in resolutions])
+            [nn.Parameter((1.0 + 0.1 * torch.randn(3 * T, C, r, r, generator=g)).contiguous(
+                memory_format=torch.channels_last)) for r in resolutions])
         self._ms = kernelhub.op("kplanes_interp_tilted_ms", backend=backend)
         self._taps = kernelhub.op("kplanes_interp_tilted_taps", backend=backend)
 

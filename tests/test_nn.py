@@ -216,3 +216,28 @@ def test_kplanes_field_features_and_taps_are_the_ops_on_its_planes():
     learned = khnn.KPlanesField(2, 3, [4], learn_rotations=True)
     learned(pts).sum().backward()
     assert learned.rotations.grad is not None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kplanes_field_planes_are_channels_last_and_their_gradient_keeps_the_planes_layout(backend):
+    """KPlanesField stores its planes channels-last, the layout the kernels read (no copy per call); the kernel
+    backends' backwards give a planes gradient in the planes' own layout (channels-last or NCHW), equal to the
+    reference's."""
+    _backend(backend)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # triton: the GPU, or its interpreter on CPU tensors
+    field = khnn.KPlanesField(T=2, C=3, resolutions=[5], seed=2, backend=backend).to(dev).double()
+    planes = field.planes[0]
+    assert planes.is_contiguous(memory_format=torch.channels_last) and not planes.is_contiguous()
+    g = torch.Generator().manual_seed(3)
+    pts = (torch.rand(17, 3, generator=g, dtype=torch.float64) * 2 - 1).to(dev)
+    op, ref = kernelhub.op("kplanes_interp_tilted", backend=backend), kernelhub.op("kplanes_interp_tilted",
+                                                                                 backend="torch_ref")
+    for p in (planes.detach(), planes.detach().contiguous()):  # channels-last, then NCHW
+        p = p.requires_grad_()
+        got, = torch.autograd.grad(op(pts, field.rotations, p).sum(), p)
+        want, = torch.autograd.grad(ref(pts, field.rotations, p).sum(), p)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+        if backend != "torch_ref":  # torch's own grid_sample backward gives NCHW
+            assert got.stride() == p.stride(), (got.stride(), p.stride())
+    field(pts).sum().backward()  # the parameter's .grad follows the parameter's layout (torch's AccumulateGrad)
+    assert planes.grad.is_contiguous(memory_format=torch.channels_last)

@@ -262,8 +262,13 @@ def _launch_backward(grad, pts, rotations, planes, needs, taps, h, col0):
                grad.stride(0) if taps > 1 else 0, grad.stride(-2), grad.stride(-1), col0 * grad.stride(-1),
                TAPS=taps, NEED_PLANES=need_pl, NEED_PTS=need_p, NEED_ROT=need_r,
                BB=BLOCK_B, BC=max(triton.next_power_of_2(C), 2), ACC=acc_type(pts.dtype), num_warps=NUM_WARPS)
-    return [None if gpl is None else gpl.permute(0, 3, 1, 2).to(planes.dtype).contiguous(),
-            None if gp is None else gp.to(pts.dtype),
+    if gpl is not None:
+        # in the planes' own layout, as torch's convolutions give theirs: for channels-last planes (KPlanesField's)
+        # the kernel's [3T, H, W, C] buffer is that layout already; NCHW planes get an NCHW copy
+        gpl = gpl.permute(0, 3, 1, 2).to(planes.dtype)
+        if not planes.is_contiguous(memory_format=torch.channels_last):
+            gpl = gpl.contiguous()
+    return [gpl, None if gp is None else gp.to(pts.dtype),
             None if gr is None else gr.sum(0).view(T, 3, 3).to(rotations.dtype)]
 
 

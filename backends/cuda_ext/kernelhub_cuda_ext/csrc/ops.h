@@ -43,12 +43,16 @@ inline KpArgs kp_args(const char* fn, const at::Tensor& pts, const at::Tensor& r
 }
 
 // the backward's outputs from the kernels' accumulators: the planes gradient (channels-last) back to
-// [3T, C, H, W], pts [B, 3] and rotations [T, 3, 3], each in its input's dtype; an empty tensor where not needed
+// [3T, C, H, W] in the planes' own layout (channels-last planes take the accumulator as it is, NCHW ones a copy),
+// pts [B, 3] and rotations [T, 3, 3], each in its input's dtype; an empty tensor where not needed
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> kp_grads(const at::Tensor& planes, const at::Tensor& pts,
                                                                const at::Tensor& rot, const at::Tensor& gpl,
                                                                const at::Tensor& gp, const at::Tensor& gr,
                                                                bool need_planes, bool need_pts, bool need_rot) {
-  return {need_planes ? gpl.permute({0, 3, 1, 2}).to(planes.scalar_type()).contiguous() : at::empty({0}, planes.options()),
+  const auto layout = planes.is_contiguous(at::MemoryFormat::ChannelsLast) ? at::MemoryFormat::ChannelsLast
+                                                                           : at::MemoryFormat::Contiguous;
+  return {need_planes ? gpl.permute({0, 3, 1, 2}).to(planes.scalar_type()).contiguous(layout)
+                      : at::empty({0}, planes.options()),
           need_pts ? gp.to(pts.scalar_type()) : at::empty({0}, pts.options()),
           need_rot ? gr.view({rot.size(0), 3, 3}).to(rot.scalar_type()) : at::empty({0}, rot.options())};
 }

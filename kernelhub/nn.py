@@ -131,8 +131,8 @@ class KPlanesField(nn.Module):
             self.rotations = nn.Parameter(torch.stack(rotations))
         else:
             self.register_buffer("rotations", torch.stack(rotations))
-        # channels-last, the layout the triton and cuda_ext kernels read: no copy of the planes per call (and the
-        # triton backward's planes gradient comes in this layout, so none of it either)
+        # channels-last, the layout the triton and cuda_ext kernels read: no copy of the planes per call (and their
+        # backwards give the planes gradient in this layout, so none of it either)
         self.planes = nn.ParameterList(
             [nn.Parameter((1.0 + 0.1 * torch.randn(3 * T, C, r, r, generator=g)).contiguous(
                 memory_format=torch.channels_last)) for r in resolutions])

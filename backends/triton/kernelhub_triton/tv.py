@@ -251,8 +251,7 @@ def _layout(shape: tuple, sms: int) -> tuple[int, dict, int]:
 
 
 def _forward(volume: torch.Tensor, mode: int, eps: float = 0.0) -> torch.Tensor:
-    # the kernel indexes the volume as [B, D, H, W] from its pointer: no batched view needed
-    x = volume if volume.is_contiguous() else volume.contiguous()
+    x = volume.contiguous()  # the kernel indexes it as [B, D, H, W] from its pointer: no batched view needed
     dtype = accumulation_dtype(volume.dtype)  # the specs' output dtype
     nout = 3 if mode == L1 else 1
     out = torch.empty((3,) if mode == L1 else (), dtype=dtype, device=volume.device)
@@ -266,13 +265,13 @@ def _forward(volume: torch.Tensor, mode: int, eps: float = 0.0) -> torch.Tensor:
 
 
 def _backward(grad: torch.Tensor, volume: torch.Tensor, mode: int, eps: float = 0.0) -> torch.Tensor:
-    x = volume if volume.is_contiguous() else volume.contiguous()
+    x = volume.contiguous()
     out = torch.empty_like(x)
     if x.numel() == 0 or (mode == ISO and min(x.shape[-3:]) < 2):
         return out.zero_()
     programs, lay, corners = _layout(tuple(x.shape), sm_count(x))
     scale = 1.0 / corners if mode == ISO else 2.0 if mode == SQ else 1.0
-    launch(_tv_backward_kernel, (programs,), x, grad if grad.is_contiguous() else grad.contiguous(), out,
+    launch(_tv_backward_kernel, (programs,), x, grad.contiguous(), out,
            eps64=eps, scale64=scale, MODE=mode, ACC=acc_type(x.dtype), **lay)
     return out
 

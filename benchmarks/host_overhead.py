@@ -177,8 +177,9 @@ def rows_for(op: str, args: tuple, device: torch.device, repeat: int, compile_re
 
 def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int) -> dict:
     """Wall us per forward + backward of a step ``(op(*args) * w).sum()`` compiled with torch.compile (fullgraph,
-    inductor), calling the reference, the hub (its default choice: an opaque node unless that is inductor) and
-    the hub with inductor forced (the graph holds the reference's ops), against the eager hub step."""
+    inductor), calling the reference, the hub (its default choice) and the hub with each backend forced whose impl
+    has ``inline`` (inductor: the graph holds the reference's ops; cuda_ext: its operators), against the eager hub
+    step. The step takes the real part of a complex output."""
     from kernelhub_torch_ref.plugin import DIFFERENTIATE, FORWARDS
 
     spec = kernelhub.get_hub().registry.spec(op)
@@ -188,12 +189,16 @@ def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int) 
     w = torch.randn_like(kernelhub.op(op)(*args).detach())
 
     def step(f):
-        return lambda *a: (f(*a) * w).sum()
+        return lambda *a: (f(*a) * w).sum().real
 
     torch._dynamo.reset()
     steps = {"eager hub": step(kernelhub.op(op))}
-    for label, f in {"compiled ref": DIFFERENTIATE.get(op, FORWARDS[op]), "compiled hub": kernelhub.op(op),
-                     "compiled hub:inductor": kernelhub.op(op, backend="inductor")}.items():
+    candidates = {"compiled ref": DIFFERENTIATE.get(op, FORWARDS[op]), "compiled hub": kernelhub.op(op)}
+    hub = kernelhub.get_hub()
+    for name, impl in sorted(hub.registry.impls(op).items()):
+        if impl.inline is not None and name != kernelhub.explain(op, *args).chosen:
+            candidates[f"compiled hub:{name}"] = kernelhub.op(op, backend=name)
+    for label, f in candidates.items():
         steps[label] = torch.compile(step(f), fullgraph=True)
     fns = {}
     for label, f in steps.items():
@@ -275,8 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{fam}/{size} ({op}; hub picks {kernelhub.explain(op, *call).chosen}): compiled steps, wall us "
                       "per forward+backward")
                 for label, v in r.items():
-                    print(f"  {label:22s} {v:10.1f}   {v / r['compiled ref']:5.2f}x compiled ref" if "compiled ref" in r
-                          else f"  {label:22s} {v:10.1f}", flush=True)
+                    print(f"  {label:24s} {v:10.1f}   {v / r['compiled ref']:5.2f}x compiled ref" if "compiled ref" in r
+                          else f"  {label:24s} {v:10.1f}", flush=True)
                 continue
             r = rows_for(op, call, device, args.repeat, not args.no_compile)
             results["rows"][f"{fam}/{size}"] = r

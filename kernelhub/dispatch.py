@@ -30,9 +30,11 @@ is off), not even the Function: the hub's forward is called directly. ``KERNELHU
 import) always takes the operators.
 
 Under ``torch.compile``, where the hub would serve a traced call (of sizes known at compile time) with an
-impl that has ``Impl.inline`` (the inductor backend: a tuned winner, a pin or a force), `OpHandle` puts that
-function's torch ops into the graph instead of the operator (`_inline_choice`), so inductor fuses them with
-the step's other ops instead of calling a separately compiled graph through an opaque node.
+impl that has ``Impl.inline``, `OpHandle` puts that function's ops into the graph instead of the operator
+(`_inline_choice`): for the inductor backend (a tuned winner, a pin or a force) the reference's torch ops, which
+inductor fuses with the step's other ops instead of calling a separately compiled graph through an opaque node;
+for cuda_ext its own operators, which the compiled graph calls without the Python custom-op dispatch and the
+hub's glue around them (about half of a small compiled step's time, docs/lab/benchmarks-history.md).
 """
 
 from __future__ import annotations

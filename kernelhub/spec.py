@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["Arg", "Tolerance", "SampleInput", "SampleSpace", "OpSpec", "Backend", "Impl", "ARG_KINDS", "lazy"]
+__all__ = ["Arg", "Tolerance", "SampleInput", "SampleSpace", "OpSpec", "Backend", "Impl", "ARG_KINDS", "lazy",
+           "autograd_inline"]
 
 # Argument kinds and their torch.library schema types. "tensors" is a list of tensors.
 ARG_KINDS = {
@@ -216,10 +217,12 @@ class Impl:
     ``tuned_only``, when not empty, says why priority alone never picks this impl: the tuner times it,
     and it serves calls whose shape bucket it won (or that force or pin its backend). The inductor
     backend, which compiles for seconds on first use, is one.
-    ``inline``, when set, is a function of plain differentiable torch ops whose value and autograd gradients
-    are this impl's results: where ``torch.compile`` traces a call that the hub would serve with this impl,
-    the graph holds this function's ops instead of the op's opaque node, so the compiler fuses them with the
-    graph's other ops (the inductor backend sets it to the reference it compiles).
+    ``inline``, when set, is a function dynamo can trace whose value and autograd gradients are this impl's
+    results: where ``torch.compile`` traces a call (of sizes known at compile time) that the hub would serve with
+    this impl, the graph holds this function's ops instead of the op's opaque node. The inductor backend sets it
+    to the reference it compiles (plain torch ops, which the compiler fuses with the graph's other ops); cuda_ext
+    to `autograd_inline` of its own functions (its registered operators, which have fake implementations, called
+    from the compiled graph without the hub's Python in between).
     """
 
     op: str
@@ -257,3 +260,37 @@ def lazy(module: str, name: str) -> Callable:
     call.__name__ = call.__qualname__ = f"{module}.{name}"
     return call
 
+
+
+def autograd_inline(spec: OpSpec, forward: Callable, backward: Callable) -> Callable[..., torch.Tensor] | None:
+    """An `Impl.inline` made of an impl's own ``forward(*args)`` and ``backward(grad, *args, needs=...)``: one
+    ``torch.autograd.Function`` that calls them, for a backend whose functions dynamo can trace (torch ops and
+    operators with fake implementations, static Python around them). Under ``torch.compile`` the graph then
+    calls the backend's operators directly: no hub decision, fallback or output check per call (the decision was
+    made while tracing), as with the inductor backend's inlined reference. None for an op with a "tensors"
+    argument (an autograd.Function takes tensors one by one). Used only while dynamo traces, and AOTAutograd
+    refuses double backward of a compiled graph, so the Function need not."""
+    if any(spec.args[i].kind == "tensors" for i in spec.tensor_args):
+        return None
+    tensors, differentiable = spec.tensor_args, spec.differentiable
+
+    class Inline(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            ctx.save_for_backward(*[args[i] for i in tensors])
+            ctx.others = [None if i in tensors else a for i, a in enumerate(args)]
+            return forward(*args)
+
+        @staticmethod
+        def backward(ctx, grad):
+            args = list(ctx.others)
+            for i, t in zip(tensors, ctx.saved_tensors):
+                args[i] = t
+            grads = backward(grad, *args, needs=[ctx.needs_input_grad[i] for i in differentiable])
+            out: list[Any] = [None] * len(args)
+            for i, g in zip(differentiable, grads):
+                out[i] = g
+            return tuple(out)
+
+    Inline.__name__ = Inline.__qualname__ = f"Inline_{spec.name}"
+    return Inline.apply

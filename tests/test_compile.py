@@ -1,5 +1,6 @@
 """Each op inside torch.compile(fullgraph=True): one opaque node, same values and gradients as eager; where the
-hub would run the inductor backend, the reference's own torch ops in the graph instead."""
+hub would run the inductor backend, the reference's own torch ops in the graph instead, and where it would run
+cuda_ext, cuda_ext's operators (`Impl.inline`)."""
 
 import pytest
 import torch
@@ -61,7 +62,9 @@ def _graph_of(fn, *args, dynamic=None):
     compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)
     out = compiled(*args)
     grad, = torch.autograd.grad(out, args[0])
-    return {n.target for g in graphs for n in g.graph.nodes}, out, grad
+    # an autograd.Function's forward and backward are subgraphs (submodules) of the graph
+    return {n.target for g in graphs for m in g.modules() if isinstance(m, torch.fx.GraphModule)
+            for n in m.graph.nodes}, out, grad
 
 
 def _reference_step(v):
@@ -85,7 +88,7 @@ def test_where_the_hub_would_run_inductor_the_graph_holds_the_references_ops(how
 
 def test_elsewhere_and_for_symbolic_sizes_the_graph_holds_the_operator():
     v = torch.randn(2, 5, 6, 7, dtype=torch.float64, requires_grad=True)
-    for op, dynamic in [(kernelhub.op("tv_loss_l1_3d"), None),  # torch_ref or cuda_ext: the opaque node
+    for op, dynamic in [(kernelhub.op("tv_loss_l1_3d", backend="torch_ref"), None),  # no Impl.inline: the node
                         (kernelhub.op("tv_loss_l1_3d", backend="inductor"), True)]:  # sizes unknown at compile time
         targets, out, grad = _graph_of(lambda x: (op(x) * torch.tensor([1.0, 2.0, 3.0])).sum(), v, dynamic=dynamic)
         assert torch.ops.kernelhub.tv_loss_l1_3d.default in targets
@@ -94,7 +97,7 @@ def test_elsewhere_and_for_symbolic_sizes_the_graph_holds_the_operator():
         torch.testing.assert_close(grad, torch.autograd.grad(want, v)[0])
 
 
-@pytest.mark.parametrize("backend", [None, "inductor"])
+@pytest.mark.parametrize("backend", ["torch_ref", "inductor"])
 def test_a_handle_made_inside_the_compiled_function_works(backend):
     """``kernelhub.op(name)`` called inside the traced function, its handle not made before (each test starts from a
     fresh hub): dynamo replays the handle's side effects only after the trace, so the choice between the operator
@@ -102,10 +105,53 @@ def test_a_handle_made_inside_the_compiled_function_works(backend):
     v = torch.randn(2, 5, 6, 7, dtype=torch.float64, requires_grad=True)
     targets, out, grad = _graph_of(
         lambda x: (kernelhub.op("tv_loss_l1_3d", backend=backend)(x) * torch.tensor([1.0, 2.0, 3.0])).sum(), v)
-    assert (torch.ops.kernelhub.tv_loss_l1_3d.default in targets) == (backend is None)
+    assert (torch.ops.kernelhub.tv_loss_l1_3d.default in targets) == (backend == "torch_ref")
     want = _reference_step(v)
     torch.testing.assert_close(out, want)
     torch.testing.assert_close(grad, torch.autograd.grad(want, v)[0])
+
+
+def _cuda_ext_inline_cases():
+    from kernelhub_cuda_ext.plugin import INLINE
+
+    return [(name, torch.float32) for name in sorted(INLINE)] + [("tikhonov_inverse_2xn", torch.complex64)]
+
+
+@pytest.mark.parametrize("name, dtype", _cuda_ext_inline_cases())
+def test_where_the_hub_would_run_cuda_ext_the_graph_calls_its_operators(name, dtype):
+    """cuda_ext forced (the same decision as where selection picks it): the graph calls cuda_ext's operators, no
+    opaque kernelhub node, with eager cuda_ext's values and gradients. The operators' fake implementations are what
+    lets dynamo trace them; an op without them (semiconv, the multi-scale K-Planes) keeps the opaque node."""
+    reason = kernelhub.get_hub().registry.unavailable_reason("cuda_ext")
+    if reason:
+        pytest.skip(f"cuda_ext is unavailable: {reason}")
+    sample = testing.samples(name, "small", dtype, "cpu")[0]
+    op = kernelhub.op(name, backend="cuda_ext")
+    args = testing.with_grad(name, sample.args)
+    leaves = testing.leaves(name, args)
+
+    def step(*a):
+        out = op(*a)
+        return ((out.real if out.is_complex() else out) * 1.5).abs().sum()
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    got = torch.compile(step, backend=backend, fullgraph=True)(*args)
+    got_g = torch.autograd.grad(got, leaves)
+    targets = {str(n.target) for g in graphs for m in g.modules() if isinstance(m, torch.fx.GraphModule)
+               for n in m.graph.nodes}
+    assert not any(t.startswith("kernelhub.") for t in targets)
+    assert any(t.startswith("kernelhub_cuda_ext.") and "_forward" in t for t in targets)
+    assert any(t.startswith("kernelhub_cuda_ext.") and "_backward" in t for t in targets)
+    want = step(*args)
+    torch.testing.assert_close(got, want)
+    for g, w in zip(got_g, torch.autograd.grad(want, leaves)):
+        torch.testing.assert_close(g, w)
 
 
 def test_the_first_use_of_the_hub_inside_a_compiled_function(monkeypatch):

@@ -13,7 +13,7 @@ import torch
 
 from kernelhub import hookimpl
 from kernelhub.ops.kplanes import KPLANES_OPS
-from kernelhub.spec import Backend, Impl, lazy
+from kernelhub.spec import Backend, Impl, autograd_inline, lazy
 from kernelhub_cuda_ext import __version__
 
 NAME = "cuda_ext"
@@ -62,13 +62,20 @@ def _semiconv_reasons(args) -> list[str]:
 
 
 REASONS = {"semiconv": _semiconv_reasons}  # beyond _cuda_built
+# ops whose operators have fake implementations (_lib._register_fakes) and whose functions dynamo traces: under
+# torch.compile the graph calls these operators directly (`autograd_inline`); the others stay one opaque node
+INLINE = set(IMPLS) - {"semiconv", "kplanes_interp_tilted_ms"}
 
 
 @hookimpl
 def kernelhub_register_impls(registry) -> None:
     registry.add_backend(Backend(NAME, __version__, "C++ and CUDA kernels compiled on first use",
                                  unavailable_reason))
+    from kernelhub_cuda_ext import ops  # plain Python over torch.ops: importing it neither builds nor loads
+
     for op, (fwd, bwd, dtypes, devices) in IMPLS.items():
-        registry.add_impl(Impl(op=op, backend=NAME, forward=lazy("kernelhub_cuda_ext.ops", fwd),
-                               backward=lazy("kernelhub_cuda_ext.ops", bwd), dtypes=dtypes, devices=devices,
-                               not_supported_reasons=REASONS.get(op, _cuda_built), deterministic=op not in NOT_DETERMINISTIC))
+        forward, backward = getattr(ops, fwd), getattr(ops, bwd)
+        registry.add_impl(Impl(op=op, backend=NAME, forward=forward, backward=backward, dtypes=dtypes,
+                               devices=devices, not_supported_reasons=REASONS.get(op, _cuda_built),
+                               deterministic=op not in NOT_DETERMINISTIC,
+                               inline=autograd_inline(registry.spec(op), forward, backward) if op in INLINE else None))

@@ -179,7 +179,9 @@ def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int) 
     """Wall us per forward + backward of a step ``(op(*args) * w).sum()`` compiled with torch.compile (fullgraph,
     inductor), calling the reference, the hub (its default choice) and the hub with each backend forced whose impl
     has ``inline`` (inductor: the graph holds the reference's ops; cuda_ext: its operators), against the eager hub
-    step. The step takes the real part of a complex output."""
+    step; and, for each backend with an inline but inductor, the backend's functions in the minimal
+    autograd.Function (`minimal`) compiled the same way: what torch.compile costs around those functions with no hub
+    at all. The step takes the real part of a complex output."""
     from kernelhub_torch_ref.plugin import DIFFERENTIATE, FORWARDS
 
     spec = kernelhub.get_hub().registry.spec(op)
@@ -198,6 +200,8 @@ def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int) 
     for name, impl in sorted(hub.registry.impls(op).items()):
         if impl.inline is not None and name != kernelhub.explain(op, *args).chosen:
             candidates[f"compiled hub:{name}"] = kernelhub.op(op, backend=name)
+        if impl.inline is not None and name != "inductor":
+            candidates[f"compiled min:{name}"] = minimal(impl, spec)
     for label, f in candidates.items():
         steps[label] = torch.compile(step(f), fullgraph=True)
     fns = {}

@@ -307,6 +307,45 @@ def test_semiconv_refuses_absurd_geometry_and_malformed_semifields_before_any_ke
         kernelhub.op("semiconv")(torch.randn(1, 2, 6, 6), torch.randn(2, 2, 3, 3), **kwargs)
 
 
+_IMG, _KER = torch.randn(1, 2, 6, 6), torch.randn(2, 2, 3, 3)
+_GOOD = dict(semifield="tropical_max", stride=1, padding=[(1, 1), (1, 1)], dilation=[1, 1], groups=1,
+             kind="conv", group_broadcasting=False)
+
+
+@pytest.mark.parametrize("bad, error", [({"groups": True}, ValueError), ({"stride": 1.0}, TypeError),
+                                        ({"stride": [True, 1]}, TypeError), ({"dilation": (1, 1.0)}, TypeError),
+                                        ({"padding": [(1.0, 1), (1, 1)]}, TypeError),
+                                        ({"group_broadcasting": 0}, TypeError)])
+def test_semiconv_arguments_equal_to_a_checked_call_are_still_checked(bad, error):
+    """semiconv looks a checked call's canonical arguments up (kernelhub/ops/semiconv.py, `_normalize`): a value
+    equal to a checked one (True == 1, 1.0 == 1) but of a type the checks refuse must still be refused."""
+    op = kernelhub.op("semiconv", backend="torch_ref")
+    op(_IMG, _KER, **_GOOD)
+    name = next(iter(bad))
+    with pytest.raises(error, match=f"semiconv: argument '{name}'"):
+        op(_IMG, _KER, **{**_GOOD, **bad})
+
+
+def test_semiconv_checks_a_call_once_and_gives_new_canonical_lists_each_time(monkeypatch):
+    from kernelhub.ops import semiconv
+
+    checked = []
+    real = semiconv._checked
+    monkeypatch.setattr(semiconv, "_checked", lambda *a: checked.append(a) or real(*a))
+    monkeypatch.setattr(semiconv, "_SEEN", {})
+    spec = kernelhub.get_hub().registry.spec("semiconv")
+    first = spec.canonical(_IMG, _KER, "tropical_max", 1, "same", 1)
+    first[3].append(99)  # a caller's change to its canonical lists reaches no later call
+    again = spec.canonical(_IMG, _KER, "tropical_max", 1, "same", 1)
+    assert len(checked) == 1
+    assert again[3:6] == ([1, 1], [1, 1, 1, 1], [1, 1])
+    spec.canonical(_IMG, _KER, "tropical_max", 2, "same", 1)  # another stride: checked
+    spec.canonical(_IMG.double(), _KER.double(), "tropical_max", 1, "same", 1)  # another dtype: checked
+    assert len(checked) == 3
+    with pytest.raises(TypeError, match="semiconv: argument 'kernel' has dtype"):
+        spec.canonical(_IMG, _KER.double(), "tropical_max", 1, "same", 1)
+
+
 def test_explain_of_a_huge_shape_allocates_nothing():
     code = ("import resource, sys\nfrom kernelhub import cli\n"
             "rc = cli.main(['explain', 'tv_loss_l1_3d', '--shape', '1024,1024,1024', '--device', 'cpu'])\n"

@@ -261,7 +261,6 @@ def lazy(module: str, name: str) -> Callable:
     return call
 
 
-
 def autograd_inline(spec: OpSpec, forward: Callable, backward: Callable) -> Callable[..., torch.Tensor] | None:
     """An `Impl.inline` made of an impl's own ``forward(*args)`` and ``backward(grad, *args, needs=...)``: one
     ``torch.autograd.Function`` that calls them, for a backend whose functions dynamo can trace (torch ops and

@@ -13,7 +13,7 @@ import torch
 
 from kernelhub import hookimpl
 from kernelhub.ops.kplanes import KPLANES_OPS
-from kernelhub.spec import Backend, Impl, autograd_inline, lazy
+from kernelhub.spec import Backend, Impl, autograd_inline
 from kernelhub_cuda_ext import __version__
 
 NAME = "cuda_ext"

@@ -406,15 +406,16 @@ def backward(grad, img, kernel, semifield, stride, padding, dilation, groups, ki
     rows, walk = _layouts(a)
     if g.numel() and (needs[0] or needs[1]) and rows is not None:
         grid, scalars, sizes = rows
-        win = torch.empty(g.shape, dtype=_winner_dtype(k[0].numel()), device=x.device)
+        window = math.prod(k.shape[1:])  # (c, tap) indices of one output's window (no tensor indexing per call)
+        win = torch.empty(g.shape, dtype=_winner_dtype(window), device=x.device)
         launch(_tropical_kernel, grid, x, k, win, g, gx, *scalars, BACKWARD=True, NEED_IMG=bool(needs[0]), **sizes)
         if needs[1]:
-            planes, per = win.shape[0] * win.shape[1], win[0, 0].numel()
+            planes, per = win.shape[0] * win.shape[1], math.prod(win.shape[2:])
             split = max(1, min(triton.cdiv(per, GRAD_BLOCK), triton.cdiv(4 * sm_count(x), planes)))
-            bins = min(MAX_BINS, triton.next_power_of_2(k[0].numel()))
+            bins = min(MAX_BINS, triton.next_power_of_2(window))
             launch(_tropical_kernel_grad, (planes * split,), win, g, gk, k.shape[0], k.shape[1], per, split,
-                   SF=a.code, BLOCK=GRAD_BLOCK, BINS=bins, ACC=sizes["ACC"], TAPS=k[0, 0].numel(), FLIP=a.flip,
-                   num_warps=ROW_WARPS)
+                   SF=a.code, BLOCK=GRAD_BLOCK, BINS=bins, ACC=sizes["ACC"], TAPS=math.prod(k.shape[2:]),
+                   FLIP=a.flip, num_warps=ROW_WARPS)
     elif g.numel() and (needs[0] or needs[1]):
         grid, scalars, sizes = walk
         launch(_semiconv_backward_kernel, grid, g, x, k, gx, gk, *scalars, **sizes, SF=a.code,

@@ -112,8 +112,10 @@ def test_a_handle_made_inside_the_compiled_function_works(backend):
 
 
 def _cuda_ext_inline_cases():
-    from kernelhub_cuda_ext.plugin import INLINE
-
+    try:
+        from kernelhub_cuda_ext.plugin import INLINE
+    except ImportError:  # installed without cuda_ext (CUDA_EXT=0 on the GPU machine, a user's own set)
+        return [pytest.param(None, None, marks=pytest.mark.skip(reason="kernelhub_cuda_ext is not installed"))]
     return [(name, torch.float32) for name in sorted(INLINE)] + [("tikhonov_inverse_2xn", torch.complex64)]
 
 

@@ -184,7 +184,8 @@ def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int) 
     at all. The step takes the real part of a complex output."""
     from kernelhub_torch_ref.plugin import DIFFERENTIATE, FORWARDS
 
-    spec = kernelhub.get_hub().registry.spec(op)
+    hub = kernelhub.get_hub()
+    spec = hub.registry.spec(op)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     args = testing.with_grad(op, spec.normalize(*args))
     leaves = testing.leaves(op, args)
@@ -196,9 +197,9 @@ def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int) 
     torch._dynamo.reset()
     steps = {"eager hub": step(kernelhub.op(op))}
     candidates = {"compiled ref": DIFFERENTIATE.get(op, FORWARDS[op]), "compiled hub": kernelhub.op(op)}
-    hub = kernelhub.get_hub()
+    chosen = kernelhub.explain(op, *args).chosen
     for name, impl in sorted(hub.registry.impls(op).items()):
-        if impl.inline is not None and name != kernelhub.explain(op, *args).chosen:
+        if impl.inline is not None and name != chosen:
             candidates[f"compiled hub:{name}"] = kernelhub.op(op, backend=name)
         if impl.inline is not None and name != "inductor":
             candidates[f"compiled min:{name}"] = minimal(impl, spec)

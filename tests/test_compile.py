@@ -50,8 +50,8 @@ def test_compile_inductor_backend_once():
     torch.testing.assert_close(g, v.grad)
 
 
-def _graph_of(fn, *args, dynamic=None):
-    """The FX graphs dynamo builds for ``fn`` (fullgraph), and the compiled function's value and gradient."""
+def _traced(fn, *args, dynamic=None):
+    """The targets of the FX graphs dynamo builds for ``fn`` (fullgraph), and the compiled function's value."""
     graphs = []
 
     def backend(gm, example_inputs):
@@ -59,12 +59,17 @@ def _graph_of(fn, *args, dynamic=None):
         return gm.forward
 
     torch._dynamo.reset()
-    compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)
-    out = compiled(*args)
-    grad, = torch.autograd.grad(out, args[0])
+    out = torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)(*args)
     # an autograd.Function's forward and backward are subgraphs (submodules) of the graph
     return {n.target for g in graphs for m in g.modules() if isinstance(m, torch.fx.GraphModule)
-            for n in m.graph.nodes}, out, grad
+            for n in m.graph.nodes}, out
+
+
+def _graph_of(fn, *args, dynamic=None):
+    """`_traced`, and the compiled function's gradient with respect to its first argument."""
+    targets, out = _traced(fn, *args, dynamic=dynamic)
+    grad, = torch.autograd.grad(out, args[0])
+    return targets, out, grad
 
 
 def _reference_step(v):
@@ -136,17 +141,9 @@ def test_where_the_hub_would_run_cuda_ext_the_graph_calls_its_operators(name, dt
         out = op(*a)
         return ((out.real if out.is_complex() else out) * 1.5).abs().sum()
 
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    got = torch.compile(step, backend=backend, fullgraph=True)(*args)
+    targets, got = _traced(step, *args)
     got_g = torch.autograd.grad(got, leaves)
-    targets = {str(n.target) for g in graphs for m in g.modules() if isinstance(m, torch.fx.GraphModule)
-               for n in m.graph.nodes}
+    targets = {str(t) for t in targets}
     assert not any(t.startswith("kernelhub.") for t in targets)
     assert any(t.startswith("kernelhub_cuda_ext.") and "_forward" in t for t in targets)
     assert any(t.startswith("kernelhub_cuda_ext.") and "_backward" in t for t in targets)

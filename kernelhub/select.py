@@ -214,7 +214,11 @@ class Selector:
         for name, reason in failed_parity.items():
             rejected[name] = [reason]
         ordered = passed + [n for n in ordered if n not in passed and n not in failed_parity]
-        return ordered, whys, passed[0] if passed else None, "", True
+        # within noise of another (several placed first in priority order), the first placed is no winner: a
+        # tuned-only backend among them does not serve the call
+        tie = passed and len([n for n in passed if n in entry.get("within_noise", ())]) > 1 \
+            and passed[0] in entry.get("within_noise", ())
+        return ordered, whys, passed[0] if passed and not tie else None, "", True
 
     def _drop_tuned_only(self, op: str, ordered: list[str], rejected: dict[str, list[str]], keep: set) -> None:
         """Stage 3: a ``tuned_only`` impl serves a call only as the tuned winner, or forced, or pinned."""

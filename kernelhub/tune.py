@@ -9,7 +9,8 @@ with its current fingerprint, so a new or changed backend invalidates only the e
 implements. Among the eligible backends that passed parity the fastest forward+backward wins (the
 backward always runs on the backend that ran the forward, so one winner serves both passes), but only by more
 than the noise (`within_noise`: each time's spread, at least `NOISE_FLOOR`); where the fastest are within noise
-of each other no winner is recorded, the priority order stands among them, and `explain` says so. Tuning a bucket
+of each other no winner is recorded, the priority order stands among them (a tuned-only backend among them,
+inductor, is set aside: it serves a call only as the winner), and `explain` says so. Tuning a bucket
 again warns when the winner changed. A backend
 that failed parity on the bucket (and fails it in this process too) is never chosen for it; one that raised
 while tuned is only never its winner.

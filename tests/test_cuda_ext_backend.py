@@ -318,3 +318,60 @@ def test_trilinear_corner_order_and_points_gradient(backend, device):
     (_corner_weights(q) * upstream).sum().backward()
     assert p.grad.abs().max() > 0.1
     torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12)
+
+
+# Calls semiconv.cu's tiled max/min kernels take (2-D, unit stride and dilation, padding below the kernel size):
+# images spanning several 64-wide tiles, every kernel width 1-7, heights past 7, asymmetric padding, a channel
+# multiplier (two outputs per input channel), group broadcasting, and one call with two channels per group (the
+# forward tiled, the backward the window walk). (img shape, kernel shape, semifield, padding, groups, kind, bcast)
+TILED = [
+    ((2, 3, 130, 70), (3, 1, 5, 5), "tropical_max", "same", 3, "conv", False),
+    ((1, 2, 67, 129), (4, 1, 3, 7), "tropical_min", [2, 0, 6, 3], 2, "corr", False),
+    ((1, 3, 70, 66), (1, 1, 9, 1), "tropical_max", "valid", 3, "corr", True),
+    ((2, 2, 65, 9), (2, 1, 2, 6), "tropical_min", [1, 1, 5, 0], 2, "conv", False),
+    ((1, 4, 64, 61), (2, 2, 4, 2), "tropical_max", 1, 2, "conv", False),
+    ((1, 1, 40, 50), (1, 1, 11, 4), "tropical_max", "same", 1, "corr", False),
+]
+
+
+def _tiled_call(case, dtype, device, gen, values):
+    ishape, kshape, sf, pad, groups, kind, bcast = case
+    if values == "integers":  # sums exact in any order, and many exact ties: the first winner must win
+        img, ker = (torch.randint(-3, 4, s, generator=gen).to(dtype) for s in (ishape, kshape))
+    else:
+        img, ker = (torch.randn(s, generator=gen, dtype=torch.float64).to(dtype) for s in (ishape, kshape))
+    if values == "nonfinite":
+        flat = img.view(-1)
+        flat[torch.randint(flat.numel(), (6,), generator=gen)] = torch.tensor([float("nan"), float("inf"),
+                                                                               -float("inf")] * 2, dtype=dtype)
+    return (img.to(device), ker.to(device), sf, 1, pad, 1, groups, kind, bcast)
+
+
+@built
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the tiled kernels are CUDA's")
+@pytest.mark.parametrize("case", TILED, ids=lambda c: f"{c[2]}_{'x'.join(map(str, c[0]))}_k{'x'.join(map(str, c[1]))}")
+@pytest.mark.parametrize("dtype,values", [(torch.float64, "random"), (torch.float32, "integers"),
+                                          (torch.bfloat16, "integers"), (torch.float32, "nonfinite")])
+def test_semiconv_tiled_kernels_equal_the_reference(case, dtype, values):
+    """Values, NaN and Inf placement and both gradients equal torch_ref's in the same dtype: exactly where the
+    sums are exact (integer values, one winner per output), to float64 rounding otherwise; and the profiler
+    shows the tiled kernels ran (the backward's only where one input channel feeds each output channel)."""
+    gen = torch.Generator().manual_seed(11)
+    args = _tiled_call(case, dtype, "cuda", gen, values)
+    results = {}
+    for backend in ("torch_ref", "cuda_ext"):
+        img, ker = args[0].clone().requires_grad_(), args[1].clone().requires_grad_()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            out = kernelhub.op("semiconv", backend=backend)(img, ker, *args[2:])
+            upstream = torch.randint(-2, 3, out.shape, generator=torch.Generator().manual_seed(3)).to(dtype).cuda()
+            out.backward(upstream)
+            torch.cuda.synchronize()
+        results[backend] = (out.detach(), img.grad, ker.grad, {e.name for e in prof.events()})
+    (want, want_x, want_k, _), (got, got_x, got_k, kernels) = results["torch_ref"], results["cuda_ext"]
+    exact = dict(rtol=0, atol=0) if values != "random" else dict(rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got, want, equal_nan=True, **exact)
+    torch.testing.assert_close(got_x, want_x, **exact)
+    torch.testing.assert_close(got_k, want_k, **exact)
+    assert any("tt_forward_kernel" in k for k in kernels), sorted(kernels)
+    one_channel = case[1][1] == 1
+    assert any("tt_backward_kernel" in k for k in kernels) == one_channel, sorted(kernels)

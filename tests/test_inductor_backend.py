@@ -31,6 +31,20 @@ def test_priority_alone_never_picks_it():
     assert by["inductor"].status == "rejected" and "chosen only where `kernelhub tune`" in by["inductor"].reasons[0]
 
 
+def test_tied_within_noise_it_does_not_serve_the_call(monkeypatch):
+    """A tuned-only backend serves a call only as the tuned winner: tied with torch_ref within noise (equal
+    timings, as a loaded machine may give), there is no winner and it is set aside, as untuned."""
+    from kernelhub import timing, tune
+    monkeypatch.setattr(tune, "timed", lambda fn, device, quick=False: (fn(), timing.Timing(1.0, 0.02))[1])
+    data = cli.cmd_tune(cli.build_parser().parse_args(["tune", "trilinear_interp", "--shape", "4096,8,32", "--shape",
+                                                       "4096,3", "--device", "cpu"]))
+    assert data["tuned"][0]["winner"] is None and set(data["tuned"][0]["within_noise"]) == {"inductor", "torch_ref"}
+    decision = kernelhub.explain("trilinear_interp", FEATS, POINTS)
+    by = {c.backend: c for c in decision.candidates}
+    assert decision.chosen == "torch_ref" and "within noise" in by["torch_ref"].reasons[0]
+    assert by["inductor"].status == "rejected" and "chosen only where `kernelhub tune`" in by["inductor"].reasons[0]
+
+
 def test_the_tuner_picks_it_where_it_is_fastest_and_reports_its_compile_time(monkeypatch):
     monkeypatch.setattr(inductor, "_COMPILED", {})  # compiled by an earlier test of this process: compile again
     parser = cli.build_parser()

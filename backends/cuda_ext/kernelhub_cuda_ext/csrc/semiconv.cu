@@ -5,7 +5,8 @@
 // max/min the first winner gets the whole gradient (one atomic add to img, one to the kernel), for the
 // smooth semifields every tap gets its share (the kernel's summed over a warp first). The atomics make the
 // gradients' last bits vary run to run.
-// Launched on the current stream under a device guard; no host synchronisation.
+// 2-D max/min calls with unit stride and dilation take tiled kernels instead (below: tt_forward_kernel and
+// tt_backward_kernel). Launched on the current stream under a device guard; no host synchronisation.
 #include "ops.h"
 #include "semiconv.h"
 
@@ -16,6 +17,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <type_traits>
 
 namespace kernelhub_cuda_ext {
 namespace {
@@ -165,6 +167,322 @@ __global__ void __launch_bounds__(SC_THREADS) semiconv_backward_kernel(
   }
 }
 
+// -- max/min on 2-D images with unit stride and dilation: tiles in shared memory ------------------------------
+// The walk above reads every tap of every window through L1, with its index arithmetic: at 5x5 that is 25 loads
+// and their masks per output. Here a block loads a 64x64 tile of the image (plus the window's halo, the
+// semifield's zero outside the image) into shared memory once, and each thread computes a 4x4 block of outputs
+// from registers: per kernel row and output row it reads one row segment (4 + KW - 1 values, vector loads) and
+// does the 4 x KW products and max/min from it, so a tap costs an add and a max (a comparison and two selects
+// more in the backward). KW is a compile-time constant (1-7: the segment lives in registers), KH is not.
+//
+// The backward gathers instead of scattering: a block owns a tile of the image's gradient and recomputes the
+// winners of every output whose window reaches into it (the tile plus KH - 1 rows and KW - 1 columns of outputs:
+// 64x64 outputs for a (64 - KH + 1) x (64 - KW + 1) tile), adds their upstream gradients in shared memory and
+// writes the tile once (no zero fill, no global atomics). The kernel's gradient is summed per window index and
+// lane in shared memory from the outputs the block owns (the first tile-size rows and columns of what it computes, all
+// of them in the last tile of a row or column), one global atomic per index and block. The backward takes
+// depthwise-like calls (one input channel per output channel, Cg == 1); the forward any Cg.
+// Taken when every window holds an image pixel (padding below the kernel size on each side), so every output
+// lies in a tile's span.
+constexpr int TT_SIDE = 64;                        // outputs per block side
+constexpr int TT_PER = 4;                          // outputs per thread side
+constexpr int TT_LANES = TT_SIDE / TT_PER;         // threads per block side
+constexpr int TT_THREADS = TT_LANES * TT_LANES;    // 256
+constexpr int TT_MAX_KW = 7, TT_MAX_KH = 16;
+constexpr int64_t TT_DEFAULT_SHARED = 48 * 1024;   // dynamic shared memory a kernel gets without opting in
+
+template <typename A>
+constexpr int tt_vec() { return 16 / int(sizeof(A)); }  // values per 16-byte shared load
+template <int KW, typename A>
+constexpr int tt_pitch() { return (TT_SIDE + KW - 1 + tt_vec<A>() - 1) / tt_vec<A>() * tt_vec<A>(); }
+template <int KW, typename A>
+constexpr int tt_segment() { return (TT_PER + KW - 1 + tt_vec<A>() - 1) / tt_vec<A>() * tt_vec<A>(); }
+
+// max or min, NaN where either is NaN
+template <int SF, typename A>
+__device__ __forceinline__ A tt_pick(A a, A b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<A, float>) {
+    float r;
+    if constexpr (SF == SC_MAX) asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    else asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+  }
+#endif
+  if (a != a || b != b) return a + b;
+  return SF == SC_MAX ? (a > b ? a : b) : (a < b ? a : b);
+}
+
+// rows [y0, y0 + rows) and columns [x0, x0 + RW) of one H x W channel into shared memory (pitch P), `zero`
+// outside the channel: a thread issues its loads 8 at a time before storing them (a few memory latencies per tile,
+// not one per element). Returns whether this thread loaded a NaN.
+template <int RW, int P, typename T, typename A>
+__device__ __forceinline__ bool tt_load(A* __restrict__ s, const T* __restrict__ xc, int y0, int x0, int rows, int H,
+                                        int W, A zero) {
+  constexpr int BATCH = 8;
+  const int n = rows * RW;
+  bool nan = false;
+  for (int base = threadIdx.x; base < n; base += BATCH * TT_THREADS) {
+    A v[BATCH];
+#pragma unroll
+    for (int j = 0; j < BATCH; ++j) {
+      const int i = base + j * TT_THREADS, r = i / RW, c = i % RW, y = y0 + r, xx = x0 + c;
+      v[j] = i < n && y >= 0 && y < H && xx >= 0 && xx < W ? static_cast<A>(xc[y * W + xx]) : zero;
+    }
+#pragma unroll
+    for (int j = 0; j < BATCH; ++j) {
+      const int i = base + j * TT_THREADS;
+      if (i < n) s[i / RW * P + i % RW] = v[j];
+      nan |= v[j] != v[j];
+    }
+  }
+  return nan;
+}
+
+// the row segment a thread's 4 outputs read (16-byte aligned: the pitch and 4 are multiples of the vector)
+template <int N, typename A>
+__device__ __forceinline__ void tt_segment_load(A (&v)[N], const A* p) {
+  using V = std::conditional_t<sizeof(A) == 4, float4, double2>;
+  constexpr int L = tt_vec<A>();
+#pragma unroll
+  for (int j = 0; j < N / L; ++j) {
+    const V q = reinterpret_cast<const V*>(p)[j];
+    const A* e = reinterpret_cast<const A*>(&q);
+#pragma unroll
+    for (int i = 0; i < L; ++i) v[j * L + i] = e[i];
+  }
+}
+
+// f(r, c, t, a) for every product a = x (*) k of a thread's 4x4 outputs (row r, column c of its block), each output's
+// window taps t in window order; ks is one channel's kernel in window order, the tile's rows start at the outputs'
+// first window row
+template <int SF, int KW, typename A, typename F>
+__device__ __forceinline__ void tt_products(const A* __restrict__ xs, const A* __restrict__ ks, int KH, int tx, int ty,
+                                            F&& f) {
+  constexpr int P = tt_pitch<KW, A>(), N = tt_segment<KW, A>();
+  for (int kh = 0; kh < KH; ++kh) {
+    A kv[KW];
+#pragma unroll
+    for (int kw = 0; kw < KW; ++kw) kv[kw] = ks[kh * KW + kw];
+#pragma unroll
+    for (int r = 0; r < TT_PER; ++r) {
+      A v[N];
+      tt_segment_load(v, xs + (ty * TT_PER + r + kh) * P + tx * TT_PER);
+#pragma unroll
+      for (int c = 0; c < TT_PER; ++c)
+#pragma unroll
+        for (int kw = 0; kw < KW; ++kw) f(r, c, kh * KW + kw, sc_combine<SF>(v[c + kw], kv[kw]));
+    }
+  }
+}
+
+template <typename T>
+struct alignas(TT_PER * sizeof(T)) TtQuad { T v[TT_PER]; };
+
+template <int SF, int KW, typename T>
+__global__ void __launch_bounds__(TT_THREADS) tt_forward_kernel(const T* __restrict__ x, const T* __restrict__ k,
+                                                                T* __restrict__ out, ScGeo g, int tiles_h,
+                                                                int tiles_w) {
+  using A = at::opmath_type<T>;
+  constexpr int P = tt_pitch<KW, A>();
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int KH = int(g.KH), Cg = int(g.Cg), taps = KH * KW, H = int(g.H), W = int(g.W);
+  A* xs = reinterpret_cast<A*>(smem);      // (64 + KH - 1) rows of P
+  A* ks = xs + (TT_SIDE + KH - 1) * P;      // this oc's kernel, Cg * taps in window order
+  int64_t blk = blockIdx.x;
+  const int tw = int(blk % tiles_w), th = int(blk / tiles_w % tiles_h);
+  const int64_t bo = blk / tiles_w / tiles_h, b = bo / g.O, oc = bo % g.O, grp = oc / g.Og;
+  const int tx = threadIdx.x % TT_LANES, ty = threadIdx.x / TT_LANES;
+  const int oh0 = th * TT_SIDE, ow0 = tw * TT_SIDE;
+  const A zero = SF == SC_MAX ? A(-INFINITY) : A(INFINITY);
+  for (int i = threadIdx.x; i < Cg * taps; i += TT_THREADS)
+    ks[i] = static_cast<A>(k[(oc * g.Cg + i / taps) * taps + g.ktap(i % taps)]);
+  A acc[TT_PER][TT_PER];
+#pragma unroll
+  for (int r = 0; r < TT_PER; ++r)
+#pragma unroll
+    for (int c = 0; c < TT_PER; ++c) acc[r][c] = zero;
+  for (int c = 0; c < Cg; ++c) {
+    __syncthreads();  // the previous channel's tile is read (and the kernel written)
+    tt_load<TT_SIDE + KW - 1, P>(xs, x + (b * g.C + grp * g.Cg + c) * H * W, oh0 - int(g.p[1]), ow0 - int(g.p[2]),
+                                 TT_SIDE + KH - 1, H, W, zero);
+    __syncthreads();
+    tt_products<SF, KW>(xs, ks + c * taps, KH, tx, ty, [&](int r, int cc, int, A a) {
+      acc[r][cc] = tt_pick<SF>(acc[r][cc], a);
+    });
+  }
+  const int ow = ow0 + tx * TT_PER;
+  const bool whole = g.OW % TT_PER == 0;  // a thread's 4 outputs of a row: one aligned vector store, or none
+#pragma unroll
+  for (int r = 0; r < TT_PER; ++r) {
+    const int64_t oh = oh0 + ty * TT_PER + r;
+    if (oh >= g.OH) break;
+    T* o = out + (bo * g.OH + oh) * g.OW + ow;
+    if (whole && ow < g.OW) {
+      TtQuad<T> q;
+#pragma unroll
+      for (int cc = 0; cc < TT_PER; ++cc) q.v[cc] = static_cast<T>(acc[r][cc]);
+      *reinterpret_cast<TtQuad<T>*>(o) = q;
+    } else {
+#pragma unroll
+      for (int cc = 0; cc < TT_PER; ++cc)
+        if (ow + cc < g.OW) o[cc] = static_cast<T>(acc[r][cc]);
+    }
+  }
+}
+
+// the first winner (window tap index, in window order) of each of a thread's 4x4 outputs, and where CHECK_NAN: whether a
+// NaN was in the window (without CHECK_NAN, the caller knows none can be: no NaN in the tile, a finite kernel)
+template <int SF, int KW, bool CHECK_NAN, typename A>
+__device__ __forceinline__ void tt_winners(const A* __restrict__ xs, const A* __restrict__ ks, int KH, int tx, int ty,
+                                           int (&win)[TT_PER][TT_PER], bool (&nan)[TT_PER][TT_PER]) {
+  const A zero = SF == SC_MAX ? A(-INFINITY) : A(INFINITY);
+  A best[TT_PER][TT_PER], m[TT_PER][TT_PER];
+#pragma unroll
+  for (int r = 0; r < TT_PER; ++r)
+#pragma unroll
+    for (int c = 0; c < TT_PER; ++c) { best[r][c] = zero; win[r][c] = 0; if constexpr (CHECK_NAN) m[r][c] = zero; }
+  tt_products<SF, KW>(xs, ks, KH, tx, ty, [&](int r, int c, int t, A a) {
+    // a strict comparison keeps the first winner (a window of the semifield's zero keeps tap 0)
+    if constexpr (CHECK_NAN) m[r][c] = tt_pick<SF>(m[r][c], a);
+    const bool better = SF == SC_MAX ? a > best[r][c] : a < best[r][c];
+    best[r][c] = better ? a : best[r][c];
+    win[r][c] = better ? t : win[r][c];
+  });
+#pragma unroll
+  for (int r = 0; r < TT_PER; ++r)
+#pragma unroll
+    for (int c = 0; c < TT_PER; ++c) nan[r][c] = CHECK_NAN && m[r][c] != m[r][c];
+}
+
+template <int SF, int KW, typename T>
+__global__ void __launch_bounds__(TT_THREADS, 3) tt_backward_kernel(const T* __restrict__ go, const T* __restrict__ x,
+                                                                    const T* __restrict__ k, T* __restrict__ gx,
+                                                                    at::opmath_type<T>* __restrict__ gk, ScGeo g,
+                                                                    int tiles_h, int tiles_w) {
+  using A = at::opmath_type<T>;
+  constexpr int P = tt_pitch<KW, A>();
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int KH = int(g.KH), taps = KH * KW, H = int(g.H), W = int(g.W), OH = int(g.OH), OW = int(g.OW);
+  const int TH = TT_SIDE - (KH - 1), TW = TT_SIDE - (KW - 1);  // the image gradient's tile
+  A* xs = reinterpret_cast<A*>(smem);       // image rows [i0 - KH + 1, i0 + 64), columns likewise
+  A* gos = xs + (TT_SIDE + KH - 1) * P;     // the upstream gradient of the 64 x 64 outputs computed (0 outside)
+  A* gs = gos + TT_SIDE * TT_SIDE;          // the image gradient's tile, TH x TW
+  A* ks = gs + TH * TW;                     // the kernel of the current oc in window order
+  A* bins = ks + taps;                      // its gradient per window index and lane, [taps][32]: a warp's lanes
+                                            // never share an address (shared float atomics are compare-and-swap
+                                            // loops: 32 lanes on one address serialise, and one tap often wins most
+                                            // windows)
+  int64_t blk = blockIdx.x;
+  const int tw = int(blk % tiles_w), th = int(blk / tiles_w % tiles_h);
+  const int64_t bc = blk / tiles_w / tiles_h, b = bc / g.C, ch = bc % g.C;  // Cg == 1: the channel is the group
+  const int tx = threadIdx.x % TT_LANES, ty = threadIdx.x / TT_LANES;
+  const int i0 = th * TH, j0 = tw * TW;
+  const int oh_s = i0 + int(g.p[1]) - (KH - 1), ow_s = j0 + int(g.p[2]) - (KW - 1);  // the outputs computed
+  const bool last_h = th == tiles_h - 1, last_w = tw == tiles_w - 1;
+  const A zero = SF == SC_MAX ? A(-INFINITY) : A(INFINITY);
+  const bool x_nan = tt_load<TT_SIDE + KW - 1, P>(xs, x + bc * H * W, i0 - (KH - 1), j0 - (KW - 1),
+                                                  TT_SIDE + KH - 1, H, W, zero);
+  if (gx != nullptr)
+    for (int i = threadIdx.x; i < TH * TW; i += TT_THREADS) gs[i] = A(0);
+  for (int64_t og = 0; og < g.Og; ++og) {
+    const int64_t oc = ch * g.Og + og, bo = b * g.O + oc;
+    if (og > 0) __syncthreads();  // the previous oc's upstream gradient, kernel and bins are read
+    tt_load<TT_SIDE, TT_SIDE>(gos, go + bo * OH * OW, oh_s, ow_s, TT_SIDE, OH, OW, A(0));
+    bool k_special = false;
+    for (int i = threadIdx.x; i < taps; i += TT_THREADS) {
+      ks[i] = static_cast<A>(k[oc * taps + g.ktap(i)]);
+      k_special |= !::isfinite(ks[i]);
+    }
+    if (gk != nullptr)
+      for (int i = threadIdx.x; i < taps * 32; i += TT_THREADS) bins[i] = A(0);
+    // a NaN product needs a NaN in the tile or a kernel entry that is NaN or infinite (inf + -inf)
+    const bool special = __syncthreads_or(x_nan || k_special);
+    int win[TT_PER][TT_PER];
+    bool nan[TT_PER][TT_PER];
+    if (special) tt_winners<SF, KW, true>(xs, ks, KH, tx, ty, win, nan);
+    else tt_winners<SF, KW, false>(xs, ks, KH, tx, ty, win, nan);
+#pragma unroll
+    for (int r = 0; r < TT_PER; ++r) {
+      const int lr = ty * TT_PER + r, oh = oh_s + lr;
+      A gv[TT_PER];
+      tt_segment_load(gv, gos + lr * TT_SIDE + tx * TT_PER);
+#pragma unroll
+      for (int cc = 0; cc < TT_PER; ++cc) {
+        const int lc = tx * TT_PER + cc, ow = ow_s + lc;
+        // outside the output, or a NaN in the window: no gradient
+        if (oh < 0 || oh >= OH || ow < 0 || ow >= OW || nan[r][cc]) continue;
+        const int t = win[r][cc];
+        if (gx != nullptr) {
+          const int iy = oh - int(g.p[1]) + t / KW, ix = ow - int(g.p[2]) + t % KW;
+          if (iy >= i0 && iy < i0 + TH && iy < H && ix >= j0 && ix < j0 + TW && ix < W)
+            atomicAdd(gs + (iy - i0) * TW + (ix - j0), gv[cc]);
+        }
+        if (gk != nullptr && (lr < TH || last_h) && (lc < TW || last_w))
+          atomicAdd(bins + t * 32 + threadIdx.x % 32, SF == SC_MIN ? -gv[cc] : gv[cc]);
+      }
+    }
+    __syncthreads();
+    if (gk != nullptr)
+      for (int i = threadIdx.x; i < taps; i += TT_THREADS) {
+        A sum = 0;
+        for (int l = 0; l < 32; ++l) sum += bins[i * 32 + l];
+        atomicAdd(gk + oc * taps + g.ktap(i), sum);
+      }
+  }
+  __syncthreads();
+  if (gx != nullptr)
+    for (int i = threadIdx.x; i < TH * TW; i += TT_THREADS) {
+      const int iy = i0 + i / TW, ix = j0 + i % TW;
+      if (iy < H && ix < W) gx[bc * H * W + iy * W + ix] = static_cast<T>(gs[i]);
+    }
+}
+
+// tiles of `side` along a dim of n elements (the forward's output tiles are TT_SIDE, the backward's image tiles
+// TT_SIDE - k + 1)
+inline int64_t tt_tiles(int64_t n, int64_t side) { return (n + side - 1) / side; }
+
+// whether the tiled kernels take a call (and their shared memory); `backward` asks for the backward's
+int64_t tt_shared_bytes(const ScGeo& g, int64_t sf, bool backward, int64_t elem) {
+  if ((sf != SC_MAX && sf != SC_MIN) || g.D != 1 || g.KD != 1 || g.OD != 1 || g.H < 2 || g.p[0] != 0) return 0;
+  if (g.s[1] != 1 || g.s[2] != 1 || g.d[1] != 1 || g.d[2] != 1 || g.KW > TT_MAX_KW || g.KH > TT_MAX_KH) return 0;
+  // every window holds an image pixel: padding below the kernel size on each side
+  if (g.p[1] > g.KH - 1 || g.p[2] > g.KW - 1 || g.OH > g.H + g.p[1] || g.OW > g.W + g.p[2]) return 0;
+  if (backward && g.Cg != 1) return 0;
+  const int64_t blocks = backward ? g.B * g.C * tt_tiles(g.H, TT_SIDE - g.KH + 1) * tt_tiles(g.W, TT_SIDE - g.KW + 1)
+                                  : g.B * g.O * tt_tiles(g.OH, TT_SIDE) * tt_tiles(g.OW, TT_SIDE);
+  if (blocks >= (int64_t(1) << 31)) return 0;  // one grid dimension
+  const int64_t vec = 16 / elem, pitch = (TT_SIDE + g.KW - 1 + vec - 1) / vec * vec, taps = g.KH * g.KW;
+  const int64_t bytes = elem * ((TT_SIDE + g.KH - 1) * pitch +
+                                (backward ? TT_SIDE * TT_SIDE + (TT_SIDE - g.KH + 1) * (TT_SIDE - g.KW + 1) + 33 * taps
+                                          : g.Cg * taps));
+  int device = 0, optin = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return bytes <= optin ? bytes : 0;
+}
+
+// a launch of `kernel` with `bytes` of dynamic shared memory: past the default, the kernel opts in (on the
+// current device: a cheap call, made on each such launch rather than tracked per device)
+template <typename K>
+void tt_allow_shared(K kernel, int64_t bytes) {
+  if (bytes > TT_DEFAULT_SHARED)
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+template <typename F>
+void tt_dispatch_kw(int64_t kw, F&& f) {
+  switch (kw) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    default: return f(std::integral_constant<int, 7>{});
+  }
+}
+
 // positions within one image channel are 32-bit here (the plugin's not_supported_reasons keeps larger ones away)
 void check_channel_size(const char* fn, const ScGeo& g) {
   TORCH_CHECK(g.D * g.H * g.W < (int64_t(1) << 31), "kernelhub_cuda_ext::", fn, ": an image channel of 2^31 "
@@ -188,6 +506,21 @@ at::Tensor semiconv_forward_cuda(const at::Tensor& img_, const at::Tensor& ker_,
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, img.scalar_type(), "semiconv_forward_cuda", [&] {
     using A = at::opmath_type<scalar_t>;
     sc_dispatch(sf, [&](auto SF) {
+      constexpr int sfv = decltype(SF)::value;
+      if constexpr (sfv == SC_MAX || sfv == SC_MIN) {
+        if (const int64_t smem = tt_shared_bytes(g, sf, false, sizeof(A))) {
+          const int tiles_h = int(tt_tiles(g.OH, TT_SIDE)), tiles_w = int(tt_tiles(g.OW, TT_SIDE));
+          tt_dispatch_kw(g.KW, [&](auto KW) {
+            const auto kernel = tt_forward_kernel<sfv, decltype(KW)::value, scalar_t>;
+            tt_allow_shared(kernel, smem);
+            kernel<<<static_cast<unsigned>(g.B * g.O * tiles_h * tiles_w), TT_THREADS, smem,
+                   c10::cuda::getCurrentCUDAStream()>>>(img.data_ptr<scalar_t>(), ker.data_ptr<scalar_t>(),
+                                                        out.data_ptr<scalar_t>(), g, tiles_h, tiles_w);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          });
+          return;
+        }
+      }
       semiconv_forward_kernel<decltype(SF)::value, scalar_t><<<sc_grid(g), SC_THREADS, 0,
                                                                c10::cuda::getCurrentCUDAStream()>>>(
           img.data_ptr<scalar_t>(), ker.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), g, A(sc_zero(sf, param)),
@@ -207,8 +540,34 @@ std::tuple<at::Tensor, at::Tensor> semiconv_backward_cuda(const at::Tensor& grad
   const at::Tensor img = img_.contiguous(), ker = ker_.contiguous(), grad = grad_.contiguous();
   const ScGeo g = sc_backward_geo(grad, img, ker, groups, stride, pad, dil, flip);
   check_channel_size("semiconv_backward", g);
-  auto gx = at::zeros(need_img ? img.sizes() : at::IntArrayRef{0}, img.options().dtype(acc_dtype(img)));
   auto gk = at::zeros(need_kernel ? ker.sizes() : at::IntArrayRef{0}, img.options().dtype(acc_dtype(img)));
+  const int64_t tt_smem = grad.numel() > 0 && (need_img || need_kernel)
+                              ? tt_shared_bytes(g, sf, true, img.scalar_type() == at::kDouble ? 8 : 4) : 0;
+  if (tt_smem) {  // the tiled backward writes every element of img's gradient, in img's dtype
+    auto gx = at::empty(need_img ? img.sizes() : at::IntArrayRef{0}, img.options());
+    const int tiles_h = int(tt_tiles(g.H, TT_SIDE - g.KH + 1)), tiles_w = int(tt_tiles(g.W, TT_SIDE - g.KW + 1));
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, img.scalar_type(), "semiconv_backward_cuda", [&] {
+      using A = at::opmath_type<scalar_t>;
+      sc_dispatch(sf, [&](auto SF) {
+        constexpr int sfv = decltype(SF)::value;
+        if constexpr (sfv == SC_MAX || sfv == SC_MIN) {
+          tt_dispatch_kw(g.KW, [&](auto KW) {
+            const auto kernel = tt_backward_kernel<sfv, decltype(KW)::value, scalar_t>;
+            tt_allow_shared(kernel, tt_smem);
+            kernel<<<static_cast<unsigned>(g.B * g.C * tiles_h * tiles_w), TT_THREADS, tt_smem,
+                   c10::cuda::getCurrentCUDAStream()>>>(
+                    grad.data_ptr<scalar_t>(), img.data_ptr<scalar_t>(), ker.data_ptr<scalar_t>(),
+                    need_img ? gx.data_ptr<scalar_t>() : nullptr, need_kernel ? gk.data_ptr<A>() : nullptr, g,
+                    tiles_h, tiles_w);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          });
+        }
+      });
+    });
+    return {need_img ? gx : at::empty({0}, img.options()),
+            need_kernel ? gk.to(ker.scalar_type()) : at::empty({0}, ker.options())};
+  }
+  auto gx = at::zeros(need_img ? img.sizes() : at::IntArrayRef{0}, img.options().dtype(acc_dtype(img)));
   if (grad.numel() > 0 && (need_img || need_kernel)) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, img.scalar_type(), "semiconv_backward_cuda", [&] {
       using A = at::opmath_type<scalar_t>;

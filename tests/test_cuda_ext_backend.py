@@ -321,9 +321,10 @@ def test_trilinear_corner_order_and_points_gradient(backend, device):
 
 
 # Calls semiconv.cu's tiled max/min kernels take (2-D, unit stride and dilation, padding below the kernel size):
-# images spanning several 64-wide tiles, every kernel width 1-7, heights past 7, asymmetric padding, a channel
-# multiplier (two outputs per input channel), group broadcasting, and one call with two channels per group (the
-# forward tiled, the backward the window walk). (img shape, kernel shape, semifield, padding, groups, kind, bcast)
+# images spanning several 64-wide tiles, kernel widths 1, 2 and 4-7 (3x3 calls are the conformance cases'),
+# heights past 7, asymmetric padding, a channel multiplier (two outputs per input channel), group broadcasting,
+# and one call with two channels per group (the forward tiled, the backward the window walk).
+# (img shape, kernel shape, semifield, padding, groups, kind, bcast)
 TILED = [
     ((2, 3, 130, 70), (3, 1, 5, 5), "tropical_max", "same", 3, "conv", False),
     ((1, 2, 67, 129), (4, 1, 3, 7), "tropical_min", [2, 0, 6, 3], 2, "corr", False),

@@ -214,26 +214,36 @@ __device__ __forceinline__ A tt_pick(A a, A b) {
 }
 
 // rows [y0, y0 + rows) and columns [x0, x0 + RW) of one H x W channel into shared memory (pitch P), `zero`
-// outside the channel: a thread issues its loads 8 at a time before storing them (a few memory latencies per tile,
-// not one per element). Returns whether this thread loaded a NaN.
+// outside the channel. A warp takes rows (warp, warp + 8, ...), its lanes the columns (no division per element),
+// two rows at a time with every load issued before the stores (a few memory latencies per tile, not one per
+// element). Returns whether this thread loaded a NaN.
 template <int RW, int P, typename T, typename A>
 __device__ __forceinline__ bool tt_load(A* __restrict__ s, const T* __restrict__ xc, int y0, int x0, int rows, int H,
                                         int W, A zero) {
-  constexpr int BATCH = 8;
-  const int n = rows * RW;
+  constexpr int WARPS = TT_THREADS / 32, ROWS = 2, COLS = (RW + 31) / 32;
+  const int lane = threadIdx.x % 32;
   bool nan = false;
-  for (int base = threadIdx.x; base < n; base += BATCH * TT_THREADS) {
-    A v[BATCH];
+  for (int r0 = threadIdx.x / 32; r0 < rows; r0 += ROWS * WARPS) {
+    A v[ROWS][COLS];
 #pragma unroll
-    for (int j = 0; j < BATCH; ++j) {
-      const int i = base + j * TT_THREADS, r = i / RW, c = i % RW, y = y0 + r, xx = x0 + c;
-      v[j] = i < n && y >= 0 && y < H && xx >= 0 && xx < W ? static_cast<A>(xc[y * W + xx]) : zero;
+    for (int i = 0; i < ROWS; ++i) {
+      const int r = r0 + i * WARPS, y = y0 + r;
+      const bool row_in = r < rows && y >= 0 && y < H;
+#pragma unroll
+      for (int j = 0; j < COLS; ++j) {
+        const int c = lane + 32 * j, xx = x0 + c;
+        v[i][j] = row_in && c < RW && xx >= 0 && xx < W ? static_cast<A>(xc[y * W + xx]) : zero;
+      }
     }
 #pragma unroll
-    for (int j = 0; j < BATCH; ++j) {
-      const int i = base + j * TT_THREADS;
-      if (i < n) s[i / RW * P + i % RW] = v[j];
-      nan |= v[j] != v[j];
+    for (int i = 0; i < ROWS; ++i) {
+      const int r = r0 + i * WARPS;
+#pragma unroll
+      for (int j = 0; j < COLS; ++j) {
+        const int c = lane + 32 * j;
+        if (r < rows && c < RW) s[r * P + c] = v[i][j];
+        nan |= v[i][j] != v[i][j];
+      }
     }
   }
   return nan;
@@ -367,8 +377,8 @@ __global__ void __launch_bounds__(TT_THREADS, 3) tt_backward_kernel(const T* __r
   const int TH = TT_SIDE - (KH - 1), TW = TT_SIDE - (KW - 1);  // the image gradient's tile
   A* xs = reinterpret_cast<A*>(smem);       // image rows [i0 - KH + 1, i0 + 64), columns likewise
   A* gos = xs + (TT_SIDE + KH - 1) * P;     // the upstream gradient of the 64 x 64 outputs computed (0 outside)
-  A* gs = gos + TT_SIDE * TT_SIDE;          // the image gradient's tile, TH x TW
-  A* ks = gs + TH * TW;                     // the kernel of the current oc in window order
+  A* gs = gos + TT_SIDE * TT_SIDE;          // the image gradient's tile, TH x TW of a TT_SIDE x TT_SIDE array
+  A* ks = gs + TT_SIDE * TT_SIDE;           // the kernel of the current oc in window order
   A* bins = ks + taps;                      // its gradient per window index and lane, [taps][32]: a warp's lanes
                                             // never share an address (shared float atomics are compare-and-swap
                                             // loops: 32 lanes on one address serialise, and one tap often wins most
@@ -384,7 +394,7 @@ __global__ void __launch_bounds__(TT_THREADS, 3) tt_backward_kernel(const T* __r
   const bool x_nan = tt_load<TT_SIDE + KW - 1, P>(xs, x + bc * H * W, i0 - (KH - 1), j0 - (KW - 1),
                                                   TT_SIDE + KH - 1, H, W, zero);
   if (gx != nullptr)
-    for (int i = threadIdx.x; i < TH * TW; i += TT_THREADS) gs[i] = A(0);
+    for (int i = threadIdx.x; i < TT_SIDE * TT_SIDE; i += TT_THREADS) gs[i] = A(0);
   for (int64_t og = 0; og < g.Og; ++og) {
     const int64_t oc = ch * g.Og + og, bo = b * g.O + oc;
     if (og > 0) __syncthreads();  // the previous oc's upstream gradient, kernel and bins are read
@@ -416,7 +426,7 @@ __global__ void __launch_bounds__(TT_THREADS, 3) tt_backward_kernel(const T* __r
         if (gx != nullptr) {
           const int iy = oh - int(g.p[1]) + t / KW, ix = ow - int(g.p[2]) + t % KW;
           if (iy >= i0 && iy < i0 + TH && iy < H && ix >= j0 && ix < j0 + TW && ix < W)
-            atomicAdd(gs + (iy - i0) * TW + (ix - j0), gv[cc]);
+            atomicAdd(gs + (iy - i0) * TT_SIDE + (ix - j0), gv[cc]);
         }
         if (gk != nullptr && (lr < TH || last_h) && (lc < TW || last_w))
           atomicAdd(bins + t * 32 + threadIdx.x % 32, SF == SC_MIN ? -gv[cc] : gv[cc]);
@@ -432,9 +442,9 @@ __global__ void __launch_bounds__(TT_THREADS, 3) tt_backward_kernel(const T* __r
   }
   __syncthreads();
   if (gx != nullptr)
-    for (int i = threadIdx.x; i < TH * TW; i += TT_THREADS) {
-      const int iy = i0 + i / TW, ix = j0 + i % TW;
-      if (iy < H && ix < W) gx[bc * H * W + iy * W + ix] = static_cast<T>(gs[i]);
+    for (int i = threadIdx.x; i < TT_SIDE * TT_SIDE; i += TT_THREADS) {
+      const int ly = i / TT_SIDE, lx = i % TT_SIDE, iy = i0 + ly, ix = j0 + lx;
+      if (ly < TH && lx < TW && iy < H && ix < W) gx[bc * H * W + iy * W + ix] = static_cast<T>(gs[i]);
     }
 }
 
@@ -454,7 +464,7 @@ int64_t tt_shared_bytes(const ScGeo& g, int64_t sf, bool backward, int64_t elem)
   if (blocks >= (int64_t(1) << 31)) return 0;  // one grid dimension
   const int64_t vec = 16 / elem, pitch = (TT_SIDE + g.KW - 1 + vec - 1) / vec * vec, taps = g.KH * g.KW;
   const int64_t bytes = elem * ((TT_SIDE + g.KH - 1) * pitch +
-                                (backward ? TT_SIDE * TT_SIDE + (TT_SIDE - g.KH + 1) * (TT_SIDE - g.KW + 1) + 33 * taps
+                                (backward ? 2 * TT_SIDE * TT_SIDE + 33 * taps
                                           : g.Cg * taps));
   int device = 0, optin = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));

@@ -452,16 +452,23 @@ __global__ void __launch_bounds__(TT_THREADS, 3) tt_backward_kernel(const T* __r
 // TT_SIDE - k + 1)
 inline int64_t tt_tiles(int64_t n, int64_t side) { return (n + side - 1) / side; }
 
-// whether the tiled kernels take a call (and their shared memory); `backward` asks for the backward's
-int64_t tt_shared_bytes(const ScGeo& g, int64_t sf, bool backward, int64_t elem) {
-  if ((sf != SC_MAX && sf != SC_MIN) || g.D != 1 || g.KD != 1 || g.OD != 1 || g.H < 2 || g.p[0] != 0) return 0;
-  if (g.s[1] != 1 || g.s[2] != 1 || g.d[1] != 1 || g.d[2] != 1 || g.KW > TT_MAX_KW || g.KH > TT_MAX_KH) return 0;
+// how the tiled kernels take a call: their dynamic shared memory and grid of tiles, or bytes 0 where they do not
+// take it; `backward` asks for the backward's, `elem` is the accumulation type's size
+struct TtPlan {
+  int64_t bytes = 0;
+  int tiles_h = 0, tiles_w = 0;
+};
+
+TtPlan tt_plan(const ScGeo& g, int64_t sf, bool backward, int64_t elem) {
+  if ((sf != SC_MAX && sf != SC_MIN) || g.D != 1 || g.KD != 1 || g.OD != 1 || g.H < 2 || g.p[0] != 0) return {};
+  if (g.s[1] != 1 || g.s[2] != 1 || g.d[1] != 1 || g.d[2] != 1 || g.KW > TT_MAX_KW || g.KH > TT_MAX_KH) return {};
   // every window holds an image pixel: padding below the kernel size on each side
-  if (g.p[1] > g.KH - 1 || g.p[2] > g.KW - 1 || g.OH > g.H + g.p[1] || g.OW > g.W + g.p[2]) return 0;
-  if (backward && g.Cg != 1) return 0;
-  const int64_t blocks = backward ? g.B * g.C * tt_tiles(g.H, TT_SIDE - g.KH + 1) * tt_tiles(g.W, TT_SIDE - g.KW + 1)
-                                  : g.B * g.O * tt_tiles(g.OH, TT_SIDE) * tt_tiles(g.OW, TT_SIDE);
-  if (blocks >= (int64_t(1) << 31)) return 0;  // one grid dimension
+  if (g.p[1] > g.KH - 1 || g.p[2] > g.KW - 1 || g.OH > g.H + g.p[1] || g.OW > g.W + g.p[2]) return {};
+  if (backward && g.Cg != 1) return {};
+  // the forward's tiles are of outputs, TT_SIDE a side; the backward's of the image gradient, TT_SIDE - k + 1
+  const int64_t tiles_h = backward ? tt_tiles(g.H, TT_SIDE - g.KH + 1) : tt_tiles(g.OH, TT_SIDE);
+  const int64_t tiles_w = backward ? tt_tiles(g.W, TT_SIDE - g.KW + 1) : tt_tiles(g.OW, TT_SIDE);
+  if ((backward ? g.B * g.C : g.B * g.O) * tiles_h * tiles_w >= (int64_t(1) << 31)) return {};  // one grid dim
   const int64_t vec = 16 / elem, pitch = (TT_SIDE + g.KW - 1 + vec - 1) / vec * vec, taps = g.KH * g.KW;
   const int64_t bytes = elem * ((TT_SIDE + g.KH - 1) * pitch +
                                 (backward ? 2 * TT_SIDE * TT_SIDE + 33 * taps
@@ -469,7 +476,8 @@ int64_t tt_shared_bytes(const ScGeo& g, int64_t sf, bool backward, int64_t elem)
   int device = 0, optin = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return bytes <= optin ? bytes : 0;
+  if (bytes > optin) return {};
+  return {bytes, int(tiles_h), int(tiles_w)};
 }
 
 // a launch of `kernel` with `bytes` of dynamic shared memory: past the default, the kernel opts in (on the
@@ -518,14 +526,13 @@ at::Tensor semiconv_forward_cuda(const at::Tensor& img_, const at::Tensor& ker_,
     sc_dispatch(sf, [&](auto SF) {
       constexpr int sfv = decltype(SF)::value;
       if constexpr (sfv == SC_MAX || sfv == SC_MIN) {
-        if (const int64_t smem = tt_shared_bytes(g, sf, false, sizeof(A))) {
-          const int tiles_h = int(tt_tiles(g.OH, TT_SIDE)), tiles_w = int(tt_tiles(g.OW, TT_SIDE));
+        if (const TtPlan plan = tt_plan(g, sf, false, sizeof(A)); plan.bytes) {
           tt_dispatch_kw(g.KW, [&](auto KW) {
             const auto kernel = tt_forward_kernel<sfv, decltype(KW)::value, scalar_t>;
-            tt_allow_shared(kernel, smem);
-            kernel<<<static_cast<unsigned>(g.B * g.O * tiles_h * tiles_w), TT_THREADS, smem,
-                   c10::cuda::getCurrentCUDAStream()>>>(img.data_ptr<scalar_t>(), ker.data_ptr<scalar_t>(),
-                                                        out.data_ptr<scalar_t>(), g, tiles_h, tiles_w);
+            tt_allow_shared(kernel, plan.bytes);
+            kernel<<<static_cast<unsigned>(g.B * g.O * plan.tiles_h * plan.tiles_w), TT_THREADS, plan.bytes,
+                     c10::cuda::getCurrentCUDAStream()>>>(img.data_ptr<scalar_t>(), ker.data_ptr<scalar_t>(),
+                                                          out.data_ptr<scalar_t>(), g, plan.tiles_h, plan.tiles_w);
             C10_CUDA_KERNEL_LAUNCH_CHECK();
           });
           return;
@@ -551,11 +558,10 @@ std::tuple<at::Tensor, at::Tensor> semiconv_backward_cuda(const at::Tensor& grad
   const ScGeo g = sc_backward_geo(grad, img, ker, groups, stride, pad, dil, flip);
   check_channel_size("semiconv_backward", g);
   auto gk = at::zeros(need_kernel ? ker.sizes() : at::IntArrayRef{0}, img.options().dtype(acc_dtype(img)));
-  const int64_t tt_smem = grad.numel() > 0 && (need_img || need_kernel)
-                              ? tt_shared_bytes(g, sf, true, img.scalar_type() == at::kDouble ? 8 : 4) : 0;
-  if (tt_smem) {  // the tiled backward writes every element of img's gradient, in img's dtype
+  const TtPlan plan = grad.numel() > 0 && (need_img || need_kernel)
+                          ? tt_plan(g, sf, true, int64_t(c10::elementSize(acc_dtype(img)))) : TtPlan{};
+  if (plan.bytes) {  // the tiled backward writes every element of img's gradient, in img's dtype
     auto gx = at::empty(need_img ? img.sizes() : at::IntArrayRef{0}, img.options());
-    const int tiles_h = int(tt_tiles(g.H, TT_SIDE - g.KH + 1)), tiles_w = int(tt_tiles(g.W, TT_SIDE - g.KW + 1));
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, img.scalar_type(), "semiconv_backward_cuda", [&] {
       using A = at::opmath_type<scalar_t>;
       sc_dispatch(sf, [&](auto SF) {
@@ -563,12 +569,12 @@ std::tuple<at::Tensor, at::Tensor> semiconv_backward_cuda(const at::Tensor& grad
         if constexpr (sfv == SC_MAX || sfv == SC_MIN) {
           tt_dispatch_kw(g.KW, [&](auto KW) {
             const auto kernel = tt_backward_kernel<sfv, decltype(KW)::value, scalar_t>;
-            tt_allow_shared(kernel, tt_smem);
-            kernel<<<static_cast<unsigned>(g.B * g.C * tiles_h * tiles_w), TT_THREADS, tt_smem,
-                   c10::cuda::getCurrentCUDAStream()>>>(
-                    grad.data_ptr<scalar_t>(), img.data_ptr<scalar_t>(), ker.data_ptr<scalar_t>(),
-                    need_img ? gx.data_ptr<scalar_t>() : nullptr, need_kernel ? gk.data_ptr<A>() : nullptr, g,
-                    tiles_h, tiles_w);
+            tt_allow_shared(kernel, plan.bytes);
+            kernel<<<static_cast<unsigned>(g.B * g.C * plan.tiles_h * plan.tiles_w), TT_THREADS, plan.bytes,
+                     c10::cuda::getCurrentCUDAStream()>>>(
+                grad.data_ptr<scalar_t>(), img.data_ptr<scalar_t>(), ker.data_ptr<scalar_t>(),
+                need_img ? gx.data_ptr<scalar_t>() : nullptr, need_kernel ? gk.data_ptr<A>() : nullptr, g,
+                plan.tiles_h, plan.tiles_w);
             C10_CUDA_KERNEL_LAUNCH_CHECK();
           });
         }

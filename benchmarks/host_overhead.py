@@ -33,6 +33,7 @@ import torch
 
 import kernelhub
 from kernelhub import testing
+from kernelhub.timing import device_model
 
 # family -> (op, {size: a function (device, generator) -> canonical args})
 
@@ -75,6 +76,18 @@ FAMILIES = {
                               "large": _semiconv(16, 32, 256, 7)}),
     "tikhonov": ("tikhonov_inverse_2xn", {"tiny": _tikhonov(1024, 5), "medium": _tikhonov(128 * 128, 9),
                                           "large": _tikhonov(1024 * 1024, 9)}),
+}
+# what each call is, in words (the recorded results carry it, for docs/benchmarks.md)
+CALLS = {
+    "tv": {"tiny": "TV L1 1x16³", "medium": "TV L1 4x64³", "large": "TV L1 2x256³"},
+    "trilinear": {"tiny": "trilinear 256 points, F 8", "medium": "trilinear 65536 points, F 16",
+                  "large": "trilinear 2M points, F 32"},
+    "kplanes": {"tiny": "K-Planes 256 points, T 2, C 8, 32²", "medium": "K-Planes 16384 points, T 2, C 16, 128²",
+                "large": "K-Planes 1M points, T 4, C 32, 256²"},
+    "semiconv": {"tiny": "semiconv 1x4x32², 3x3", "medium": "semiconv 8x16x128², 5x5",
+                 "large": "semiconv 16x32x256², 7x7"},
+    "tikhonov": {"tiny": "Tikhonov 1024 pixels, Z 5", "medium": "Tikhonov 16384 pixels, Z 9",
+                 "large": "Tikhonov 1M pixels, Z 9"},
 }
 
 
@@ -170,9 +183,7 @@ def rows_for(op: str, args: tuple, device: torch.device, repeat: int, compile_re
     with torch.no_grad():
         f_us = timed_rounds({k: v[0] for k, v in runnable.items()}, sync, repeat)
     s_us = timed_rounds({k: v[1] for k, v in runnable.items()}, sync, repeat)
-    out = {label: {"forward_us": f_us[label], "step_us": s_us[label]} for label in runnable}
-    out["_chosen"] = kernelhub.explain(op, *args).chosen
-    return out
+    return {label: {"forward_us": f_us[label], "step_us": s_us[label]} for label in runnable}
 
 
 def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int) -> dict:
@@ -258,7 +269,7 @@ def launch_rows(device: torch.device, repeat: int) -> dict:
     return us
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
@@ -269,28 +280,45 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--launch", action="store_true", help="also time the triton launchers against a trivial launch")
     p.add_argument("--compiled-steps", action="store_true",
                    help="time compiled steps calling the hub against ones calling the reference instead of the rows")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None, record: dict | None = None) -> int:
+    """Run the rows and print them; with ``--json`` write them there after each call's rows (a run cut short
+    keeps what it measured). ``record`` (scripts/bench_report.py record-host): the dict to fill in and write,
+    with where and how the rows were measured and any rows of an earlier run."""
+    args = parse(argv)
     device = torch.device(args.device)
     warnings.simplefilter("ignore")
-    results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-               "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": {}}
+    results = record if record is not None else {}
+    results.update(device=device_model(args.device), torch=torch.__version__, threads=torch.get_num_threads())
+    results.setdefault("rows", {})
+
+    def save():
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+                f.write("\n")
+
     if args.launch and device.type == "cuda":
         results["launch"] = launch_rows(device, args.repeat)
+        save()
     for fam in args.families:
         op, sizes = FAMILIES[fam]
         for size in args.sizes:
             call = sizes[size](device, torch.Generator().manual_seed(0))
+            chosen = kernelhub.explain(op, *call).chosen
+            about = {"_op": op, "_call": CALLS[fam][size], "_chosen": chosen}
             if args.compiled_steps:
-                r = results["rows"][f"{fam}/{size}/compiled"] = compiled_step_rows(op, call, device, args.repeat)
-                print(f"{fam}/{size} ({op}; hub picks {kernelhub.explain(op, *call).chosen}): compiled steps, wall us "
-                      "per forward+backward")
+                r = compiled_step_rows(op, call, device, args.repeat)
+                print(f"{fam}/{size} ({op}; hub picks {chosen}): compiled steps, wall us per forward+backward")
                 for label, v in r.items():
                     print(f"  {label:24s} {v:10.1f}   {v / r['compiled ref']:5.2f}x compiled ref" if "compiled ref" in r
                           else f"  {label:24s} {v:10.1f}", flush=True)
+                results["rows"][f"{fam}/{size}/compiled"] = {**r, **about}
+                save()
                 continue
             r = rows_for(op, call, device, args.repeat, not args.no_compile)
-            results["rows"][f"{fam}/{size}"] = r
-            chosen = r.pop("_chosen")
             print(f"{fam}/{size} ({op}; hub picks {chosen}): wall us per call, forward | forward+backward")
             for label, v in r.items():
                 print(f"  {label:16s} {v['forward_us']:10.1f} | {v['step_us']:10.1f}")
@@ -305,10 +333,8 @@ def main(argv: list[str] | None = None) -> int:
             if "compiled ref" in r:
                 print(f"  hub / compiled   {r['hub']['forward_us'] / r['compiled ref']['forward_us']:.2f}x | "
                       f"{r['hub']['step_us'] / r['compiled ref']['step_us']:.2f}x", flush=True)
-            r["_chosen"] = chosen
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+            results["rows"][f"{fam}/{size}"] = {**r, **about}
+            save()
     return 0
 
 

@@ -9,7 +9,8 @@
 #   nn     - benchmarks/nd_semiconv.py: kernelhub.nn.SemiConv against pytorch_nd_semiconv (wheels in .whl/nd; its
 #            Numba path again under the numpy in .whl/numpy, if any), and benchmarks/tvloss3d.py
 #            (what kernelhub.nn.TVLoss3d costs over the bare op)
-#   host   - benchmarks/host_overhead.py: per-call wall time of the hub against minimal glue (HOST_ARGS narrows it)
+#   host   - benchmarks/host_overhead.py: per-call wall time of the hub against minimal glue (HOST_ARGS narrows it),
+#            recorded as $OUT/h200_host.json (HOST_RECORD: another file) for docs/results/
 #   report - scripts/bench_report.py record: kernelhub bench of every op at its benchmark shapes, recorded as
 #            $OUT/h200.json for docs/results/ (REPORT_OPS narrows it)
 #   ddp    - two GPUs: examples/ddp_step.py under torchrun (NCCL) and the second-GPU tests
@@ -70,9 +71,9 @@ if has bench || has all; then
     || rc=1
   grep "^sweep" "$OUT/bench.txt"
 fi
-if has host; then
-  timeout -k 10 "${HOST_TIMEOUT:-420}" python3 benchmarks/host_overhead.py ${HOST_ARGS:-} --json "$OUT/host_overhead.json" \
-    2>&1 | tee "$OUT/host_overhead.txt" || rc=1
+if has host; then  # recorded for docs/results/ (a record already at $HOST_RECORD gains this run's rows)
+  timeout -k 10 "${HOST_TIMEOUT:-420}" python3 scripts/bench_report.py record-host --out "${HOST_RECORD:-$OUT/h200_host.json}" \
+    -- ${HOST_ARGS:-} 2>&1 | tee "$OUT/host_overhead.txt" || rc=1
 fi
 if has ddp; then
   for dtype in float64 float32; do  # float32: atomics in the K-Planes backward, so a looser default --utol

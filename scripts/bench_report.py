@@ -219,8 +219,11 @@ def host_report(data: dict) -> list[str]:
     """docs/benchmarks.md's section of one host record: per call, the hub against the minimal glue around the
     backend it picks and against the reference; the Triton launchers; compiled steps."""
     v = ", ".join(f"{k} {x}" for k, x in data["versions"].items())
-    runs = "; ".join(f"`{r['command']}` ({r['date']}, commit {r['commit']})" for r in data["runs"])
-    parts = [f"### {data['device']}", "", f"{data.get('threads', '?')} threads, {v}. {runs}.", ""]
+    runs: dict[tuple, list[str]] = {}  # (date, commit) -> its commands
+    for r in data["runs"]:
+        runs.setdefault((r["date"], r["commit"]), []).append(f"`{r['command']}`")
+    where = " ".join(f"{date}, commit {commit}: {'; '.join(cmds)}." for (date, commit), cmds in runs.items())
+    parts = [f"### {data['device']}", "", f"{data.get('threads', '?')} threads, {v}. {where}", ""]
     rows = [(k, r) for k, r in data["rows"].items() if not k.endswith("/compiled")]
     if rows:
         parts += ["| call | hub picks | hub | min:pick | hub / min:pick | each backend forced: hub:B / min:B "

@@ -27,7 +27,7 @@ def _normalize(feats, points) -> tuple:
 
 def _samples(size: str, dtype: torch.dtype, device: torch.device, gen: torch.Generator) -> list[SampleInput]:
     shapes = {"small": [(13, 5)], "medium": [(2000, 33)], "edge": [(0, 4), (3, 1)],
-              "benchmark": [(262144, 256)]}[size]
+              "benchmark": [(262144, 256), (2097152, 32)]}[size]  # wide features; many points, few features
     out = []
     for n, f in shapes:
         # a few points outside [-1, 1]: the op extrapolates linearly there

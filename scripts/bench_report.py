@@ -221,10 +221,15 @@ def host_report(data: dict) -> list[str]:
     v = ", ".join(f"{k} {x}" for k, x in data["versions"].items())
     runs: dict[tuple, list[str]] = {}  # (date, commit) -> its commands
     for r in data["runs"]:
-        runs.setdefault((r["date"], r["commit"]), []).append(f"`{r['command']}`")
+        runs.setdefault((r["date"], r["commit"]), []).append(f"`{r['command']}`" + (f" ({r['note']})" if "note" in r
+                                                                                     else ""))
     where = " ".join(f"{date}, commit {commit}: {'; '.join(cmds)}." for (date, commit), cmds in runs.items())
     parts = [f"### {data['device']}", "", f"{data.get('threads', '?')} threads, {v}. {where}", ""]
-    rows = [(k, r) for k, r in data["rows"].items() if not k.endswith("/compiled")]
+    families = list(dict.fromkeys(k.split("/")[0] for k in data["rows"]))  # in the order first recorded
+    sizes = ("tiny", "medium", "large")
+    ordered = sorted(data["rows"].items(), key=lambda kr: (families.index(kr[0].split("/")[0]),
+                                                           sizes.index(kr[0].split("/")[1])))
+    rows = [(k, r) for k, r in ordered if not k.endswith("/compiled")]
     if rows:
         parts += ["| call | hub picks | hub | min:pick | hub / min:pick | each backend forced: hub:B / min:B "
                   "(fwd+bwd) | eager ref | compiled ref | hub / compiled ref |", "|---|---|---:|---:|---:|---|---:|---:|---:|"]
@@ -252,7 +257,7 @@ def host_report(data: dict) -> list[str]:
             fw, bw = launch[f"{f} triton forward"], launch[f"{f} triton backward"]
             parts.append(f"| {f} | {fw:.1f} ({fw / base:.2f}x) | {bw:.1f} ({bw / base:.2f}x) |")
         parts.append("")
-    rows = [(k, r) for k, r in data["rows"].items() if k.endswith("/compiled")]
+    rows = [(k, r) for k, r in ordered if k.endswith("/compiled")]
     if rows:
         parts += ["Compiled steps, `(op(*args) * w).sum()` forward + backward under `torch.compile(fullgraph=True)`, "
                   "µs; `compiled min:B`: backend B's functions in the minimal `autograd.Function`, compiled the same "

@@ -249,27 +249,28 @@ at::Tensor tv_backward_cuda(const at::Tensor& grad, const at::Tensor& x_, int64_
 
 // ---- trilinear: a group of threads per point, over its F features ----------------------------
 // Corner k = 4i + 2j + l has weight (i ? u : 1-u)(j ? v : 1-v)(l ? w : 1-w), (u, v, w) = (p + 1) / 2.
-// The group is the power of two >= F, at most a block (tri_group), so a block of TRI_THREADS serves
-// TRI_THREADS / group points: with a block per point, F = 32 left 7/8 of the threads idle and the backward
-// 8 synchronisations per point (5x triton's time at 2M points, F = 32, on the H200).
+// The group is the power of two >= F, at most a block (2^shift threads, tri_shift), so a block of TRI_THREADS
+// serves TRI_THREADS / group points: with a block per point, F = 32 left 7/8 of the threads idle and the
+// backward 8 synchronisations per point (5x triton's time at 2M points, F = 32, on the H200).
 
-constexpr int TRI_THREADS = 256;
+constexpr int TRI_LOG = 8, TRI_THREADS = 1 << TRI_LOG;
 
-inline int tri_group(int64_t F) {
-  int g = 1;
-  while (g < F && g < TRI_THREADS) g <<= 1;
-  return g;
+inline int tri_shift(int64_t F) {
+  int s = 0;
+  while ((int64_t(1) << s) < F && s < TRI_LOG) ++s;
+  return s;
 }
 
 template <typename T>
-__global__ void trilinear_forward_kernel(const T* __restrict__ feats, const T* __restrict__ points, T* __restrict__ out,
-                                         int64_t N, int64_t F, int group) {
+__global__ void __launch_bounds__(TRI_THREADS) trilinear_forward_kernel(
+    const T* __restrict__ feats, const T* __restrict__ points, T* __restrict__ out, int64_t N, int64_t F, int shift) {
   using A = at::opmath_type<T>;
-  const int64_t n = int64_t(blockIdx.x) * (TRI_THREADS / group) + threadIdx.x / group;
+  const int group = 1 << shift;
+  const int64_t n = (int64_t(blockIdx.x) << (TRI_LOG - shift)) + (threadIdx.x >> shift);
   if (n >= N) return;
   const A u = (A(points[n * 3]) + 1) / 2, v = (A(points[n * 3 + 1]) + 1) / 2, w = (A(points[n * 3 + 2]) + 1) / 2;
   const T* fn = feats + n * 8 * F;
-  for (int64_t f = threadIdx.x % group; f < F; f += group) {
+  for (int64_t f = threadIdx.x & (group - 1); f < F; f += group) {
     A s = 0;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
@@ -281,12 +282,13 @@ __global__ void trilinear_forward_kernel(const T* __restrict__ feats, const T* _
 }
 
 template <typename T>
-__global__ void trilinear_backward_kernel(const T* __restrict__ grad, const T* __restrict__ feats,
-                                          const T* __restrict__ points, T* __restrict__ gf, T* __restrict__ gp,
-                                          int64_t N, int64_t F, int group, bool need_feats, bool need_points) {
+__global__ void __launch_bounds__(TRI_THREADS) trilinear_backward_kernel(
+    const T* __restrict__ grad, const T* __restrict__ feats, const T* __restrict__ points, T* __restrict__ gf,
+    T* __restrict__ gp, int64_t N, int64_t F, int shift, bool need_feats, bool need_points) {
   using A = at::opmath_type<T>;
-  const int64_t n = int64_t(blockIdx.x) * (TRI_THREADS / group) + threadIdx.x / group;
-  const int lane = threadIdx.x % group;
+  const int group = 1 << shift;
+  const int64_t n = (int64_t(blockIdx.x) << (TRI_LOG - shift)) + (threadIdx.x >> shift);
+  const int lane = threadIdx.x & (group - 1);
   A su = 0, sv = 0, sw = 0;
   if (n < N) {
     const A u = (A(points[n * 3]) + 1) / 2, v = (A(points[n * 3 + 1]) + 1) / 2, w = (A(points[n * 3 + 2]) + 1) / 2;
@@ -322,8 +324,8 @@ __global__ void trilinear_backward_kernel(const T* __restrict__ grad, const T* _
     for (int c = 0; c < 3; ++c) gp[n * 3 + c] = static_cast<T>(red[c][threadIdx.x] / 2);  // du/dp = 1/2
 }
 
-inline unsigned tri_blocks(int64_t N, int group) {
-  const int64_t per_block = TRI_THREADS / group;
+inline unsigned tri_blocks(int64_t N, int shift) {
+  const int64_t per_block = int64_t(1) << (TRI_LOG - shift);
   return static_cast<unsigned>((N + per_block - 1) / per_block);
 }
 
@@ -336,10 +338,10 @@ at::Tensor trilinear_forward_cuda(const at::Tensor& feats_, const at::Tensor& po
   const int64_t N = feats.size(0), F = feats.size(2);
   at::Tensor out = at::empty({N, F}, feats.options());
   if (out.numel() == 0) return out;
-  const int group = tri_group(F);
+  const int shift = tri_shift(F);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, feats.scalar_type(), "trilinear_forward_cuda", [&] {
-    trilinear_forward_kernel<scalar_t><<<tri_blocks(N, group), TRI_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
-        feats.data_ptr<scalar_t>(), points.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), N, F, group);
+    trilinear_forward_kernel<scalar_t><<<tri_blocks(N, shift), TRI_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        feats.data_ptr<scalar_t>(), points.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), N, F, shift);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;
@@ -353,12 +355,12 @@ std::tuple<at::Tensor, at::Tensor> trilinear_backward_cuda(const at::Tensor& gra
   at::Tensor gf = need_feats ? at::empty_like(feats) : at::empty({0}, feats.options());
   at::Tensor gp = need_points ? at::empty_like(points) : at::empty({0}, points.options());
   if (N == 0 || (!need_feats && !need_points)) return {gf, gp};
-  const int group = tri_group(F);
+  const int shift = tri_shift(F);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, feats.scalar_type(), "trilinear_backward_cuda", [&] {
-    trilinear_backward_kernel<scalar_t><<<tri_blocks(N, group), TRI_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
+    trilinear_backward_kernel<scalar_t><<<tri_blocks(N, shift), TRI_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
         grad.data_ptr<scalar_t>(), feats.data_ptr<scalar_t>(), points.data_ptr<scalar_t>(),
         need_feats ? gf.data_ptr<scalar_t>() : nullptr, need_points ? gp.data_ptr<scalar_t>() : nullptr, N, F,
-        group, need_feats, need_points);
+        shift, need_feats, need_points);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return {gf, gp};

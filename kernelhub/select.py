@@ -201,24 +201,21 @@ class Selector:
             entry = self.tuning.tune_shared(op, args, ordered)
         if entry is None:
             return ordered, {}, None, "", True
-        passed, whys, failed_parity = self.tuning.rank(entry, ordered, op, args)
+        passed, whys, failed_parity, winner = self.tuning.rank(entry, ordered, op, args)
         if passed and not self.tuning.is_verified(op, args, passed[0]) and not may_tune_now(args):
             return ordered, {}, None, (" (the tuned winner is checked in this process first; not while tracing or "
                                        "capturing)"), False
         unverified: dict[str, str] = {}  # recorded as passing parity, failing it in this process
         while passed and (problem := self.tuning.verify(op, args, passed[0])) is not None:
             unverified[passed[0]] = f"recorded as passing parity when tuned, but here it {problem}"
-            passed, whys, failed_parity = self.tuning.rank(entry, [n for n in ordered if n not in unverified], op,
-                                                           args)
+            passed, whys, failed_parity, winner = self.tuning.rank(
+                entry, [n for n in ordered if n not in unverified], op, args)
         failed_parity.update(unverified)
         for name, reason in failed_parity.items():
             rejected[name] = [reason]
         ordered = passed + [n for n in ordered if n not in passed and n not in failed_parity]
-        # within noise of another (several placed first in priority order), the first placed is no winner: a
-        # tuned-only backend among them does not serve the call
-        tie = passed and len([n for n in passed if n in entry.get("within_noise", ())]) > 1 \
-            and passed[0] in entry.get("within_noise", ())
-        return ordered, whys, passed[0] if passed and not tie else None, "", True
+        # within noise of another, the first placed is no winner: a tuned-only backend among them does not serve
+        return ordered, whys, winner, "", True
 
     def _drop_tuned_only(self, op: str, ordered: list[str], rejected: dict[str, list[str]], keep: set) -> None:
         """Stage 3: a ``tuned_only`` impl serves a call only as the tuned winner, or forced, or pinned."""

@@ -244,9 +244,10 @@ class Tuning:
         return self._verified.get(key)
 
     def rank(self, entry: dict, eligible: Sequence[str], op: str,
-             args: Sequence[Any]) -> tuple[list[str], dict[str, str], dict[str, str]]:
+             args: Sequence[Any]) -> tuple[list[str], dict[str, str], dict[str, str], str | None]:
         """(eligible backends that passed, fastest first; why each of them is placed; why each backend recorded as
-        failing parity is set aside). Never the spec's reference backend; a backend recorded as having raised
+        failing parity is set aside; the winner: the first placed, or None where several passed within noise of
+        each other, placed in priority order). Never the spec's reference backend; a backend recorded as having raised
         (out of memory, a transient fault) is in neither list, and neither is one recorded as failing parity
         that passes it here (`verify`, where a check can run now)."""
         cands = entry["candidates"]
@@ -277,4 +278,4 @@ class Tuning:
         for n in passed[len(head):]:  # against the one that runs: the first placed
             t, best = cands[n]["step_ms"], cands[passed[0]]["step_ms"]
             why[n] = f"lost on time: {t:.4g} ms vs {best:.4g} ms forward+backward ({t / best:.2f}x slower)"
-        return passed, why, failed
+        return passed, why, failed, (passed[0] if len(head) == 1 else None)

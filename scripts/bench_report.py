@@ -43,7 +43,7 @@ def record(out: Path, quick: bool, ops: list[str] | None, device: str | None) ->
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     ops = ops or kernelhub.op_names()
-    meta = _where_and_how(quick)
+    meta = {"format": FORMAT, **_where_and_how(), "samples": "medium" if quick else "benchmark"}
     rows: list[dict] = []
     for op in ops:  # the file is rewritten after each op: a run cut short keeps what it measured
         part = bench.run([op], None, device, quick=quick, log=lambda m: print(m, file=sys.stderr, flush=True))
@@ -62,7 +62,7 @@ def record_host(out: Path, argv: list[str]) -> None:
         import host_overhead
     finally:
         sys.path.pop(0)
-    meta = _where_and_how(None)
+    meta = _where_and_how()
     run = {k: meta.pop(k) for k in ("date", "commit", "command")}
     old = json.loads(out.read_text()) if out.exists() else {}
     data = {"rows": {}, "runs": []} if old.get("format") != HOST_FORMAT else old
@@ -76,9 +76,8 @@ def record_host(out: Path, argv: list[str]) -> None:
     print(f"wrote {out}")
 
 
-def _where_and_how(quick: bool | None) -> dict:
-    """What a record says besides its rows: the code (commit), the command, the date, versions, sample size
-    (``quick`` None: none, host_overhead's rounds say it)."""
+def _where_and_how() -> dict:
+    """Where and how a record's rows were measured: the date, the code (commit), the command, versions, threads."""
     import torch
 
     try:
@@ -95,12 +94,9 @@ def _where_and_how(quick: bool | None) -> dict:
         versions["triton"] = triton.__version__
     except ImportError:
         pass
-    meta = dict(format=FORMAT, date=datetime.date.today().isoformat(), commit=commit,
+    return dict(date=datetime.date.today().isoformat(), commit=commit,
                 command="python scripts/bench_report.py " + " ".join(sys.argv[1:]), versions=versions,
-                samples="medium" if quick else "benchmark", threads=torch.get_num_threads())
-    if quick is None:
-        del meta["samples"], meta["format"]
-    return meta
+                threads=torch.get_num_threads())
 
 
 def _geomean(xs: list[float]) -> float:

@@ -231,7 +231,8 @@ def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int) 
 def launch_rows(device: torch.device, repeat: int) -> dict:
     """Wall us per call of a trivial Triton kernel (one load and store of 1024 floats) launched by Triton
     (``kernel[grid](...)``) and by the triton backend's `launch`, against each triton impl's forward and
-    backward functions at the tiny size (no autograd, no hub): what a launcher costs beyond its launch."""
+    backward functions at the tiny size (no autograd, no hub): what a launcher costs beyond its launches. Returns
+    those times and each function's number of device kernels (`kernels_launched`)."""
     import triton
     import triton.language as tl
     from kernelhub_triton._launch import launch
@@ -262,11 +263,26 @@ def launch_rows(device: torch.device, repeat: int) -> dict:
     for fn in fns.values():
         fn()
     us = timed_rounds(fns, sync, repeat)
+    kernels = {label: kernels_launched(fn, sync) for label, fn in fns.items()}
     print("launchers (tiny sizes, the functions alone): wall us per call")
     base = us["trivial kernel[grid]"]
     for label, v in us.items():
-        print(f"  {label:28s} {v:8.1f}   {v / base:5.2f}x a trivial kernel[grid]")
-    return us
+        print(f"  {label:28s} {v:8.1f}   {v / base:5.2f}x a trivial kernel[grid]; {kernels[label]} kernels: "
+              f"{v / max(kernels[label], 1) / base:5.2f}x a trivial kernel[grid] per kernel")
+    return us, kernels
+
+
+def kernels_launched(fn, sync) -> int:
+    """How many kernels (and memsets or copies) one call of ``fn`` puts on the GPU, by the profiler's device
+    events: a launcher's cost is judged per launch (each Triton launch against a trivial one)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        sync()
+    return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -301,7 +317,7 @@ def main(argv: list[str] | None = None, record: dict | None = None) -> int:
                 f.write("\n")
 
     if args.launch and device.type == "cuda":
-        results["launch"] = launch_rows(device, args.repeat)
+        results["launch"], results["launch_kernels"] = launch_rows(device, args.repeat)
         save()
     for fam in args.families:
         op, sizes = FAMILIES[fam]

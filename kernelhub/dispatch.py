@@ -20,14 +20,22 @@ operators and runs the same hub calls (`Hub.forward` / `Hub.backward_grads`: the
 cached decision, fallback, output checks, kill switch, pins, tuned winners) through one
 `torch.autograd.Function`, whose backward runs on the hub that ran the forward with the forward's decision.
 The Python custom-op dispatch (schema binding, the autograd kernel, the operator's redispatch) costs more than
-such a Function (docs/lab/benchmarks-history.md, "Per-call host cost"). What a call costs on top of the
-backend's own functions in a minimal Function: the spec's argument checks (`OpSpec.canonical`), three
-thread-local reads (`_tracing`), one pass over the tensors (`_plain_tensors`), the decision-cache key (each
-tensor's device, dtype, shape and strides) and one dict lookup, the output and gradient checks (shape, dtype,
-device and one `torch._C._is_alias_of` per tensor argument), and the Function's three extra inputs; no
-closures, no per-call allocations beyond a few small tuples and lists. Where no input requires grad (or grad mode
+such a Function (docs/lab/benchmarks-history.md, "Per-call host cost"). Where no input requires grad (or grad mode
 is off), not even the Function: the hub's forward is called directly. ``KERNELHUB_EAGER_FAST_PATH=0`` (read at
 import) always takes the operators.
+
+What a repeated call costs on top of the backend's own functions in a minimal Function: three thread-local
+reads (`_tracing`); the call's layout (`_layout`: each tensor's type, device, dtype, shape and strides, every
+other positional argument's type and value) and one dict lookup (`Selector.remembered`), which finds the
+decision of an earlier call of that layout whose arguments the spec found canonical, so the spec's checks
+(`OpSpec.canonical`) and the decision key are skipped (a float argument's value is part of the layout, so a
+value the spec would refuse is never looked up); the output check (shape, dtype, device and one
+`torch._C._is_alias_of` per tensor argument) and the gradients' (the same, by one storage address read per
+gradient: `hub._fresh`); the saved tensors put back into the call (`_rebuild`); and the Function's one extra
+input. Measured: 6-7 us of a 37 us trilinear forward + backward on the 2-core CPU, 25-40 us of 180-230 on an H200
+host (docs/benchmarks.md, "Per-call host cost"). A call with keywords, with an argument the spec rewrites (an int
+for a list of ints, say), or of a new layout runs the checks and the selector's decision cache
+(`Selector.decide`) instead; the spec's checks see every new layout once.
 
 Under ``torch.compile``, where the hub would serve a traced call (of sizes known at compile time) with an
 impl that has ``Impl.inline``, `OpHandle` puts that function's ops into the graph instead of the operator
@@ -78,6 +86,61 @@ def _plain_tensors(args: Sequence[Any], positions: Sequence[int]) -> list[torch.
                 return None
             flat.append(t)
     return flat
+
+
+def _layout(args: Sequence[Any]) -> tuple[tuple, list[torch.Tensor]] | None:
+    """A call's layout, the eager fast path's memo key (`OpHandle.__call__`): for each argument its type and,
+    for a tensor, device, dtype, shape and strides (a list's tensors one by one), for anything else its value;
+    and the call's tensors in order. None where a tensor is a subclass or a functorch wrapper left from a finished
+    transform (the operators serve those). On every call's hot path: plain loops, no function call per argument."""
+    key: list = []
+    tensors: list[torch.Tensor] = []
+    for a in args:
+        kind = type(a)
+        if kind is torch.Tensor or kind is torch.nn.Parameter:
+            if _wrapped(a):
+                return None
+            key.append((kind, a.device, a.dtype, a.shape, a.stride()))
+            tensors.append(a)
+        elif (kind is list or kind is tuple) and a and isinstance(a[0], torch.Tensor):
+            parts: list = [kind]
+            for t in a:
+                part = type(t)
+                if (part is not torch.Tensor and part is not torch.nn.Parameter) or _wrapped(t):
+                    return None
+                parts.append((part, t.device, t.dtype, t.shape, t.stride()))
+                tensors.append(t)
+            key.append(tuple(parts))
+        elif kind is list or kind is tuple:
+            key.append((kind, *a))
+        else:
+            key.append((kind, a))
+    return tuple(key), tensors
+
+
+_CONSTANT = (int, float, bool, str, type(None))
+
+
+def _canonical_as_given(given: Sequence[Any], canonical: Sequence[Any]) -> tuple | None:
+    """Where the spec's canonical arguments are the ``given`` positional ones (the same tensors, equal values of
+    the same types) followed by defaults of immutable types: those defaults (the rest of every call of this
+    layout); else None (the call is not remembered)."""
+    if len(canonical) < len(given):
+        return None
+    for g, c in zip(given, canonical):
+        if g is c:
+            continue
+        kind = type(g)
+        if kind is not type(c) or isinstance(g, torch.Tensor):
+            return None
+        if kind is list or kind is tuple:
+            if len(g) != len(c) or any(x is not y and (type(x) is not type(y) or isinstance(x, torch.Tensor)
+                                                       or x != y) for x, y in zip(g, c)):
+                return None
+        elif g != c:
+            return None
+    rest = tuple(canonical[len(given):])
+    return rest if all(type(v) in _CONSTANT for v in rest) else None
 
 
 def traced(args: Sequence[Any]) -> bool:
@@ -281,28 +344,31 @@ def _library() -> torch.library.Library:
 
 
 class KernelhubFunction(torch.autograd.Function):
-    """The eager fast path's autograd glue: ``apply(handle, others, args, *tensors)``, with ``tensors`` every
-    tensor of ``args`` (a "tensors" argument's elements one by one, so autograd sees them) and ``others`` what
-    `_rebuild` needs besides them (`_others`). The backward runs on the hub that ran the forward, with the
-    backend of the forward's decision (no second selection)."""
+    """The eager fast path's autograd glue: ``apply(call, *tensors)``, with ``call`` = (handle, hub, decision,
+    others, args) in one input (each input costs the engine, forward and backward) and ``tensors`` every tensor of
+    ``args`` (a "tensors" argument's elements one by one, so autograd sees them); ``others`` is what `_rebuild`
+    needs besides them (`_others`). The backward runs on the hub that ran the forward, with the backend of the
+    forward's decision (no second selection)."""
 
     @staticmethod
-    def forward(ctx, handle: OpHandle, others: list, args: tuple, *tensors: torch.Tensor) -> torch.Tensor:
-        ctx.handle, ctx.others, ctx.hub = handle, others, handle.hub_of()
+    def forward(ctx, call: tuple, *tensors: torch.Tensor) -> torch.Tensor:
+        handle, hub, decision, others, args = call
         ctx.save_for_backward(*tensors)
-        ctx.decision, out = ctx.hub.forward(handle.spec.name, args, handle.backend)
+        decision, out = hub.forward(handle.spec.name, args, handle.backend, decision)
+        ctx.call = (handle, hub, decision, others)
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        handle, needs_input = ctx.handle, ctx.needs_input_grad
-        args, needs, slots = _rebuild(handle.spec, ctx.others, ctx.saved_tensors, needs_input, 3)
+        handle, hub, decision, others = ctx.call
+        needs_input = ctx.needs_input_grad
+        args, needs, slots = _rebuild(handle.spec, others, ctx.saved_tensors, needs_input, 1)
         create_graph = torch.is_grad_enabled()  # torch.autograd.grad / .backward() with create_graph=True
         if create_graph:
             with torch.no_grad():
-                grads = ctx.hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, ctx.decision)
+                grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision)
         else:
-            grads = ctx.hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, ctx.decision)
+            grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision)
         out: list[Any] = [None] * len(needs_input)
         for slot, need, g in zip(slots, needs, grads):  # each differentiable argument's gradient -> its tensors' slots
             if need:
@@ -321,7 +387,7 @@ class KernelhubFunction(torch.autograd.Function):
 
 # KernelhubFunction.apply without torch.autograd.Function.apply's Python wrapper (its setup_context check and a
 # pytree pass over every argument that unwraps functorch wrappers left from a finished transform, which
-# `_plain_tensors` sends to the operators instead): ~5 us of a ~80 us TV step on the 2-core CPU
+# `_layout` sends to the operators instead): ~5 us of a ~80 us TV step on the 2-core CPU
 _apply = super(torch.autograd.Function, KernelhubFunction).apply
 
 
@@ -340,18 +406,40 @@ class OpHandle:
         self.hub_of = hub_of  # the hub that runs an eager call (`kernelhub.get_hub` for the global one); None: none
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if EAGER_FAST_PATH and not kwargs and self.hub_of is not None and _fwad._current_level < 0 \
+                and not _tracing():
+            layout = _layout(args)
+            if layout is not None:
+                hub = self.hub_of()
+                try:
+                    known = hub.selector.remembered.get(
+                        (self.spec.name, self.backend, torch.are_deterministic_algorithms_enabled(), layout[0]))
+                except TypeError:  # an unhashable argument: the spec's checks say what is wrong with it
+                    known = None
+                if known is not None:  # (decision, the defaults that complete the call)
+                    decision, rest = known
+                    return self._run(hub, decision, args + rest if rest else args, layout[1])
+        return self._call(args, kwargs)
+
+    def _call(self, given: tuple, kwargs: dict) -> torch.Tensor:
+        """A call the memo does not know: the spec's checks, then the eager fast path (remembering the call's
+        layout where its arguments are canonical as given) or the operators."""
         spec = self.spec
-        args = spec.canonical(*args, **kwargs)
+        args = spec.canonical(*given, **kwargs)
         if _fwad._current_level >= 0 or _functorch_active():
             refuse_unsupported_autodiff(spec.name, args)
         if EAGER_FAST_PATH and self.hub_of is not None and not _tracing():
             tensors = _plain_tensors(args, spec.tensor_args)
             if tensors is not None:
-                if torch.is_grad_enabled():
-                    for t in tensors:
-                        if t.requires_grad:
-                            return _apply(self, _others(args, spec.tensor_args), args, *tensors)
-                return self.hub_of().forward(spec.name, args, self.backend)[1]  # nothing to differentiate: no node
+                hub = self.hub_of()
+                decision = hub.selector.decide(spec.name, args, self.backend)
+                rest = None if kwargs else _canonical_as_given(given, args)
+                if rest is not None:
+                    layout = _layout(given)
+                    if layout is not None:
+                        hub.selector.remember((spec.name, self.backend, torch.are_deterministic_algorithms_enabled(),
+                                               layout[0]), args, decision, rest)
+                return self._run(hub, decision, args, tensors)
         if self.hub_of is not None and torch.compiler.is_compiling():
             described = _describe(args)
             backend = "" if described is None else _inline_choice(spec.name, self.backend, self.hub, described)
@@ -359,6 +447,15 @@ class OpHandle:
                 # the impl's own torch ops go into the graph: inductor fuses them, autograd differentiates them
                 return _INLINE_FUNCTIONS[(spec.name, backend)](*args)
         return self._overload(*args, self.backend, self.hub)
+
+    def _run(self, hub: Any, decision: Any, args: tuple, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """The eager fast path: ``decision`` run on ``hub`` through `KernelhubFunction` where an input requires
+        grad, else the hub's forward alone (no autograd node)."""
+        if torch.is_grad_enabled():
+            for t in tensors:
+                if t.requires_grad:
+                    return _apply((self, hub, decision, _others(args, self.spec.tensor_args), args), *tensors)
+        return hub.forward(self.spec.name, args, self.backend, decision)[1]
 
     def __repr__(self) -> str:
         forced = f", backend={self.backend!r}" if self.backend else ""

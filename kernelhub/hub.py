@@ -86,12 +86,15 @@ class Hub:
     def run_forward(self, op: str, args: Sequence[Any], forced: str) -> torch.Tensor:
         return self.forward(op, args, forced)[1]
 
-    def forward(self, op: str, args: Sequence[Any], forced: str) -> tuple[Decision, torch.Tensor]:
-        """The decision that served the call, and the checked output: the first eligible impl's, falling back past
-        each that raises or returns a wrong output (`_next`). Every eager call runs this loop; it is written out
-        (no closure, no wrapper per call) because its cost is the hub's per-call cost."""
+    def forward(self, op: str, args: Sequence[Any], forced: str,
+                decision: Decision | None = None) -> tuple[Decision, torch.Tensor]:
+        """The decision that served the call, and the checked output: the first eligible impl's of ``decision``
+        (the selector's for the call where not given), falling back past each that raises or returns a wrong
+        output (`_next`). Every eager call runs this loop; it is written out (no closure, no wrapper per call)
+        because its cost is the hub's per-call cost."""
         spec = self.registry.spec(op)
-        decision = self.selector.decide(op, args, forced)
+        if decision is None:
+            decision = self.selector.decide(op, args, forced)
         while True:
             impl = _first(decision)
             try:
@@ -139,12 +142,17 @@ def _check_grads(spec: OpSpec, backend: str, grads: Sequence[Any], args: Sequenc
     if len(grads) != len(spec.differentiable):
         raise WrongOutputError(f"kernelhub: {spec.name}: backend {backend!r} returned {len(grads)} gradients, "
                                f"the op has {len(spec.differentiable)} differentiable arguments")
+    addresses: set[int] | None = None
     for i, need, g in zip(spec.differentiable, needs, grads):
         if not need:
             continue
         arg = args[i]
         if type(arg) is not list:
-            _check_result(spec, backend, (spec.args[i].name, None), g, (arg.shape, arg.dtype, arg.device), args, grad)
+            if addresses is None:
+                addresses = _addresses(spec, args, grad)
+            if not _fresh(g, arg, addresses):  # then the full check, which says what is wrong
+                _check_result(spec, backend, (spec.args[i].name, None), g, (arg.shape, arg.dtype, arg.device), args,
+                              grad)
             continue
         if not isinstance(g, (list, tuple)) or len(g) != len(arg):
             raise WrongOutputError(f"kernelhub: {spec.name}: backend {backend!r} returned "
@@ -152,6 +160,35 @@ def _check_grads(spec: OpSpec, backend: str, grads: Sequence[Any], args: Sequenc
                                    f"{spec.args[i].name!r}, which holds {len(arg)} tensors")
         for j, (t, gt) in enumerate(zip(arg, g)):
             _check_result(spec, backend, (spec.args[i].name, j), gt, (t.shape, t.dtype, t.device), args, grad)
+
+
+def _addresses(spec: OpSpec, args: Sequence[Any], grad: torch.Tensor) -> set[int]:
+    """The storage base addresses of the call's tensors and of the upstream gradient, for `_fresh`; an empty set
+    where one has none (an empty storage) or no storage at all (then `_check_result` decides every gradient)."""
+    try:
+        found = {grad.untyped_storage().data_ptr()}
+        for i in spec.tensor_args:
+            for t in args[i] if type(args[i]) is list else (args[i],):
+                found.add(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError, TypeError):
+        return set()
+    return set() if 0 in found else found
+
+
+def _fresh(out: Any, like: torch.Tensor, addresses: set[int]) -> bool:
+    """Whether a gradient passes `_check_result` for certain: a tensor of ``like``'s shape, dtype and device whose
+    storage starts at none of ``addresses`` (`_addresses`). One storage read per gradient instead of one
+    `torch._C._is_alias_of` per gradient and tensor of the call (the backward's checks were a third of the hub's
+    cost over a minimal autograd.Function's on the H200's host, docs/lab/benchmarks-history.md). False where
+    unsure: then `_check_result` gives the verdict."""
+    if not addresses or not isinstance(out, torch.Tensor) or out.shape != like.shape or out.dtype != like.dtype \
+            or out.device != like.device:
+        return False
+    try:
+        address = out.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+    return address != 0 and address not in addresses
 
 
 def _check_result(spec: OpSpec, backend: str, what: str | tuple, out: Any, expected: tuple, args: Sequence[Any],

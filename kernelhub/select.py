@@ -17,8 +17,9 @@ cached, so a later call tunes.
 
 Decisions are cached by `call_key`: the op, the forced backend, the deterministic
 switch, and for each argument its device, dtype, shape and strides (tensors), its type (floats) or its
-value (others). The hot path is one dict lookup; the cache holds at most `MAX_CACHED_DECISIONS` and is
-dropped when the config or the registry changes.
+value (others). The cache holds at most `MAX_CACHED_DECISIONS` and is dropped when the config or the registry
+changes. The eager fast path looks a repeated call up before the spec's checks, by its layout as given
+(`remembered`, filled by `remember`: kernelhub/dispatch.py says what it holds); both are dropped together.
 """
 
 from __future__ import annotations
@@ -90,6 +91,9 @@ class Selector:
         self.registry = registry
         self.config = config
         self._cache: dict[tuple, Decision] = {}
+        # (op, forced, deterministic switch, the call's layout as given) -> (decision, the defaults that complete
+        # the canonical call): read by dispatch.OpHandle on every eager call, written by `remember`
+        self.remembered: dict[tuple, tuple[Decision, tuple]] = {}
         self._failed: dict[tuple, dict[str, str]] = {}
         self._warned: set[tuple] = set()
         self.tuning = Tuning(registry, config)
@@ -101,9 +105,19 @@ class Selector:
             decision, cacheable = self._decide(op, args, forced, key, tuned=True)
             if cacheable:
                 if len(self._cache) >= MAX_CACHED_DECISIONS:  # a program of ever-new shapes: start over
-                    self._cache.clear()
+                    self.forget()
                 self._cache[key] = decision
         return decision
+
+    def remember(self, memo_key: tuple, args: Sequence[Any], decision: Decision, rest: tuple) -> None:
+        """Let later calls of this ``memo_key`` ((op, forced, deterministic switch, layout): dispatch.OpHandle's) skip the spec's checks and the
+        decision key: ``args`` passed the checks, are canonical as given plus the defaults ``rest``, and were
+        decided ``decision``, which is remembered only while it is the cached decision of ``args`` (one not
+        cached, made while tuning was impossible, is decided again at the next call)."""
+        if self._cache.get(call_key(memo_key[0], args, memo_key[1])) is decision:
+            if len(self.remembered) >= MAX_CACHED_DECISIONS:
+                self.remembered.clear()
+            self.remembered[memo_key] = (decision, rest)
 
     def peek(self, op: str, args: Sequence[Any], forced: str = "") -> Decision:
         """The decision for a call without caching a new one: for the fake tensors of a graph being compiled,
@@ -119,12 +133,14 @@ class Selector:
     def forget(self) -> None:
         """Drop the cached decisions (after new winners were recorded)."""
         self._cache.clear()
+        self.remembered.clear()
 
     def mark_failed(self, op: str, args: Sequence[Any], forced: str, backend: str, exc: BaseException) -> None:
         """Record that ``backend`` raised for this call key; later calls skip it. Warns once."""
         key = call_key(op, args, forced)
         self._failed.setdefault(key, {})[backend] = f"raised at call time: {type(exc).__name__}: {exc}"
         self._cache.pop(key, None)
+        self.remembered.clear()  # keyed by layout, not by call_key: a few calls decide again
         if (op, backend) not in self._warned:
             self._warned.add((op, backend))
             warnings.warn(f"kernelhub: {op}: backend {backend!r} raised {type(exc).__name__}: {exc}; "

@@ -249,9 +249,14 @@ def host_report(data: dict) -> list[str]:
                   f"trivial `kernel[grid](...)` ({base:.1f} µs; the backend's cached `launch()` of it "
                   f"{launch['trivial launch()'] / base:.2f}x, one torch op {launch['one torch op (x.add_)'] / base:.2f}x):",
                   "", "| launcher | forward µs (x trivial) | backward µs (x trivial) |", "|---|---:|---:|"]
+        kernels = data.get("launch_kernels", {})  # each function's kernels on the device (older records: none)
+
+        def cell(label: str) -> str:
+            us, n = launch[label], kernels.get(label)
+            each = f"; {n} kernels, {us / n / base:.2f}x per kernel" if n else ""
+            return f"{us:.1f} ({us / base:.2f}x{each})"
         for f in fams:
-            fw, bw = launch[f"{f} triton forward"], launch[f"{f} triton backward"]
-            parts.append(f"| {f} | {fw:.1f} ({fw / base:.2f}x) | {bw:.1f} ({bw / base:.2f}x) |")
+            parts.append(f"| {f} | {cell(f'{f} triton forward')} | {cell(f'{f} triton backward')} |")
         parts.append("")
     rows = [(k, r) for k, r in ordered if k.endswith("/compiled")]
     if rows:

@@ -171,3 +171,120 @@ def test_the_backward_runs_on_the_hub_that_ran_the_forward(monkeypatch):
     assert asked == ["first"]
     w = v.detach().requires_grad_()
     torch.testing.assert_close(g, torch.autograd.grad(tv.tv_loss_sq_3d(w), w)[0])  # torch_ref's math, plain autograd
+
+
+def test_a_repeated_call_skips_the_checks_but_not_what_they_guard(monkeypatch):
+    """The eager fast path's memo (kernelhub/dispatch.py, `Selector.remembered`): a call whose layout (tensor
+    metadata, other arguments' values) was checked and decided before skips the spec's checks and gives the same
+    result; a float the spec refuses still raises (values are part of the layout), defaults are completed,
+    keywords and the deterministic switch are keyed, and forgetting the decisions forgets the layouts."""
+    from kernelhub.spec import OpSpec
+
+    checked = []
+    real = OpSpec.canonical
+    monkeypatch.setattr(OpSpec, "canonical", lambda self, *a, **k: checked.append(self.name) or real(self, *a, **k))
+    hub = kernelhub.get_hub()
+    hub.selector.forget()
+    op = kernelhub.op("tv_loss_iso_3d")
+    v = torch.randn(3, 4, 5, requires_grad=True)
+    first = op(v, 1e-3)
+    assert checked == ["tv_loss_iso_3d"]
+    again = op(v, 1e-3)
+    assert checked == ["tv_loss_iso_3d"] and type(again.grad_fn).__name__ == FAST_FN
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="tv_loss_iso_3d: argument 'eps' must be a finite number > 0"):
+        op(v, -1e-3)
+    op(v), op(v, 1e-8)  # the default eps: checked once, then completed from the memo
+    checked.clear()
+    torch.testing.assert_close(op(v), op(v, 1e-8), rtol=0, atol=0)
+    assert checked == []
+    op(volume=v, eps=1e-3)
+    op(volume=v, eps=1e-3)
+    assert checked == ["tv_loss_iso_3d"] * 2  # keywords: the checks every time
+    torch.use_deterministic_algorithms(True)
+    try:
+        op(v, 1e-3)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert checked == ["tv_loss_iso_3d"] * 3
+    hub.selector.forget()
+    op(v, 1e-3)
+    assert checked == ["tv_loss_iso_3d"] * 4
+    with pytest.raises(TypeError, match="tv_loss_iso_3d: argument 'volume' must be a torch.Tensor"):
+        op([1.0], 1e-3)  # an unhashable argument: looked up never, checked always
+
+
+def test_a_remembered_call_still_falls_back_and_stops_asking_the_failed_backend():
+    """A backend that starts raising on a layout the memo knows is skipped from then on for it (one warning),
+    like on a first call: the memo is dropped with the failed decision."""
+    import dataclasses
+    import types
+    import warnings
+
+    from kernelhub import hookimpl
+    from kernelhub.config import Config
+    from kernelhub.hub import Hub
+    from kernelhub.spec import Backend, Impl
+
+    ref = kernelhub.get_hub().registry.impls("tv_loss_l1_3d")["torch_ref"]
+    calls, broken = [], []
+
+    def forward(v):
+        calls.append("spy")
+        if broken:
+            raise RuntimeError("kernel exploded")
+        return ref.forward(v)
+
+    @hookimpl
+    def kernelhub_register_impls(registry):
+        registry.add_backend(Backend("spy", "1.0"))
+        registry.add_impl(Impl(op="tv_loss_l1_3d", backend="spy", dtypes=ref.dtypes, devices=ref.devices,
+                               forward=forward, backward=ref.backward))
+    hub = Hub(extra_plugins=[("spy", types.SimpleNamespace(kernelhub_register_impls=kernelhub_register_impls))],
+              config=dataclasses.replace(Config(), priority=("spy", "torch_ref")))
+    handle = hub.handle("tv_loss_l1_3d")
+    v = torch.randn(3, 4, 5, requires_grad=True)
+    handle(v), handle(v)
+    assert calls == ["spy", "spy"] and hub.selector.remembered
+    broken.append(1)
+    with pytest.warns(RuntimeWarning, match="'spy' raised RuntimeError: kernel exploded"):
+        out = handle(v)
+    torch.testing.assert_close(out, ref.forward(v.detach()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        handle(v).sum().backward()
+        handle(v)
+    assert calls == ["spy"] * 3
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("returned", ["the volume", "a view of it", "the upstream gradient expanded"])
+def test_a_gradient_sharing_memory_with_the_call_is_a_wrong_output(returned, fast, monkeypatch):
+    """The backward's memory check (kernelhub/hub.py: `_fresh`, then `_check_result`) on both paths: a gradient that
+    is an argument, a view of one, or the upstream gradient raises WrongOutputError naming what it shares."""
+    import dataclasses
+    import types
+
+    from kernelhub import hookimpl
+    from kernelhub.config import Config
+    from kernelhub.hub import Hub
+    from kernelhub.spec import Backend, Impl
+
+    monkeypatch.setattr(dispatch, "EAGER_FAST_PATH", fast)
+    ref = kernelhub.get_hub().registry.impls("tv_loss_sq_3d")["torch_ref"]
+    wrong = {"the volume": lambda g, v: v, "a view of it": lambda g, v: v.view(v.shape[::-1]).view(v.shape),
+             "the upstream gradient expanded": lambda g, v: g.expand(v.shape)}[returned]
+
+    @hookimpl
+    def kernelhub_register_impls(registry):
+        registry.add_backend(Backend("alias", "1.0"))
+        registry.add_impl(Impl(op="tv_loss_sq_3d", backend="alias", dtypes=ref.dtypes, devices=ref.devices,
+                               forward=ref.forward, backward=lambda g, v, needs: [wrong(g, v)]))
+    hub = Hub(extra_plugins=[("alias", types.SimpleNamespace(kernelhub_register_impls=kernelhub_register_impls))],
+              config=dataclasses.replace(Config(), priority=("alias", "torch_ref")))
+    v = torch.randn(3, 4, 5, requires_grad=True)
+    what = "the upstream gradient" if "upstream" in returned else "argument 'volume'"
+    for _ in range(2):  # the second call from the memo
+        out = hub.handle("tv_loss_sq_3d", backend="alias")(v)
+        with pytest.raises(kernelhub.WrongOutputError, match=f"gradient of 'volume' sharing memory with {what}"):
+            torch.autograd.grad(out, v)

@@ -90,9 +90,10 @@ def _plain_tensors(args: Sequence[Any], positions: Sequence[int]) -> list[torch.
 
 def _layout(args: Sequence[Any]) -> tuple[tuple, list[torch.Tensor]] | None:
     """A call's layout, the eager fast path's memo key (`OpHandle.__call__`): for each argument its type and,
-    for a tensor, device, dtype, shape and strides (a list's tensors one by one), for anything else its value;
-    and the call's tensors in order. None where a tensor is a subclass or a functorch wrapper left from a finished
-    transform (the operators serve those). On every call's hot path: plain loops, no function call per argument."""
+    for a tensor, device, dtype, shape and strides (a list's tensors one by one), for anything else its value (a
+    list's elements with their types); and the call's tensors in order. None where a tensor is a subclass or a
+    functorch wrapper left from a finished transform (the operators serve those). On every call's hot path: plain
+    loops, no function call per argument."""
     key: list = []
     tensors: list[torch.Tensor] = []
     for a in args:
@@ -111,8 +112,10 @@ def _layout(args: Sequence[Any]) -> tuple[tuple, list[torch.Tensor]] | None:
                 parts.append((part, t.device, t.dtype, t.shape, t.stride()))
                 tensors.append(t)
             key.append(tuple(parts))
-        elif kind is list or kind is tuple:
-            key.append((kind, *a))
+        elif kind is list or kind is tuple:  # each element's type too: True == 1 for the dict, not for the spec
+            key.append((kind, *[(type(x), x) for x in a]))
+        elif isinstance(a, torch.Tensor):  # a subclass
+            return None
         else:
             key.append((kind, a))
     return tuple(key), tensors

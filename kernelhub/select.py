@@ -110,10 +110,10 @@ class Selector:
         return decision
 
     def remember(self, memo_key: tuple, args: Sequence[Any], decision: Decision, rest: tuple) -> None:
-        """Let later calls of this ``memo_key`` ((op, forced, deterministic switch, layout): dispatch.OpHandle's) skip the spec's checks and the
-        decision key: ``args`` passed the checks, are canonical as given plus the defaults ``rest``, and were
-        decided ``decision``, which is remembered only while it is the cached decision of ``args`` (one not
-        cached, made while tuning was impossible, is decided again at the next call)."""
+        """Let later calls of this ``memo_key`` (op, forced, deterministic switch, layout: dispatch.OpHandle's)
+        skip the spec's checks and the decision key: ``args`` passed the checks, are canonical as given plus the
+        defaults ``rest``, and were decided ``decision``, which is remembered only while it is the cached decision
+        of ``args`` (one not cached, made while tuning was impossible, is decided again at the next call)."""
         if self._cache.get(call_key(memo_key[0], args, memo_key[1])) is decision:
             if len(self.remembered) >= MAX_CACHED_DECISIONS:
                 self.remembered.clear()

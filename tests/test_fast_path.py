@@ -212,6 +212,13 @@ def test_a_repeated_call_skips_the_checks_but_not_what_they_guard(monkeypatch):
     assert checked == ["tv_loss_iso_3d"] * 4
     with pytest.raises(TypeError, match="tv_loss_iso_3d: argument 'volume' must be a torch.Tensor"):
         op([1.0], 1e-3)  # an unhashable argument: looked up never, checked always
+    semiconv = kernelhub.op("semiconv")
+    img, kernel = torch.randn(1, 2, 8, 8), torch.randn(2, 1, 3, 3)
+    semiconv(img, kernel, "tropical_max", [1, 1], [1, 1, 1, 1], [1, 1], 2, "corr")  # canonical as given
+    semiconv(img, kernel, "tropical_max", [1, 1], [1, 1, 1, 1], [1, 1], 2, "corr")
+    assert checked.count("semiconv") == 1
+    with pytest.raises(TypeError, match="semiconv: argument 'stride' must be an int or 2 ints"):
+        semiconv(img, kernel, "tropical_max", [True, True], [1, 1, 1, 1], [1, 1], 2, "corr")  # True == 1, a bool
 
 
 def test_a_remembered_call_still_falls_back_and_stops_asking_the_failed_backend():

@@ -20,6 +20,17 @@ def acc_type(dtype: torch.dtype):
     return tl.float64 if dtype in (torch.float64, torch.complex128) else tl.float32
 
 
+def cdiv(a: int, b: int) -> int:
+    """``triton.cdiv`` for the launchers' host code: Triton's is a constexpr function, 1.5 us a call on the 2-core
+    CPU and several per launch (docs/lab/benchmarks-history.md); this is the same integer arithmetic."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """``triton.next_power_of_2`` for host code (see `cdiv`): the smallest power of two >= n, 0 for 0."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
 # launch's compiled kernels: (kernel, device index, each argument's specialization) -> (compiled kernel, the
 # names of the kernel's parameters after the positional arguments, with their defaults)
 _HANDLES: dict[tuple, tuple] = {}
@@ -98,6 +109,24 @@ def counter(t: torch.Tensor) -> torch.Tensor:
     if c is None:
         c = _COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=t.device)
     return c
+
+
+# scratch's buffers: (device index, raw stream, dtype) -> a flat tensor, grown as needed
+_SCRATCH: dict[tuple, torch.Tensor] = {}
+
+
+def scratch(t: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A flat buffer of at least ``numel`` elements of ``dtype`` on ``t``'s device for a kernel's partial results
+    that the same launch consumes (a reduction's per-program partials, finished by its last program): one per
+    device, stream and dtype, kept (launches on one stream run one after the other, so they never share it at
+    once), instead of an allocation per call; under CUDA graph capture a new one per launch (as `counter`)."""
+    if t.is_cuda and _is_capturing():
+        return torch.empty(numel, dtype=dtype, device=t.device)
+    key = (t.device.index, _current_stream(t.device.index), dtype) if t.is_cuda else (-1, 0, dtype)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = _SCRATCH[key] = torch.empty(max(numel, 1024), dtype=dtype, device=t.device)
+    return buf
 
 
 @functools.cache

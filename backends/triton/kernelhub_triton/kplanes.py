@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from kernelhub import accumulation_dtype
-from kernelhub_triton._launch import acc_type, launch
+from kernelhub_triton._launch import acc_type, cdiv, launch, next_power_of_2
 
 __all__ = ["forward", "backward", "ms_forward", "ms_backward", "taps_forward", "taps_backward",
            "not_supported_reasons"]
@@ -83,18 +83,18 @@ def _sample(pl_ptr, plane, u, v, H, W, C, c, valid, cmask, ACC: tl.constexpr):
 
 
 @triton.jit
-def _point(pts_ptr, b, valid, s_pb, s_pc, tap: tl.constexpr, h_ptr, ACC: tl.constexpr):
-    """The tap's point: p, or p + h e_i for tap i. h comes from a one-element ACC tensor: a float argument
-    would be rounded to float32."""
+def _point(pts_ptr, b, valid, s_pb, s_pc, tap: tl.constexpr, h, ACC: tl.constexpr):
+    """The tap's point: p, or p + h e_i for tap i (h in ACC, from the kernel's float64 argument: a plain float
+    argument would be rounded to float32)."""
     p0 = tl.load(pts_ptr + b * s_pb, mask=valid, other=0.0).to(ACC)
     p1 = tl.load(pts_ptr + b * s_pb + s_pc, mask=valid, other=0.0).to(ACC)
     p2 = tl.load(pts_ptr + b * s_pb + 2 * s_pc, mask=valid, other=0.0).to(ACC)
     if tap == 1:
-        p0 += tl.load(h_ptr)
+        p0 += h
     elif tap == 2:
-        p1 += tl.load(h_ptr)
+        p1 += h
     elif tap == 3:
-        p2 += tl.load(h_ptr)
+        p2 += h
     return p0, p1, p2
 
 
@@ -108,10 +108,12 @@ def _rot(rot_ptr, t, s_rt, s_ri, s_rj, i: tl.constexpr, ACC: tl.constexpr):
 def _kplanes_forward_kernel(
     pts_ptr, rot_ptr, pl_ptr,      # pts [B, 3], rotations [T, 3, 3] (any strides), planes [3T, H, W, C]
     out_ptr,                       # out: element (tap, b, t*C + c) at tap*s_ot + b*s_ob + col0 + t*C + c
-    B, T, C, H, W, h_ptr,          # h_ptr: the taps' step h, [1] in ACC (TAPS == 4)
+    B, T, C, H, W,
+    h64: tl.float64,               # the taps' step h (TAPS == 4)
     s_pb, s_pc, s_rt, s_ri, s_rj, s_ot, s_ob, col0,
     TAPS: tl.constexpr, BB: tl.constexpr, BC: tl.constexpr, ACC: tl.constexpr,
 ):
+    h = tl.full([], h64, ACC)
     b = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
     valid = b < B
     c = tl.arange(0, BC)
@@ -121,7 +123,7 @@ def _kplanes_forward_kernel(
         r10, r11, r12 = _rot(rot_ptr, t, s_rt, s_ri, s_rj, 1, ACC)
         r20, r21, r22 = _rot(rot_ptr, t, s_rt, s_ri, s_rj, 2, ACC)
         for tap in tl.static_range(TAPS):
-            p0, p1, p2 = _point(pts_ptr, b, valid, s_pb, s_pc, tap, h_ptr, ACC)
+            p0, p1, p2 = _point(pts_ptr, b, valid, s_pb, s_pc, tap, h, ACC)
             q0 = r00 * p0 + r01 * p1 + r02 * p2
             q1 = r10 * p0 + r11 * p1 + r12 * p2
             q2 = r20 * p0 + r21 * p1 + r22 * p2
@@ -151,11 +153,13 @@ def _kplanes_backward_kernel(
     gpl_ptr,                       # planes gradient [3T, H, W, C] (ACC dtype, zeroed), if NEED_PLANES
     gpts_ptr,                      # pts gradient [B, 3] (ACC dtype), if NEED_PTS
     grot_ptr,                      # rotations gradient partials [programs, T, 9] (ACC dtype), if NEED_ROT
-    B, T, C, H, W, h_ptr,          # h_ptr: the taps' step h, [1] in ACC (TAPS == 4)
+    B, T, C, H, W,
+    h64: tl.float64,               # the taps' step h (TAPS == 4)
     s_pb, s_pc, s_rt, s_ri, s_rj, s_gt, s_gb, s_gc, col0,
     TAPS: tl.constexpr, NEED_PLANES: tl.constexpr, NEED_PTS: tl.constexpr, NEED_ROT: tl.constexpr,
     BB: tl.constexpr, BC: tl.constexpr, ACC: tl.constexpr,
 ):
+    h = tl.full([], h64, ACC)
     pid = tl.program_id(0)
     b = pid.to(tl.int64) * BB + tl.arange(0, BB)
     valid = b < B
@@ -172,7 +176,7 @@ def _kplanes_backward_kernel(
         gr = tl.zeros([BB, 16], ACC)  # this t's rotation gradient, 9 of 16 columns used, per point
         k = tl.arange(0, 16)
         for tap in tl.static_range(TAPS):
-            p0, p1, p2 = _point(pts_ptr, b, valid, s_pb, s_pc, tap, h_ptr, ACC)
+            p0, p1, p2 = _point(pts_ptr, b, valid, s_pb, s_pc, tap, h, ACC)
             q0 = r00 * p0 + r01 * p1 + r02 * p2
             q1 = r10 * p0 + r11 * p1 + r12 * p2
             q2 = r20 * p0 + r21 * p1 + r22 * p2
@@ -223,20 +227,15 @@ def _channels_last(planes: torch.Tensor) -> torch.Tensor:
     return planes.permute(0, 2, 3, 1).contiguous()
 
 
-def _step(pts, taps, h):
-    """The taps' step as a one-element tensor in the accumulation dtype (pts itself, unread, for one tap)."""
-    return torch.full((1,), h, dtype=accumulation_dtype(pts.dtype), device=pts.device) if taps > 1 else pts
-
-
 def _launch_forward(pts, rotations, planes, out, taps, h, col0):
     B, T = pts.shape[0], rotations.shape[0]
     _, C, H, W = planes.shape
     if B == 0 or C == 0:
         return
-    launch(_kplanes_forward_kernel, (triton.cdiv(B, BLOCK_B),),
-           pts, rotations, _channels_last(planes), out, B, T, C, H, W, _step(pts, taps, h),
+    launch(_kplanes_forward_kernel, (cdiv(B, BLOCK_B),),
+           pts, rotations, _channels_last(planes), out, B, T, C, H, W, float(h),
            *pts.stride(), *rotations.stride(), out.stride(0) if taps > 1 else 0, out.stride(-2), col0,
-           TAPS=taps, BB=BLOCK_B, BC=max(triton.next_power_of_2(C), 2), ACC=acc_type(pts.dtype),
+           TAPS=taps, BB=BLOCK_B, BC=max(next_power_of_2(C), 2), ACC=acc_type(pts.dtype),
            num_warps=NUM_WARPS)
 
 
@@ -247,7 +246,7 @@ def _launch_backward(grad, pts, rotations, planes, needs, taps, h, col0):
     acc = accumulation_dtype(pts.dtype)
     need_pl, need_p, need_r = (bool(n) for n in needs)
     run = B > 0 and C > 0 and (need_pl or need_p or need_r)
-    programs = triton.cdiv(B, BLOCK_B)
+    programs = cdiv(B, BLOCK_B)
     # the planes gradient is the atomics' target (zeroed); each program writes its points' gradients and its
     # rows of the rotations gradient's partials (summed below in a fixed order: deterministic), so those are
     # zeroed only where no kernel runs
@@ -258,10 +257,10 @@ def _launch_backward(grad, pts, rotations, planes, needs, taps, h, col0):
     if run:
         launch(_kplanes_backward_kernel, (programs,),
                grad, pts, rotations, _channels_last(planes), gpl if need_pl else pts, gp if need_p else pts,
-               gr if need_r else pts, B, T, C, H, W, _step(pts, taps, h), *pts.stride(), *rotations.stride(),
+               gr if need_r else pts, B, T, C, H, W, float(h), *pts.stride(), *rotations.stride(),
                grad.stride(0) if taps > 1 else 0, grad.stride(-2), grad.stride(-1), col0 * grad.stride(-1),
                TAPS=taps, NEED_PLANES=need_pl, NEED_PTS=need_p, NEED_ROT=need_r,
-               BB=BLOCK_B, BC=max(triton.next_power_of_2(C), 2), ACC=acc_type(pts.dtype), num_warps=NUM_WARPS)
+               BB=BLOCK_B, BC=max(next_power_of_2(C), 2), ACC=acc_type(pts.dtype), num_warps=NUM_WARPS)
     if gpl is not None:
         # in the planes' own layout, as torch's convolutions give theirs: for channels-last planes (KPlanesField's)
         # the kernel's [3T, H, W, C] buffer is that layout already; NCHW planes get an NCHW copy

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from kernelhub.ops.semiconv import lift_3d, zero_of
-from kernelhub_triton._launch import acc_type, launch, sm_count
+from kernelhub_triton._launch import acc_type, cdiv, launch, next_power_of_2, sm_count
 
 __all__ = ["forward", "backward", "not_supported_reasons"]
 
@@ -351,9 +351,9 @@ def _row_layout(a, img_shape, kernel_shape, dtype) -> tuple | None:
         return None
     (B, C, D, H, W), (O, Cg, KD, KH, KW) = img_shape, kernel_shape
     OD, OH, OW = a.out_size
-    bw = min(triton.next_power_of_2(OW), ROW_WIDTH)
+    bw = min(next_power_of_2(OW), ROW_WIDTH)
     rows = min(OH, ROWS)
-    return (B * O * OD * triton.cdiv(OH, rows) * triton.cdiv(OW, bw),), (
+    return (B * O * OD * cdiv(OH, rows) * cdiv(OW, bw),), (
         C, D, H, W, O, Cg, O // a.groups, OD, OH, OW, *a.stride, *a.pad_begin, *a.dilation), {
         "KD": KD, "KH": KH, "KW": KW, "FLIP": a.flip, "SF": a.code, "ACC": acc_type(dtype), "ROWS": rows,
         "BW": bw, "num_warps": ROW_WARPS}
@@ -374,7 +374,7 @@ def _launch_args(a, img_shape, kernel_shape):
     """The window walk's grid, scalar arguments and compile-time kernel sizes for a lifted call."""
     (B, C, D, H, W), (O, Cg, KD, KH, KW) = img_shape, kernel_shape
     OD, OH, OW = a.out_size
-    grid = (B * O * triton.cdiv(OD * OH * OW, BLOCK),)
+    grid = (B * O * cdiv(OD * OH * OW, BLOCK),)
     sizes = {"KD": KD, "KH": KH, "KW": KW, "FLIP": a.flip}
     return grid, (C, D, H, W, O, Cg, O // a.groups, OD, OH, OW, *a.stride, *a.pad_begin, *a.dilation,
                   zero_of(a.semifield, a.param), a.param), sizes
@@ -411,8 +411,8 @@ def backward(grad, img, kernel, semifield, stride, padding, dilation, groups, ki
         launch(_tropical_kernel, grid, x, k, win, g, gx, *scalars, BACKWARD=True, NEED_IMG=bool(needs[0]), **sizes)
         if needs[1]:
             planes, per = win.shape[0] * win.shape[1], math.prod(win.shape[2:])
-            split = max(1, min(triton.cdiv(per, GRAD_BLOCK), triton.cdiv(4 * sm_count(x), planes)))
-            bins = min(MAX_BINS, triton.next_power_of_2(window))
+            split = max(1, min(cdiv(per, GRAD_BLOCK), cdiv(4 * sm_count(x), planes)))
+            bins = min(MAX_BINS, next_power_of_2(window))
             launch(_tropical_kernel_grad, (planes * split,), win, g, gk, k.shape[0], k.shape[1], per, split,
                    SF=a.code, BLOCK=GRAD_BLOCK, BINS=bins, ACC=sizes["ACC"], TAPS=math.prod(k.shape[2:]),
                    FLIP=a.flip, num_warps=ROW_WARPS)

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelhub_triton._launch import launch
+from kernelhub_triton._launch import cdiv, launch, next_power_of_2
 
 __all__ = ["forward", "backward"]
 
@@ -242,7 +242,7 @@ def _pixels(M: torch.Tensor) -> torch.Tensor:
 
 
 def _block_z(Z: int) -> int:
-    return min(MAX_BLOCK_Z, triton.next_power_of_2(max(Z, 1)))
+    return min(MAX_BLOCK_Z, next_power_of_2(max(Z, 1)))
 
 
 def forward(M: torch.Tensor, lam: float) -> torch.Tensor:
@@ -253,7 +253,7 @@ def forward(M: torch.Tensor, lam: float) -> torch.Tensor:
         return out.view(M.shape)
     src, strides = _storage(m)
     dst, _ = _storage(out)
-    launch(_tikhonov_forward_kernel, (triton.cdiv(P, BLOCK_P),),
+    launch(_tikhonov_forward_kernel, (cdiv(P, BLOCK_P),),
            src, dst, P, Z, *strides, lam, COMPLEX=M.is_complex(), BP=BLOCK_P, BZ=_block_z(Z),
            ONE_CHUNK=Z <= _block_z(Z), num_warps=NUM_WARPS)
     return out.view(M.shape)
@@ -271,7 +271,7 @@ def backward(grad: torch.Tensor, M: torch.Tensor, lam: float, needs) -> list:
     src, strides = _storage(m)
     gsrc, gstrides = _storage(g)
     dst, _ = _storage(out)
-    launch(_tikhonov_backward_kernel, (triton.cdiv(P, BLOCK_P),),
+    launch(_tikhonov_backward_kernel, (cdiv(P, BLOCK_P),),
            gsrc, src, dst, P, Z, *strides, *gstrides, lam, COMPLEX=M.is_complex(), BP=BLOCK_P,
            BZ=_block_z(Z), num_warps=NUM_WARPS)
     return [out.view(M.shape)]

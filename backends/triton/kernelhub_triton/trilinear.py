@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelhub_triton._launch import acc_type, launch
+from kernelhub_triton._launch import acc_type, cdiv, launch, next_power_of_2
 
 __all__ = ["forward", "backward"]
 
@@ -108,7 +108,7 @@ def _trilinear_backward_kernel(
 
 
 def _block_f(F: int) -> int:
-    return max(16, min(BLOCK_F, triton.next_power_of_2(F)))
+    return max(16, min(BLOCK_F, next_power_of_2(F)))
 
 
 def forward(feats: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
@@ -117,7 +117,7 @@ def forward(feats: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
     if out.numel() == 0:
         return out
     bf = _block_f(F)
-    launch(_trilinear_forward_kernel, (triton.cdiv(N, BLOCK_N), triton.cdiv(F, bf)),
+    launch(_trilinear_forward_kernel, (cdiv(N, BLOCK_N), cdiv(F, bf)),
            feats, points, out, N, F, *feats.stride(), *points.stride(),
            BN=BLOCK_N, BF=bf, ACC=acc_type(feats.dtype), num_warps=NUM_WARPS)
     return out
@@ -130,7 +130,7 @@ def backward(grad: torch.Tensor, feats: torch.Tensor, points: torch.Tensor, need
     gp = torch.empty((N, 3), dtype=points.dtype, device=points.device) if need_p else None
     if N == 0 or F == 0 or not (need_f or need_p):
         return [None if gf is None else gf.zero_(), None if gp is None else gp.zero_()]
-    launch(_trilinear_backward_kernel, (triton.cdiv(N, BLOCK_N),),
+    launch(_trilinear_backward_kernel, (cdiv(N, BLOCK_N),),
            grad, feats, points, gf if need_f else feats, gp if need_p else points, N, F,
            *grad.stride(), *feats.stride(), *points.stride(), NEED_FEATS=need_f, NEED_POINTS=need_p,
            BN=BLOCK_N, BF=_block_f(F), ACC=acc_type(feats.dtype), num_warps=NUM_WARPS)

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from kernelhub import accumulation_dtype
-from kernelhub_triton._launch import acc_type, counter, launch, sm_count
+from kernelhub_triton._launch import acc_type, cdiv, counter, launch, next_power_of_2, scratch, sm_count
 
 __all__ = ["l1_forward", "l1_backward", "sq_forward", "sq_backward", "iso_forward", "iso_backward",
            "not_supported_reasons"]
@@ -240,12 +240,12 @@ def _layout(shape: tuple, sms: int) -> tuple[int, dict, int]:
     of ``shape`` ``[..., D, H, W]`` (the leading dims one batch)."""
     D, H, W = shape[-3:]
     B = math.prod(shape[:-3])
-    bw = min(triton.next_power_of_2(W), 256)
-    bh = min(triton.next_power_of_2(H), max(1, TILE // bw))
-    tiles = triton.cdiv(H, bh) * triton.cdiv(W, bw)
-    chunks = min(D, max(1, triton.cdiv(PROGRAMS_PER_SM * sms, tiles * B)))
-    d_chunk = triton.cdiv(D, chunks)
-    chunks = triton.cdiv(D, d_chunk)
+    bw = min(next_power_of_2(W), 256)
+    bh = min(next_power_of_2(H), max(1, TILE // bw))
+    tiles = cdiv(H, bh) * cdiv(W, bw)
+    chunks = min(D, max(1, cdiv(PROGRAMS_PER_SM * sms, tiles * B)))
+    d_chunk = cdiv(D, chunks)
+    chunks = cdiv(D, d_chunk)
     return B * tiles * chunks, dict(D=D, H=H, W=W, plane=H * W, tiles=tiles, chunks=chunks, d_chunk=d_chunk,
                                     BH=bh, BW=bw, num_warps=NUM_WARPS), B * (D - 1) * (H - 1) * (W - 1)
 
@@ -258,7 +258,7 @@ def _forward(volume: torch.Tensor, mode: int, eps: float = 0.0) -> torch.Tensor:
     if x.numel() == 0 or (mode == ISO and min(x.shape[-3:]) < 2):
         return out.zero_()
     programs, lay, corners = _layout(tuple(x.shape), sm_count(x))
-    partial = torch.empty((programs, nout), dtype=dtype, device=x.device)
+    partial = scratch(x, programs * nout, dtype)  # [programs, nout], read by the launch's last program
     launch(_tv_forward_kernel, (programs,), x, partial, out, counter(x), float(corners) if mode == ISO else 1.0,
            eps64=eps, MODE=mode, NOUT=nout, ACC=acc_type(x.dtype), FINISH=FINISH, **lay)
     return out

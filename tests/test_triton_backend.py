@@ -216,6 +216,35 @@ def test_kplanes_non_finite_points_read_an_in_range_neighbour_as_torch_does(back
                                equal_nan=True)
 
 
+def test_launch_hands_a_kept_kernel_its_parameters_in_signature_order():
+    """A kept kernel's later launches take its parameters after the positional ones from the keywords' values and
+    the defaults (`_launch._picker`, fixed once per key): whatever the keywords' order, with launch options
+    (num_warps) among them, with a default left out, with one parameter or none after the positional ones."""
+    import triton
+    import triton.language as tl
+
+    from kernelhub_triton import _launch
+
+    @triton.jit
+    def kernel(x_ptr, n, A: tl.constexpr, B, C: tl.constexpr = 7, D=2.5):
+        pass
+
+    def picked(args, kwargs):
+        pick, defaults = _launch._picker(kernel, args, kwargs)
+        return pick((*kwargs.values(), *defaults))
+
+    x = torch.empty(4)
+    assert picked((x, 3), dict(A=1, B=4, C=5, D=0.5)) == (1, 4, 5, 0.5)
+    assert picked((x, 3), dict(num_warps=4, D=0.5, B=4, A=1)) == (1, 4, 7, 0.5)
+    assert picked((x, 3, 1), dict(B=4, num_warps=2)) == (4, 7, 2.5)
+    assert picked((x, 3, 1, 4, 5), dict(num_warps=2)) == (2.5,)
+    assert picked((x, 3, 1, 4, 5, 0.5), {}) == ()
+    # a key names the keywords in order with their values: another order is another key
+    key = _launch._key(kernel, 0, (x, 3), dict(A=1, B=4))
+    assert key != _launch._key(kernel, 0, (x, 3), dict(B=4, A=1))
+    assert key == _launch._key(kernel, 0, (torch.empty(4), 3), dict(A=1, B=4))
+
+
 @pytest.mark.skipif(not CUDA, reason="launch keeps compiled kernels for CUDA tensors (the interpreter has none)")
 def test_launch_keeps_the_compiled_kernel_per_key_and_matches_tritons_own_launch():
     from kernelhub_triton import _launch, tv

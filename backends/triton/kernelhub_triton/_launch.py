@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 
 import torch
 import triton.language as tl
@@ -15,9 +16,13 @@ except ImportError:  # older triton: every launch takes Triton's own path
     _knobs = None
 
 
+_ACC = {torch.float64: tl.float64, torch.complex128: tl.float64}
+
+
 def acc_type(dtype: torch.dtype):
-    """fp32 accumulation for half and single inputs, fp64 for double (docs/ops.md)."""
-    return tl.float64 if dtype in (torch.float64, torch.complex128) else tl.float32
+    """fp32 accumulation for half and single inputs, fp64 for double (docs/ops.md). One dict lookup: a tuple
+    membership test compares dtypes in Python (0.3 us a call on the 2-core CPU, each launch makes one or two)."""
+    return _ACC.get(dtype, tl.float32)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -31,22 +36,43 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
-# launch's compiled kernels: (kernel, device index, each argument's specialization) -> (compiled kernel, the
-# names of the kernel's parameters after the positional arguments, with their defaults)
+# launch's compiled kernels: (kernel, device index, each argument's specialization, the keywords) -> (compiled
+# kernel, the picker of the kernel's parameters after the positional arguments from the keywords' values and the
+# defaults, those defaults)
 _HANDLES: dict[tuple, tuple] = {}
 _MAX_HANDLES = 4096
 
 
 def _key(kernel, device: int, args: tuple, kwargs: dict) -> tuple:
     """What Triton specialises a launch on: each tensor's dtype and 16-byte alignment, an integer's value (Triton
-    looks at == 1, divisibility by 16 and the width; the value covers them all), a float's type (floats are not
-    specialised), any other value (constexprs) as it is. One comprehension per call, no function call per
-    argument (the key of a TV launch's 16 arguments cost 3.8 us per call that way on the 2-core CPU, 1.0 us so).
-    A keyword keeps one type across calls (True and 1 would share a key), and tensors go positionally (a
-    keyword's value enters the key as it is: a tensor there would be keyed by its identity)."""
+    looks at == 1, divisibility by 16 and the width; the value covers them all), a positional float's type (floats
+    are not specialised), any other value as it is; and the keywords as given, names in order and values (a float
+    keyword by its value: the launchers pass few, each constant per call site or shape). One comprehension per
+    call, no function call per argument (the key of a TV launch's 16 arguments cost 3.8 us per call that way on the
+    2-core CPU, 1.0 us so). A keyword keeps one type across calls (True and 1 would share a key), and tensors go
+    positionally (a keyword's value enters the key as it is: a tensor there would be keyed by its identity)."""
     return (kernel, device, *[(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
-                              else float if type(a) is float else a for a in args],
-            *[(k, float if type(v) is float else v) for k, v in kwargs.items()])
+                              else float if type(a) is float else a for a in args], *kwargs.items())
+
+
+def _picker(kernel, args: tuple, kwargs: dict) -> tuple:
+    """For a key's later launches: a function taking the keywords' values plus the defaults (in one tuple) to the
+    kernel's parameters after the positional arguments, in signature order, as a tuple; and those defaults. The
+    keywords a key names are the same, in the same order, on every call (`_key`), so the positions are too."""
+    params = list(inspect.signature(kernel.fn).parameters.values())[len(args):]
+    names = list(kwargs)
+    defaults = tuple(p.default for p in params if p.name not in kwargs)
+    positions, extra = [], len(names)
+    for p in params:
+        if p.name in kwargs:
+            positions.append(names.index(p.name))
+        else:
+            positions.append(extra)
+            extra += 1
+    if len(positions) == 1:
+        only = positions[0]
+        return (lambda pool: (pool[only],)), defaults
+    return (operator.itemgetter(*positions) if positions else (lambda pool: ())), defaults
 
 
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
@@ -55,11 +81,11 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
 
     Triton's own launch binds the arguments to the signature, computes the specialisation key and looks the
     compiled kernel up on every call; on a host that is most of a small kernel's time (a trivial kernel's
-    launch costs 11-15 us on an H200 host, docs/lab/benchmarks-history.md). Here the compiled kernel Triton returned for the
-    first call of a key (`_key`) is kept, and later calls of the key
-    hand it the arguments and the current stream directly, as Triton's own launch does after its lookup. The
-    first call of a key, CPU tensors (Triton's interpreter), a triton without ``triton.knobs`` and a launch on a
-    device that is not the current one take Triton's path.
+    launch costs 11-15 us on an H200 host, docs/lab/benchmarks-history.md). Here the compiled kernel Triton returned
+    for the first call of a key (`_key`) is kept with where each of its parameters comes from (`_picker`), and
+    later calls of the key hand it the arguments and the current stream directly, as Triton's own launch does
+    after its lookup. The first call of a key, CPU tensors (Triton's interpreter), a triton without
+    ``triton.knobs`` and a launch on a device that is not the current one take Triton's path.
     """
     t = args[0]
     if not t.is_cuda or _knobs is None:
@@ -74,11 +100,10 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
         if entry is None and compiled is not None:
             if len(_HANDLES) >= _MAX_HANDLES:
                 _HANDLES.clear()
-            params = list(inspect.signature(kernel.fn).parameters.values())[len(args):]
-            _HANDLES[key] = (compiled, tuple((p.name, p.default) for p in params))
+            _HANDLES[key] = (compiled, *_picker(kernel, args, kwargs))
         return
-    compiled, rest = entry
-    values = (*args, *[kwargs[name] if name in kwargs else default for name, default in rest])
+    compiled, pick, defaults = entry
+    values = (*args, *pick((*kwargs.values(), *defaults)))
     g = (*grid, 1, 1)
     stream = _current_stream(device)
     hooks = _knobs.runtime

@@ -45,12 +45,12 @@ _MAX_HANDLES = 4096
 
 def _key(kernel, device: int, args: tuple, kwargs: dict) -> tuple:
     """What Triton specialises a launch on: each tensor's dtype and 16-byte alignment, an integer's value (Triton
-    looks at == 1, divisibility by 16 and the width; the value covers them all), a positional float's type (floats
-    are not specialised), any other value as it is; and the keywords as given, names in order and values (a float
-    keyword by its value: the launchers pass few, each constant per call site or shape). One comprehension per
-    call, no function call per argument (the key of a TV launch's 16 arguments cost 3.8 us per call that way on the
-    2-core CPU, 1.0 us so). A keyword keeps one type across calls (True and 1 would share a key), and tensors go
-    positionally (a keyword's value enters the key as it is: a tensor there would be keyed by its identity)."""
+    looks at == 1, divisibility by 16 and the width; the value covers them all), a float's type (floats are not
+    specialised), any other value as it is; and the keywords as given, names in order and values. One
+    comprehension per call, no function call per argument (the key of a TV launch's 16 arguments cost 3.8 us per
+    call that way on the 2-core CPU, 1.0 us so). So the launchers pass tensors and floats positionally (a keyword's
+    value enters the key as it is: a float there, an eps say, would make each new value a key of its own, a tensor
+    would be keyed by its identity), and a keyword keeps one type across calls (True and 1 would share a key)."""
     return (kernel, device, *[(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
                               else float if type(a) is float else a for a in args], *kwargs.items())
 

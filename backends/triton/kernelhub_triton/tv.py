@@ -87,12 +87,12 @@ def _tv_forward_kernel(
     out_ptr,    # [NOUT] the result: the partials' sum / div64
     cnt_ptr,    # int32 counter, 0 at launch; the last program resets it
     div64: tl.float64,  # ISO: the corners, which the sum is divided by (1 otherwise), in ACC
+    eps64: tl.float64,  # ISO: added under the square root (floats go positionally: `_launch._key`)
     D, H, W,    # volume dims
     plane,      # H * W
     tiles,      # (H, W) tiles per plane
     chunks,     # D chunks per batch item
     d_chunk,    # planes per chunk
-    eps64: tl.float64,  # ISO: added under the square root
     MODE: tl.constexpr, NOUT: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr,
     FINISH: tl.constexpr,
 ):
@@ -160,9 +160,9 @@ def _tv_backward_kernel(
     x_ptr,      # [B, D, H, W] contiguous volume
     g_ptr,      # upstream gradient: [3] for L1, [] otherwise
     out_ptr,    # [B, D, H, W] gradient, the volume's dtype
-    D, H, W, plane, tiles, chunks, d_chunk,  # as in the forward
-    eps64: tl.float64,    # ISO: added under the square root
+    eps64: tl.float64,    # ISO: added under the square root (floats go positionally: `_launch._key`)
     scale64: tl.float64,  # SQ: 2; ISO: 1 / number of corners
+    D, H, W, plane, tiles, chunks, d_chunk,  # as in the forward
     MODE: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -260,7 +260,7 @@ def _forward(volume: torch.Tensor, mode: int, eps: float = 0.0) -> torch.Tensor:
     programs, lay, corners = _layout(tuple(x.shape), sm_count(x))
     partial = scratch(x, programs * nout, dtype)  # [programs, nout], read by the launch's last program
     launch(_tv_forward_kernel, (programs,), x, partial, out, counter(x), float(corners) if mode == ISO else 1.0,
-           eps64=eps, MODE=mode, NOUT=nout, ACC=acc_type(x.dtype), FINISH=FINISH, **lay)
+           float(eps), MODE=mode, NOUT=nout, ACC=acc_type(x.dtype), FINISH=FINISH, **lay)
     return out
 
 
@@ -271,8 +271,8 @@ def _backward(grad: torch.Tensor, volume: torch.Tensor, mode: int, eps: float = 
         return out.zero_()
     programs, lay, corners = _layout(tuple(x.shape), sm_count(x))
     scale = 1.0 / corners if mode == ISO else 2.0 if mode == SQ else 1.0
-    launch(_tv_backward_kernel, (programs,), x, grad.contiguous(), out,
-           eps64=eps, scale64=scale, MODE=mode, ACC=acc_type(x.dtype), **lay)
+    launch(_tv_backward_kernel, (programs,), x, grad.contiguous(), out, float(eps), scale,
+           MODE=mode, ACC=acc_type(x.dtype), **lay)
     return out
 
 

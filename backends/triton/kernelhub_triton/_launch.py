@@ -60,16 +60,11 @@ def _picker(kernel, args: tuple, kwargs: dict) -> tuple:
     kernel's parameters after the positional arguments, in signature order, as a tuple; and those defaults. The
     keywords a key names are the same, in the same order, on every call (`_key`), so the positions are too."""
     params = list(inspect.signature(kernel.fn).parameters.values())[len(args):]
-    names = list(kwargs)
-    defaults = tuple(p.default for p in params if p.name not in kwargs)
-    positions, extra = [], len(names)
-    for p in params:
-        if p.name in kwargs:
-            positions.append(names.index(p.name))
-        else:
-            positions.append(extra)
-            extra += 1
-    if len(positions) == 1:
+    left = [p for p in params if p.name not in kwargs]
+    pool = [*kwargs, *[p.name for p in left]]  # the names of the picker's pool, in order
+    positions = [pool.index(p.name) for p in params]
+    defaults = tuple(p.default for p in left)
+    if len(positions) == 1:  # itemgetter of one index returns the item itself
         only = positions[0]
         return (lambda pool: (pool[only],)), defaults
     return (operator.itemgetter(*positions) if positions else (lambda pool: ())), defaults

@@ -27,15 +27,18 @@ import) always takes the operators.
 What a repeated call costs on top of the backend's own functions in a minimal Function: three thread-local
 reads (`_tracing`); the call's layout (`_layout`: each tensor's type, device, dtype, shape and strides, every
 other positional argument's type and value) and one dict lookup (`Selector.remembered`), which finds the
-decision of an earlier call of that layout whose arguments the spec found canonical, so the spec's checks
-(`OpSpec.canonical`) and the decision key are skipped (a float argument's value is part of the layout, so a
-value the spec would refuse is never looked up); the output check (shape, dtype, device and one
-`torch._C._is_alias_of` per tensor argument) and the gradients' (the same, by one storage address read per
-gradient: `hub._fresh`); the saved tensors put back into the call (`_rebuild`); and the Function's one extra
-input. Measured: 6-7 us of a 37 us trilinear forward + backward on the 2-core CPU, 25-40 us of 180-230 on an H200
-host (docs/benchmarks.md, "Per-call host cost"). A call with keywords, with an argument the spec rewrites (an int
-for a list of ints, say), or of a new layout runs the checks and the selector's decision cache
-(`Selector.decide`) instead; the spec's checks see every new layout once.
+decision of an earlier call of that layout whose arguments the spec found canonical, with what the glue keeps of
+every call of the layout (`_plan`), so the spec's checks (`OpSpec.canonical`), the decision key and the
+arguments' taking apart are skipped (a float argument's value is part of the layout, so a value the spec would
+refuse is never looked up); the output check (shape, dtype, device and one `torch._C._is_alias_of` per tensor
+argument) and the gradients' (the same, by one storage address read per gradient: `hub._fresh`); the saved
+tensors put back into the call (`_put_back`); and the Function's one extra input. Measured on the 2-core CPU,
+trilinear 256 points forward + backward (best of 41 rounds; docs/lab/benchmarks-history.md, "Per-call host cost,
+2026-11-25, later"): 67 us against the minimal Function's 54; the layout and its lookup 2 us of that, the output
+and gradient checks 7-8 (what keeps the promise that every output is a new tensor of the spec's shape, dtype and
+device), the rest 3. A call with keywords, with an argument the spec rewrites (an int for a list of ints, say), or
+of a new layout runs the checks and the selector's decision cache (`Selector.decide`) instead; the spec's checks
+see every new layout once.
 
 Under ``torch.compile``, where the hub would serve a traced call (of sizes known at compile time) with an
 impl that has ``Impl.inline``, `OpHandle` puts that function's ops into the graph instead of the operator
@@ -193,34 +196,38 @@ def flatten_grads(spec: OpSpec, args: Sequence[Any], needs: Sequence[bool], grad
     return flat
 
 
-def _others(args: Sequence[Any], positions: Sequence[int]) -> list[Any]:
-    """What autograd glue keeps of a call besides its saved tensors: the arguments with each tensor (at
-    ``positions``) replaced by None and each list of tensors by its length; `_rebuild` puts the call back."""
+def _plan(spec: OpSpec, args: Sequence[Any], offset: int) -> tuple:
+    """What autograd glue keeps of a call besides its saved tensors, the same for every call of one layout (the
+    eager fast path keeps it with the layout's decision, `Selector.remember`): the arguments with each tensor
+    replaced by None and each list of tensors by its length; each tensor argument's position and count (None: one
+    tensor); and each differentiable argument's first slot among the glue's inputs (its tensors' position in the
+    call, a list's one by one, plus ``offset``: the inputs before them) and count. `_put_back` puts the call back."""
     others = list(args)
-    for i in positions:
-        others[i] = None if isinstance(args[i], torch.Tensor) else len(args[i])
-    return others
-
-
-def _rebuild(spec: OpSpec, others: Sequence[Any], saved: Sequence[torch.Tensor], needs_input: Sequence[bool],
-             offset: int) -> tuple[tuple, list[bool], list[int]]:
-    """The call `_others` took apart, from its saved tensors (every tensor of the tensor arguments in order, a
-    list's one by one); whether each differentiable argument needs a gradient (any of its tensors:
-    ``needs_input[offset + k]`` for saved tensor k); and the position ``offset + k`` of its first tensor."""
-    args, needs, slots, k = list(others), [], [], 0
-    diff = spec.differentiable
+    positions, slots, k = [], [], offset
     for i in spec.tensor_args:
-        count = others[i]
+        count = None if isinstance(args[i], torch.Tensor) else len(args[i])
+        others[i] = count
+        positions.append((i, count))
+        if i in spec.differentiable:
+            slots.append((k, count))
+        k += 1 if count is None else count
+    return tuple(others), tuple(positions), tuple(slots)
+
+
+def _put_back(plan: tuple, saved: Sequence[torch.Tensor], needs_input: Sequence[bool]) -> tuple[list, list[bool]]:
+    """The call `_plan` took apart, from its saved tensors (every tensor of the tensor arguments in order, a list's
+    one by one), and whether each differentiable argument needs a gradient (any of its tensors, by the glue's
+    ``needs_input``). On every backward's path: one loop over the tensor arguments."""
+    others, positions, slots = plan
+    args, k = list(others), 0
+    for i, count in positions:
         if count is None:
             args[i] = saved[k]
-            count = 1
+            k += 1
         else:
             args[i] = list(saved[k:k + count])
-        if i in diff:
-            needs.append(any(needs_input[offset + k:offset + k + count]))
-            slots.append(offset + k)
-        k += count
-    return tuple(args), needs, slots
+            k += count
+    return args, [needs_input[s] if c is None else any(needs_input[s:s + c]) for s, c in slots]
 
 
 def _describe(args: Sequence[Any]) -> tuple | None:
@@ -315,11 +322,11 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable, inli
         args = inputs[:n]
         ctx.backend, ctx.hub = inputs[n], inputs[n + 1]
         flat = [t for i in spec.tensor_args for t in tensors_of(args[i])]
-        ctx.others, ctx.requires = _others(args, spec.tensor_args), [t.requires_grad for t in flat]
+        ctx.plan, ctx.requires = _plan(spec, args, 0), [t.requires_grad for t in flat]
         ctx.save_for_backward(*flat)
 
     def autograd_backward(ctx, grad):
-        args, needs, _ = _rebuild(spec, ctx.others, ctx.saved_tensors, ctx.requires, 0)
+        args, needs = _put_back(ctx.plan, ctx.saved_tensors, ctx.requires)
         flat = bwd(grad, *args, needs, ctx.backend, ctx.hub)
         result: list[Any] = [None] * (n + 2)
         pos = 0
@@ -348,24 +355,24 @@ def _library() -> torch.library.Library:
 
 class KernelhubFunction(torch.autograd.Function):
     """The eager fast path's autograd glue: ``apply(call, *tensors)``, with ``call`` = (handle, hub, decision,
-    others, args) in one input (each input costs the engine, forward and backward) and ``tensors`` every tensor of
-    ``args`` (a "tensors" argument's elements one by one, so autograd sees them); ``others`` is what `_rebuild`
-    needs besides them (`_others`). The backward runs on the hub that ran the forward, with the backend of the
-    forward's decision (no second selection)."""
+    plan, args) in one input (each input costs the engine, forward and backward) and ``tensors`` every tensor of
+    ``args`` (a "tensors" argument's elements one by one, so autograd sees them); ``plan`` is what `_put_back`
+    needs besides them (`_plan`, kept with the layout's decision). The backward runs on the hub that ran the
+    forward, with the backend of the forward's decision (no second selection)."""
 
     @staticmethod
     def forward(ctx, call: tuple, *tensors: torch.Tensor) -> torch.Tensor:
-        handle, hub, decision, others, args = call
+        handle, hub, decision, plan, args = call
         ctx.save_for_backward(*tensors)
         decision, out = hub.forward(handle.spec.name, args, handle.backend, decision)
-        ctx.call = (handle, hub, decision, others)
+        ctx.call = (handle, hub, decision, plan)
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        handle, hub, decision, others = ctx.call
+        handle, hub, decision, plan = ctx.call
         needs_input = ctx.needs_input_grad
-        args, needs, slots = _rebuild(handle.spec, others, ctx.saved_tensors, needs_input, 1)
+        args, needs = _put_back(plan, ctx.saved_tensors, needs_input)
         create_graph = torch.is_grad_enabled()  # torch.autograd.grad / .backward() with create_graph=True
         if create_graph:
             with torch.no_grad():
@@ -373,9 +380,9 @@ class KernelhubFunction(torch.autograd.Function):
         else:
             grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision)
         out: list[Any] = [None] * len(needs_input)
-        for slot, need, g in zip(slots, needs, grads):  # each differentiable argument's gradient -> its tensors' slots
+        for (slot, count), need, g in zip(plan[2], needs, grads):  # each argument's gradient -> its tensors' slots
             if need:
-                if isinstance(g, torch.Tensor):
+                if count is None:
                     out[slot] = g
                 else:
                     for k, gk in enumerate(g, slot):
@@ -419,9 +426,9 @@ class OpHandle:
                         (self.spec.name, self.backend, torch.are_deterministic_algorithms_enabled(), layout[0]))
                 except TypeError:  # an unhashable argument: the spec's checks say what is wrong with it
                     known = None
-                if known is not None:  # (decision, the defaults that complete the call)
-                    decision, rest = known
-                    return self._run(hub, decision, args + rest if rest else args, layout[1])
+                if known is not None:  # (decision, the defaults that complete the call, its `_plan`)
+                    decision, rest, plan = known
+                    return self._run(hub, decision, args + rest if rest else args, layout[1], plan)
         return self._call(args, kwargs)
 
     def _call(self, given: tuple, kwargs: dict) -> torch.Tensor:
@@ -436,13 +443,14 @@ class OpHandle:
             if tensors is not None:
                 hub = self.hub_of()
                 decision = hub.selector.decide(spec.name, args, self.backend)
+                plan = _plan(spec, args, 1)
                 rest = None if kwargs else _canonical_as_given(given, args)
                 if rest is not None:
                     layout = _layout(given)
                     if layout is not None:
                         hub.selector.remember((spec.name, self.backend, torch.are_deterministic_algorithms_enabled(),
-                                               layout[0]), args, decision, rest)
-                return self._run(hub, decision, args, tensors)
+                                               layout[0]), args, decision, rest, plan)
+                return self._run(hub, decision, args, tensors, plan)
         if self.hub_of is not None and torch.compiler.is_compiling():
             described = _describe(args)
             backend = "" if described is None else _inline_choice(spec.name, self.backend, self.hub, described)
@@ -451,13 +459,13 @@ class OpHandle:
                 return _INLINE_FUNCTIONS[(spec.name, backend)](*args)
         return self._overload(*args, self.backend, self.hub)
 
-    def _run(self, hub: Any, decision: Any, args: tuple, tensors: list[torch.Tensor]) -> torch.Tensor:
+    def _run(self, hub: Any, decision: Any, args: tuple, tensors: list[torch.Tensor], plan: tuple) -> torch.Tensor:
         """The eager fast path: ``decision`` run on ``hub`` through `KernelhubFunction` where an input requires
         grad, else the hub's forward alone (no autograd node)."""
         if torch.is_grad_enabled():
             for t in tensors:
                 if t.requires_grad:
-                    return _apply((self, hub, decision, _others(args, self.spec.tensor_args), args), *tensors)
+                    return _apply((self, hub, decision, plan, args), *tensors)
         return hub.forward(self.spec.name, args, self.backend, decision)[1]
 
     def __repr__(self) -> str:

@@ -96,7 +96,7 @@ class Hub:
         if decision is None:
             decision = self.selector.decide(op, args, forced)
         while True:
-            impl = _first(decision)
+            impl = decision.eligible[0] if decision.chosen is not None else _first(decision)
             try:
                 out = impl.forward(*args)
                 _check_result(spec, impl.backend, "an output", out, decision.output, args)
@@ -119,7 +119,7 @@ class Hub:
         if decision is None:
             decision = self.selector.decide(op, args, forced)
         while True:
-            impl = _first(decision)
+            impl = decision.eligible[0] if decision.chosen is not None else _first(decision)
             try:
                 grads = impl.backward(grad, *args, needs=needs)
                 _check_grads(spec, impl.backend, grads, args, needs, grad)
@@ -205,13 +205,16 @@ def _check_result(spec: OpSpec, backend: str, what: str | tuple, out: Any, expec
         raise WrongOutputError(f"kernelhub: {spec.name}: backend {backend!r} returned {_words(what)} {got}; the spec "
                                f"says {str(dtype).removeprefix('torch.')}{list(shape)}@{device}")
     for i in spec.tensor_args:
-        for t in args[i] if type(args[i]) is list else (args[i],):
-            if torch._C._is_alias_of(out, t):
-                raise WrongOutputError(f"kernelhub: {spec.name}: backend {backend!r} returned {_words(what)} sharing "
-                                       f"memory with argument {spec.args[i].name!r}; an op returns new tensors")
-    if grad is not None and torch._C._is_alias_of(out, grad):
+        a = args[i]
+        if any(_is_alias_of(out, t) for t in a) if type(a) is list else _is_alias_of(out, a):
+            raise WrongOutputError(f"kernelhub: {spec.name}: backend {backend!r} returned {_words(what)} sharing "
+                                   f"memory with argument {spec.args[i].name!r}; an op returns new tensors")
+    if grad is not None and _is_alias_of(out, grad):
         raise WrongOutputError(f"kernelhub: {spec.name}: backend {backend!r} returned {_words(what)} sharing memory "
                                "with the upstream gradient; an op returns new tensors")
+
+
+_is_alias_of = torch._C._is_alias_of  # whether two tensors share a storage
 
 
 def _words(what: str | tuple) -> str:

@@ -92,8 +92,9 @@ class Selector:
         self.config = config
         self._cache: dict[tuple, Decision] = {}
         # (op, forced, deterministic switch, the call's layout as given) -> (decision, the defaults that complete
-        # the canonical call): read by dispatch.OpHandle on every eager call, written by `remember`
-        self.remembered: dict[tuple, tuple[Decision, tuple]] = {}
+        # the canonical call, dispatch's `_plan` of it): read by dispatch.OpHandle on every eager call, written by
+        # `remember`
+        self.remembered: dict[tuple, tuple[Decision, tuple, tuple]] = {}
         self._failed: dict[tuple, dict[str, str]] = {}
         self._warned: set[tuple] = set()
         self.tuning = Tuning(registry, config)
@@ -109,15 +110,16 @@ class Selector:
                 self._cache[key] = decision
         return decision
 
-    def remember(self, memo_key: tuple, args: Sequence[Any], decision: Decision, rest: tuple) -> None:
+    def remember(self, memo_key: tuple, args: Sequence[Any], decision: Decision, rest: tuple, plan: tuple) -> None:
         """Let later calls of this ``memo_key`` (op, forced, deterministic switch, layout: dispatch.OpHandle's)
         skip the spec's checks and the decision key: ``args`` passed the checks, are canonical as given plus the
         defaults ``rest``, and were decided ``decision``, which is remembered only while it is the cached decision
-        of ``args`` (one not cached, made while tuning was impossible, is decided again at the next call)."""
+        of ``args`` (one not cached, made while tuning was impossible, is decided again at the next call); ``plan``
+        is what the caller's autograd glue keeps of every call of the layout (dispatch's `_plan`)."""
         if self._cache.get(call_key(memo_key[0], args, memo_key[1])) is decision:
             if len(self.remembered) >= MAX_CACHED_DECISIONS:
                 self.remembered.clear()
-            self.remembered[memo_key] = (decision, rest)
+            self.remembered[memo_key] = (decision, rest, plan)
 
     def peek(self, op: str, args: Sequence[Any], forced: str = "") -> Decision:
         """The decision for a call without caching a new one: for the fake tensors of a graph being compiled,

@@ -20,6 +20,7 @@ import datetime
 import json
 import math
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -215,11 +216,17 @@ def host_report(data: dict) -> list[str]:
     """docs/benchmarks.md's section of one host record: per call, the hub against the minimal glue around the
     backend it picks and against the reference; the Triton launchers; compiled steps."""
     v = ", ".join(f"{k} {x}" for k, x in data["versions"].items())
+    # the commands that record into the record's own file are shown by their host_overhead.py arguments
+    prefixes = {m.group(0) for r in data["runs"]
+                if (m := re.match(r"python3? scripts/bench_report\.py record-host --out \S+ -- ", r["command"]))}
+    prefix = prefixes.pop() if len(prefixes) == 1 else ""
     runs: dict[tuple, list[str]] = {}  # (date, commit) -> its commands
     for r in data["runs"]:
-        runs.setdefault((r["date"], r["commit"]), []).append(f"`{r['command']}`" + (f" ({r['note']})" if "note" in r
-                                                                                     else ""))
-    where = " ".join(f"{date}, commit {commit}: {'; '.join(cmds)}." for (date, commit), cmds in runs.items())
+        command = f"`{r['command'][len(prefix):]}`" if prefix and r["command"].startswith(prefix) \
+            else f"`{r['command']}`"
+        runs.setdefault((r["date"], r["commit"]), []).append(command + (f" ({r['note']})" if "note" in r else ""))
+    where = (f"Commands `{prefix}ARGS`, with ARGS: " if prefix else "") + \
+        " ".join(f"{date}, commit {commit}: {'; '.join(cmds)}." for (date, commit), cmds in runs.items())
     parts = [f"### {data['device']}", "", f"{data.get('threads', '?')} threads, {v}. {where}", ""]
     families = list(dict.fromkeys(k.split("/")[0] for k in data["rows"]))  # in the order first recorded
     sizes = ("tiny", "medium", "large")
@@ -279,8 +286,10 @@ def host_report(data: dict) -> list[str]:
 
 
 def host_table(records: list[dict]) -> str:
-    """The README's table: forward + backward µs per call of the medium calls, from the first GPU's record."""
-    gpus = [d for d in records if not d["device"].startswith("cpu")]
+    """The README's table: forward + backward µs per call of the medium calls, from the GPU record that has the most
+    of them (the first such one)."""
+    gpus = sorted((d for d in records if not d["device"].startswith("cpu")),
+                  key=lambda d: -sum(k.endswith("/medium") for k in d["rows"]))
     lines = [f"| call ({gpus[0]['device'] if gpus else '-'}) | hub | its kernels in a minimal `autograd.Function` | "
              "eager reference | compiled reference |", "|---|---:|---:|---:|---:|"]
     for key, r in gpus[0]["rows"].items() if gpus else ():

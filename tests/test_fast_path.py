@@ -312,3 +312,25 @@ def test_a_call_taken_apart_by_its_plan_is_put_back_whole():
             assert args[0] is pts and args[1] is rot and type(args[2]) is list and len(args[2]) == 2
             assert all(a is b for a, b in zip(args[2], planes))
             assert needs == [needs_input[offset], needs_input[offset + 1], any(needs_input[offset + 2:])]
+
+
+def test_the_host_ladder_runs_every_row_and_leaves_the_checks_in_place():
+    """benchmarks/host_ladder.py (where the per-call cost goes): each row is one forward + backward, and its
+    diagnostic row without the hub's checks puts them back."""
+    import importlib.util
+    from pathlib import Path
+
+    from kernelhub import hub as hub_module
+
+    path = Path(__file__).parent.parent / "benchmarks" / "host_ladder.py"
+    spec = importlib.util.spec_from_file_location("host_ladder", path)
+    ladder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ladder)
+    checks = hub_module._check_result, hub_module._check_grads
+    fns, backend = ladder.rows("trilinear_interp", (torch.randn(4, 8, 2), torch.rand(4, 3) * 2 - 1))
+    assert set(fns) == {"min", "min, raw apply", "glue", "glue + checks", "hub", "hub, no checks"}
+    results = {label: f() for label, f in fns.items()}
+    for grads in results.values():
+        for g, ref in zip(grads, results["min"], strict=True):
+            torch.testing.assert_close(g, ref, rtol=0, atol=0)
+    assert (hub_module._check_result, hub_module._check_grads) == checks

@@ -28,11 +28,11 @@ What a repeated call costs on top of the backend's own functions in a minimal Fu
 reads (`_tracing`); the call's layout (`_layout`: each tensor's type, device, dtype, shape and strides, every
 other positional argument's type and value) and one dict lookup (`Selector.remembered`), which finds the
 decision of an earlier call of that layout whose arguments the spec found canonical, with what the glue keeps of
-every call of the layout (`_plan`), so the spec's checks (`OpSpec.canonical`), the decision key and the
+every call of the layout (`kernelhub.spec.plan_call`), so the spec's checks (`OpSpec.canonical`), the decision key and the
 arguments' taking apart are skipped (a float argument's value is part of the layout, so a value the spec would
 refuse is never looked up); the output check (shape, dtype, device and one `torch._C._is_alias_of` per tensor
 argument) and the gradients' (the same, by one storage address read per gradient: `hub._fresh`); the saved
-tensors put back into the call (`_put_back`); and the Function's one extra input. Measured on the 2-core CPU,
+tensors put back into the call (`put_back`); and the Function's one extra input. Measured on the 2-core CPU,
 trilinear 256 points forward + backward (best of 41 rounds; docs/lab/benchmarks-history.md, "Per-call host cost,
 2026-11-25, later"): 67 us against the minimal Function's 54; the layout and its lookup 2 us of that, the output
 and gradient checks 7-8 (what keeps the promise that every output is a new tensor of the spec's shape, dtype and
@@ -58,7 +58,7 @@ import torch
 import torch.autograd.forward_ad as _fwad
 
 from kernelhub.args import tensors_of
-from kernelhub.spec import OpSpec
+from kernelhub.spec import OpSpec, plan_call, put_back, to_slots
 
 __all__ = ["define_ops", "OpHandle", "NAMESPACE", "traced", "EAGER_FAST_PATH", "refuse_unsupported_autodiff"]
 
@@ -196,40 +196,6 @@ def flatten_grads(spec: OpSpec, args: Sequence[Any], needs: Sequence[bool], grad
     return flat
 
 
-def _plan(spec: OpSpec, args: Sequence[Any], offset: int) -> tuple:
-    """What autograd glue keeps of a call besides its saved tensors, the same for every call of one layout (the
-    eager fast path keeps it with the layout's decision, `Selector.remember`): the arguments with each tensor
-    replaced by None and each list of tensors by its length; each tensor argument's position and count (None: one
-    tensor); and each differentiable argument's first slot among the glue's inputs (its tensors' position in the
-    call, a list's one by one, plus ``offset``: the inputs before them) and count. `_put_back` puts the call back."""
-    others = list(args)
-    positions, slots, k = [], [], offset
-    for i in spec.tensor_args:
-        count = None if isinstance(args[i], torch.Tensor) else len(args[i])
-        others[i] = count
-        positions.append((i, count))
-        if i in spec.differentiable:
-            slots.append((k, count))
-        k += 1 if count is None else count
-    return tuple(others), tuple(positions), tuple(slots)
-
-
-def _put_back(plan: tuple, saved: Sequence[torch.Tensor], needs_input: Sequence[bool]) -> tuple[list, list[bool]]:
-    """The call `_plan` took apart, from its saved tensors (every tensor of the tensor arguments in order, a list's
-    one by one), and whether each differentiable argument needs a gradient (any of its tensors, by the glue's
-    ``needs_input``). On every backward's path: one loop over the tensor arguments."""
-    others, positions, slots = plan
-    args, k = list(others), 0
-    for i, count in positions:
-        if count is None:
-            args[i] = saved[k]
-            k += 1
-        else:
-            args[i] = list(saved[k:k + count])
-            k += count
-    return args, [needs_input[s] if c is None else any(needs_input[s:s + c]) for s, c in slots]
-
-
 def _describe(args: Sequence[Any]) -> tuple | None:
     """A call's arguments as constants (a tensor's dtype, device, shape and strides), which dynamo can hand to
     `_inline_choice`; None where a size is symbolic. Traced by dynamo, so plain Python only."""
@@ -322,11 +288,11 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable, inli
         args = inputs[:n]
         ctx.backend, ctx.hub = inputs[n], inputs[n + 1]
         flat = [t for i in spec.tensor_args for t in tensors_of(args[i])]
-        ctx.plan, ctx.requires = _plan(spec, args, 0), [t.requires_grad for t in flat]
+        ctx.plan, ctx.requires = plan_call(spec, args, 0), [t.requires_grad for t in flat]
         ctx.save_for_backward(*flat)
 
     def autograd_backward(ctx, grad):
-        args, needs = _put_back(ctx.plan, ctx.saved_tensors, ctx.requires)
+        args, needs = put_back(ctx.plan, ctx.saved_tensors, ctx.requires)
         flat = bwd(grad, *args, needs, ctx.backend, ctx.hub)
         result: list[Any] = [None] * (n + 2)
         pos = 0
@@ -356,8 +322,8 @@ def _library() -> torch.library.Library:
 class KernelhubFunction(torch.autograd.Function):
     """The eager fast path's autograd glue: ``apply(call, *tensors)``, with ``call`` = (handle, hub, decision,
     plan, args) in one input (each input costs the engine, forward and backward) and ``tensors`` every tensor of
-    ``args`` (a "tensors" argument's elements one by one, so autograd sees them); ``plan`` is what `_put_back`
-    needs besides them (`_plan`, kept with the layout's decision). The backward runs on the hub that ran the
+    ``args`` (a "tensors" argument's elements one by one, so autograd sees them); ``plan`` is what
+    `kernelhub.spec.put_back` needs besides them (`plan_call`'s, kept with the layout's decision). The backward runs on the hub that ran the
     forward, with the backend of the forward's decision (no second selection)."""
 
     @staticmethod
@@ -372,21 +338,14 @@ class KernelhubFunction(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         handle, hub, decision, plan = ctx.call
         needs_input = ctx.needs_input_grad
-        args, needs = _put_back(plan, ctx.saved_tensors, needs_input)
+        args, needs = put_back(plan, ctx.saved_tensors, needs_input)
         create_graph = torch.is_grad_enabled()  # torch.autograd.grad / .backward() with create_graph=True
         if create_graph:
             with torch.no_grad():
                 grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision)
         else:
             grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision)
-        out: list[Any] = [None] * len(needs_input)
-        for (slot, count), need, g in zip(plan[2], needs, grads):  # each argument's gradient -> its tensors' slots
-            if need:
-                if count is None:
-                    out[slot] = g
-                else:
-                    for k, gk in enumerate(g, slot):
-                        out[k] = gk if needs_input[k] else None
+        out = to_slots(plan, needs, grads, needs_input)
         if not create_graph:
             return tuple(out)
         # gradients that raise if differentiated (what once_differentiable does, with a message)
@@ -426,7 +385,7 @@ class OpHandle:
                         (self.spec.name, self.backend, torch.are_deterministic_algorithms_enabled(), layout[0]))
                 except TypeError:  # an unhashable argument: the spec's checks say what is wrong with it
                     known = None
-                if known is not None:  # (decision, the defaults that complete the call, its `_plan`)
+                if known is not None:  # (decision, the defaults that complete the call, its plan)
                     decision, rest, plan = known
                     return self._run(hub, decision, args + rest if rest else args, layout[1], plan)
         return self._call(args, kwargs)
@@ -443,7 +402,7 @@ class OpHandle:
             if tensors is not None:
                 hub = self.hub_of()
                 decision = hub.selector.decide(spec.name, args, self.backend)
-                plan = _plan(spec, args, 1)
+                plan = plan_call(spec, args, 1)
                 rest = None if kwargs else _canonical_as_given(given, args)
                 if rest is not None:
                     layout = _layout(given)

@@ -92,7 +92,7 @@ class Selector:
         self.config = config
         self._cache: dict[tuple, Decision] = {}
         # (op, forced, deterministic switch, the call's layout as given) -> (decision, the defaults that complete
-        # the canonical call, dispatch's `_plan` of it): read by dispatch.OpHandle on every eager call, written by
+        # the canonical call, its `kernelhub.spec.plan_call`): read by dispatch.OpHandle on every eager call, written by
         # `remember`
         self.remembered: dict[tuple, tuple[Decision, tuple, tuple]] = {}
         self._failed: dict[tuple, dict[str, str]] = {}
@@ -115,7 +115,7 @@ class Selector:
         skip the spec's checks and the decision key: ``args`` passed the checks, are canonical as given plus the
         defaults ``rest``, and were decided ``decision``, which is remembered only while it is the cached decision
         of ``args`` (one not cached, made while tuning was impossible, is decided again at the next call); ``plan``
-        is what the caller's autograd glue keeps of every call of the layout (dispatch's `_plan`)."""
+        is what the caller's autograd glue keeps of every call of the layout (`kernelhub.spec.plan_call`)."""
         if self._cache.get(call_key(memo_key[0], args, memo_key[1])) is decision:
             if len(self.remembered) >= MAX_CACHED_DECISIONS:
                 self.remembered.clear()

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 __all__ = ["Arg", "Tolerance", "SampleInput", "SampleSpace", "OpSpec", "Backend", "Impl", "ARG_KINDS", "lazy",
-           "autograd_inline"]
+           "autograd_inline", "plan_call", "put_back", "to_slots"]
 
 # Argument kinds and their torch.library schema types. "tensors" is a list of tensors.
 ARG_KINDS = {
@@ -261,35 +261,87 @@ def lazy(module: str, name: str) -> Callable:
     return call
 
 
-def autograd_inline(spec: OpSpec, forward: Callable, backward: Callable) -> Callable[..., torch.Tensor] | None:
+def plan_call(spec: OpSpec, args: Sequence[Any], offset: int) -> tuple:
+    """What autograd glue keeps of a call besides its saved tensors, the same for every call of one layout (the
+    eager fast path keeps it with the layout's decision): the arguments with each tensor replaced by None and each
+    list of tensors by its length; each tensor argument's position and count (None: one tensor); and each
+    differentiable argument's first slot among the glue's inputs (its tensors' position in the call, a list's one
+    by one, plus ``offset``: the glue's inputs before them) and count. `put_back` puts the call back, `to_slots`
+    puts its gradients in their slots. The one way every autograd.Function of kernelhub (the eager fast path's,
+    the operators' autograd formula, `autograd_inline`'s) takes a call apart."""
+    others = list(args)
+    positions, slots, k = [], [], offset
+    for i in spec.tensor_args:
+        count = None if isinstance(args[i], torch.Tensor) else len(args[i])
+        others[i] = count
+        positions.append((i, count))
+        if i in spec.differentiable:
+            slots.append((k, count))
+        k += 1 if count is None else count
+    return tuple(others), tuple(positions), tuple(slots)
+
+
+def put_back(plan: tuple, saved: Sequence[torch.Tensor], needs_input: Sequence[bool]) -> tuple[list, list[bool]]:
+    """The call `plan_call` took apart, from its saved tensors (every tensor of the tensor arguments in order, a
+    list's one by one), and whether each differentiable argument needs a gradient (any of its tensors, by the
+    glue's ``needs_input``; empty: none asked). On every backward's path: one loop over the tensor arguments."""
+    others, positions, slots = plan
+    args, k = list(others), 0
+    for i, count in positions:
+        if count is None:
+            args[i] = saved[k]
+            k += 1
+        else:
+            args[i] = list(saved[k:k + count])
+            k += count
+    if not needs_input:
+        return args, []
+    return args, [needs_input[s] if c is None else any(needs_input[s:s + c]) for s, c in slots]
+
+
+def to_slots(plan: tuple, needs: Sequence[bool], grads: Sequence[Any], needs_input: Sequence[bool]) -> tuple:
+    """A backward's result for autograd: each differentiable argument's gradient (a tensor, or a list for a
+    "tensors" argument) in its tensors' slots of the glue's inputs (`plan_call`), None elsewhere and where the
+    input asked for none."""
+    out: list[Any] = [None] * len(needs_input)
+    for (slot, count), need, g in zip(plan[2], needs, grads):
+        if need:
+            if count is None:
+                out[slot] = g
+            else:
+                for k, gk in enumerate(g, slot):
+                    out[k] = gk if needs_input[k] else None
+    return tuple(out)
+
+
+def autograd_inline(spec: OpSpec, forward: Callable, backward: Callable) -> Callable[..., torch.Tensor]:
     """An `Impl.inline` made of an impl's own ``forward(*args)`` and ``backward(grad, *args, needs=...)``: one
     ``torch.autograd.Function`` that calls them, for a backend whose functions dynamo can trace (torch ops and
     operators with fake implementations, static Python around them). Under ``torch.compile`` the graph then
     calls the backend's operators directly: no hub decision, fallback or output check per call (the decision was
-    made while tracing), as with the inductor backend's inlined reference. None for an op with a "tensors"
-    argument (an autograd.Function takes tensors one by one). Used only while dynamo traces, and AOTAutograd
-    refuses double backward of a compiled graph, so the Function need not."""
-    if any(spec.args[i].kind == "tensors" for i in spec.tensor_args):
-        return None
-    tensors, differentiable = spec.tensor_args, spec.differentiable
+    made while tracing), as with the inductor backend's inlined reference. The Function takes the call's plan
+    (`plan_call`) and its tensors one by one (a "tensors" argument's too, so autograd sees them). Used only while
+    dynamo traces, and AOTAutograd refuses double backward of a compiled graph, so the Function need not."""
 
     class Inline(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, *args):
-            ctx.save_for_backward(*[args[i] for i in tensors])
-            ctx.others = [None if i in tensors else a for i, a in enumerate(args)]
-            return forward(*args)
+        def forward(ctx, plan, *tensors):
+            ctx.save_for_backward(*tensors)
+            ctx.plan = plan
+            return forward(*put_back(plan, tensors, ())[0])
 
         @staticmethod
         def backward(ctx, grad):
-            args = list(ctx.others)
-            for i, t in zip(tensors, ctx.saved_tensors):
-                args[i] = t
-            grads = backward(grad, *args, needs=[ctx.needs_input_grad[i] for i in differentiable])
-            out: list[Any] = [None] * len(args)
-            for i, g in zip(differentiable, grads):
-                out[i] = g
-            return tuple(out)
+            needs_input = ctx.needs_input_grad
+            args, needs = put_back(ctx.plan, ctx.saved_tensors, needs_input)
+            return to_slots(ctx.plan, needs, backward(grad, *args, needs=needs), needs_input)
 
     Inline.__name__ = Inline.__qualname__ = f"Inline_{spec.name}"
-    return Inline.apply
+    # read here, not first while dynamo traces `inline`: a cached_property's first read takes a lock dynamo cannot
+    tensor_args, _ = spec.tensor_args, spec.differentiable
+
+    def inline(*args):
+        tensors = [t for i in tensor_args for t in (args[i] if isinstance(args[i], list) else (args[i],))]
+        return Inline.apply(plan_call(spec, args, 1), *tensors)
+
+    return inline

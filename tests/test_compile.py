@@ -128,7 +128,8 @@ def _cuda_ext_inline_cases():
 def test_where_the_hub_would_run_cuda_ext_the_graph_calls_its_operators(name, dtype):
     """cuda_ext forced (the same decision as where selection picks it): the graph calls cuda_ext's operators, no
     opaque kernelhub node, with eager cuda_ext's values and gradients. The operators' fake implementations are what
-    lets dynamo trace them; an op without them (semiconv, the multi-scale K-Planes) keeps the opaque node."""
+    lets dynamo trace them; an op without them (semiconv) keeps the opaque node. The multi-scale K-Planes' planes
+    are a list of tensors, each one of the Function's inputs."""
     reason = kernelhub.get_hub().registry.unavailable_reason("cuda_ext")
     if reason:
         pytest.skip(f"cuda_ext is unavailable: {reason}")

@@ -298,20 +298,26 @@ def test_a_gradient_sharing_memory_with_the_call_is_a_wrong_output(returned, fas
 
 
 def test_a_call_taken_apart_by_its_plan_is_put_back_whole():
-    """`dispatch._plan` and `_put_back` (both paths' autograd glue): the call rebuilt from its saved tensors, a
-    "tensors" argument's one by one, and each differentiable argument's need from its tensors' slots (any of a
-    list's), after ``offset`` inputs that are not tensors."""
+    """`kernelhub.spec.plan_call`, `put_back` and `to_slots` (every autograd glue's): the call rebuilt from its saved
+    tensors, a "tensors" argument's one by one, each differentiable argument's need from its tensors' slots (any of
+    a list's), and its gradients back in those slots, after ``offset`` inputs that are not tensors."""
+    from kernelhub.spec import plan_call, put_back, to_slots
+
     spec = kernelhub.get_hub().registry.spec("kplanes_interp_tilted_ms")
     pts, rot, planes = torch.randn(5, 3), torch.eye(3)[None], [torch.randn(3, 2, 4, 4), torch.randn(3, 2, 8, 8)]
     for offset in (0, 1):
-        plan = dispatch._plan(spec, (pts, rot, planes), offset)
+        plan = plan_call(spec, (pts, rot, planes), offset)
         saved = (pts, rot, *planes)
         for needs_input in [(True, False, False, True), (False, True, False, False), (False, False, True, False)]:
             needs_input = (False,) * offset + needs_input
-            args, needs = dispatch._put_back(plan, saved, needs_input)
+            args, needs = put_back(plan, saved, needs_input)
             assert args[0] is pts and args[1] is rot and type(args[2]) is list and len(args[2]) == 2
             assert all(a is b for a, b in zip(args[2], planes))
             assert needs == [needs_input[offset], needs_input[offset + 1], any(needs_input[offset + 2:])]
+            grads = ["g_pts", "g_rot", ["g_plane0", "g_plane1"]]
+            want = [None] * offset + [g if need else None for g, need in
+                                      zip(["g_pts", "g_rot", "g_plane0", "g_plane1"], needs_input[offset:])]
+            assert to_slots(plan, needs, grads, needs_input) == tuple(want)
 
 
 def test_the_host_ladder_runs_every_row_and_leaves_the_checks_in_place():

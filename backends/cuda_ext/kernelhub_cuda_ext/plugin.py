@@ -64,7 +64,7 @@ def _semiconv_reasons(args) -> list[str]:
 REASONS = {"semiconv": _semiconv_reasons}  # beyond _cuda_built
 # ops whose operators have fake implementations (_lib._register_fakes) and whose functions dynamo traces: under
 # torch.compile the graph calls these operators directly (`autograd_inline`); the others stay one opaque node
-INLINE = set(IMPLS) - {"semiconv", "kplanes_interp_tilted_ms"}
+INLINE = set(IMPLS) - {"semiconv"}
 
 
 @hookimpl

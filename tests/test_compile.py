@@ -118,22 +118,24 @@ def test_a_handle_made_inside_the_compiled_function_works(backend):
 
 def _cuda_ext_inline_cases():
     try:
-        from kernelhub_cuda_ext.plugin import INLINE
+        from kernelhub_cuda_ext.plugin import IMPLS
     except ImportError:  # installed without cuda_ext (CUDA_EXT=0 on the GPU machine, a user's own set)
-        return [pytest.param(None, None, marks=pytest.mark.skip(reason="kernelhub_cuda_ext is not installed"))]
-    return [(name, torch.float32) for name in sorted(INLINE)] + [("tikhonov_inverse_2xn", torch.complex64)]
+        return [pytest.param(None, None, 0, marks=pytest.mark.skip(reason="kernelhub_cuda_ext is not installed"))]
+    semiconv = len(testing.samples("semiconv", "small", torch.float32, "cpu"))  # its semifields, dims and groups
+    return [(name, torch.float32, 0) for name in sorted(IMPLS)] + [("tikhonov_inverse_2xn", torch.complex64, 0)] + \
+        [("semiconv", torch.float32, i) for i in range(1, semiconv)]
 
 
-@pytest.mark.parametrize("name, dtype", _cuda_ext_inline_cases())
-def test_where_the_hub_would_run_cuda_ext_the_graph_calls_its_operators(name, dtype):
+@pytest.mark.parametrize("name, dtype, index", _cuda_ext_inline_cases())
+def test_where_the_hub_would_run_cuda_ext_the_graph_calls_its_operators(name, dtype, index):
     """cuda_ext forced (the same decision as where selection picks it): the graph calls cuda_ext's operators, no
     opaque kernelhub node, with eager cuda_ext's values and gradients. The operators' fake implementations are what
-    lets dynamo trace them; an op without them (semiconv) keeps the opaque node. The multi-scale K-Planes' planes
-    are a list of tensors, each one of the Function's inputs."""
+    lets dynamo trace them. The multi-scale K-Planes' planes are a list of tensors, each one of the Function's
+    inputs; semiconv runs every small sample (semifields, 1-3 dims, stride, dilation, groups, group broadcasting)."""
     reason = kernelhub.get_hub().registry.unavailable_reason("cuda_ext")
     if reason:
         pytest.skip(f"cuda_ext is unavailable: {reason}")
-    sample = testing.samples(name, "small", dtype, "cpu")[0]
+    sample = testing.samples(name, "small", dtype, "cpu")[index]
     op = kernelhub.op(name, backend="cuda_ext")
     args = testing.with_grad(name, sample.args)
     leaves = testing.leaves(name, args)

@@ -108,8 +108,9 @@ def folded_shape(shape: tuple, groups: int, group_broadcasting: bool) -> tuple[t
 def lift_3d(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting=False) -> Lifted:
     """A call's canonical arguments (after the spec's normalize) in the form the kernels take (`Lifted`): two
     reshapes (views where strides allow) and the call's plan, computed once per shapes and arguments."""
-    plan = _plan(tuple(img.shape), tuple(kernel.shape), semifield, tuple(stride), tuple(padding), tuple(dilation),
-                 groups, kind, group_broadcasting)
+    plan = (_plan.__wrapped__ if torch.compiler.is_compiling() else _plan)(  # dynamo traces the plain function
+        tuple(img.shape), tuple(kernel.shape), semifield, tuple(stride), tuple(padding), tuple(dilation), groups, kind,
+        group_broadcasting)
     return Lifted(img.reshape(plan[0]), kernel.reshape(plan[1]), *plan[2:])
 
 

@@ -80,6 +80,13 @@ def _register_fakes() -> None:
             like(t) if need else like(t, (0,)) for t, need in ((planes, need_planes), (pts, need_pts), (rot, need_rot))))
     torch.library.register_fake(f"{NAME}::tikhonov_forward")(lambda M, lam: like(M))
     torch.library.register_fake(f"{NAME}::tikhonov_backward")(lambda grad, M, lam: like(M))
+    # semiconv: img [B, C, D, H, W] and kernel [O, C/g, KD, KH, KW] as ops.py lifts them -> [B, O, *out_size]
+    torch.library.register_fake(f"{NAME}::semiconv_forward")(
+        lambda img, kernel, semifield, param, groups, stride, padding, dilation, out_size, flip: like(
+            img, (img.shape[0], kernel.shape[0], *out_size)))
+    torch.library.register_fake(f"{NAME}::semiconv_backward")(
+        lambda grad, img, kernel, semifield, param, groups, stride, padding, dilation, need_img, need_kernel, flip: (
+            like(img) if need_img else like(img, (0,)), like(kernel) if need_kernel else like(kernel, (0,))))
 
 
 def load() -> str | None:

@@ -62,9 +62,6 @@ def _semiconv_reasons(args) -> list[str]:
 
 
 REASONS = {"semiconv": _semiconv_reasons}  # beyond _cuda_built
-# ops whose operators have fake implementations (_lib._register_fakes) and whose functions dynamo traces: under
-# torch.compile the graph calls these operators directly (`autograd_inline`); the others stay one opaque node
-INLINE = set(IMPLS) - {"semiconv"}
 
 
 @hookimpl
@@ -73,9 +70,11 @@ def kernelhub_register_impls(registry) -> None:
                                  unavailable_reason))
     from kernelhub_cuda_ext import ops  # plain Python over torch.ops: importing it neither builds nor loads
 
+    # every operator has a fake implementation (_lib._register_fakes) and ops.py's functions are static Python
+    # around them: under torch.compile the graph calls these operators directly (`autograd_inline`)
     for op, (fwd, bwd, dtypes, devices) in IMPLS.items():
         forward, backward = getattr(ops, fwd), getattr(ops, bwd)
         registry.add_impl(Impl(op=op, backend=NAME, forward=forward, backward=backward, dtypes=dtypes,
                                devices=devices, not_supported_reasons=REASONS.get(op, _cuda_built),
                                deterministic=op not in NOT_DETERMINISTIC,
-                               inline=autograd_inline(registry.spec(op), forward, backward) if op in INLINE else None))
+                               inline=autograd_inline(registry.spec(op), forward, backward)))

@@ -347,7 +347,7 @@ class KernelhubFunction(torch.autograd.Function):
             grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision)
         out = to_slots(plan, needs, grads, needs_input)
         if not create_graph:
-            return tuple(out)
+            return out
         # gradients that raise if differentiated (what once_differentiable does, with a message)
         err = torch._C._functions.DelayedError(
             f"double backward is not supported by kernelhub.{handle.spec.name}".encode(), len(out))

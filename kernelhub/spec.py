@@ -266,9 +266,11 @@ def plan_call(spec: OpSpec, args: Sequence[Any], offset: int) -> tuple:
     eager fast path keeps it with the layout's decision): the arguments with each tensor replaced by None and each
     list of tensors by its length; each tensor argument's position and count (None: one tensor); and each
     differentiable argument's first slot among the glue's inputs (its tensors' position in the call, a list's one
-    by one, plus ``offset``: the glue's inputs before them) and count. `put_back` puts the call back, `to_slots`
-    puts its gradients in their slots. The one way every autograd.Function of kernelhub (the eager fast path's,
-    the operators' autograd formula, `autograd_inline`'s) takes a call apart."""
+    by one, plus ``offset``: the glue's inputs before them) and count; and the positions of the other arguments
+    that are lists (kept as tuples: the plan outlives the call, and no call's change to its lists reaches another).
+    `put_back` puts the call back, `to_slots` puts its gradients in their slots. The one way every
+    autograd.Function of kernelhub (the eager fast path's, the operators' autograd formula, `autograd_inline`'s)
+    takes a call apart."""
     others = list(args)
     positions, slots, k = [], [], offset
     for i in spec.tensor_args:
@@ -278,15 +280,21 @@ def plan_call(spec: OpSpec, args: Sequence[Any], offset: int) -> tuple:
         if i in spec.differentiable:
             slots.append((k, count))
         k += 1 if count is None else count
-    return tuple(others), tuple(positions), tuple(slots)
+    lists = tuple(i for i, a in enumerate(others) if type(a) is list)
+    for i in lists:
+        others[i] = tuple(others[i])
+    return tuple(others), tuple(positions), tuple(slots), lists
 
 
 def put_back(plan: tuple, saved: Sequence[torch.Tensor], needs_input: Sequence[bool]) -> tuple[list, list[bool]]:
     """The call `plan_call` took apart, from its saved tensors (every tensor of the tensor arguments in order, a
-    list's one by one), and whether each differentiable argument needs a gradient (any of its tensors, by the
-    glue's ``needs_input``; empty: none asked). On every backward's path: one loop over the tensor arguments."""
-    others, positions, slots = plan
+    list's one by one) and new lists where the call had lists, and whether each differentiable argument needs a
+    gradient (any of its tensors, by the glue's ``needs_input``; empty: none asked). On every backward's path: one
+    loop over the tensor arguments."""
+    others, positions, slots, lists = plan
     args, k = list(others), 0
+    for i in lists:
+        args[i] = list(others[i])
     for i, count in positions:
         if count is None:
             args[i] = saved[k]

@@ -318,6 +318,13 @@ def test_a_call_taken_apart_by_its_plan_is_put_back_whole():
             want = [None] * offset + [g if need else None for g, need in
                                       zip(["g_pts", "g_rot", "g_plane0", "g_plane1"], needs_input[offset:])]
             assert to_slots(plan, needs, grads, needs_input) == tuple(want)
+    semiconv = kernelhub.get_hub().registry.spec("semiconv")
+    call = semiconv.canonical(torch.randn(1, 2, 8, 8), torch.randn(2, 1, 3, 3), "tropical_max", 1, 1, 1, 2)
+    plan = plan_call(semiconv, call, 1)
+    args, _ = put_back(plan, call[:2], ())
+    assert args[3:6] == list(call[3:6]) and all(type(a) is list for a in args[3:6])
+    args[3].append(99)  # an impl's change to the lists it was given reaches no later call of the layout
+    assert put_back(plan, call[:2], ())[0][3] == call[3]
 
 
 def test_the_host_ladder_runs_every_row_and_leaves_the_checks_in_place():

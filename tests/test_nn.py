@@ -241,3 +241,29 @@ def test_kplanes_field_planes_are_channels_last_and_their_gradient_keeps_the_pla
             assert got.stride() == p.stride(), (got.stride(), p.stride())
     field(pts).sum().backward()  # the parameter's .grad follows the parameter's layout (torch's AccumulateGrad)
     assert planes.grad.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_the_modules_compile_whole_and_agree_with_eager():
+    """Each module under ``torch.compile(fullgraph=True)``: no graph break, eager's values and gradients (on the CPU
+    the hub runs cuda_ext here, whose functions the graph then holds: `Impl.inline`; its operators otherwise)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 12, 12, requires_grad=True)
+    pts = torch.rand(32, 3) * 2 - 1
+    vol = torch.randn(2, 6, 7, 8, requires_grad=True)
+    cases = [(khnn.SemiConv(khnn.QuadraticKernelIso2D(1, 4, 5), "tropical_max", padding=2, groups=4), (x,)),
+             (khnn.Closing(khnn.QuadraticKernelIso2D(1, 4, 3), padding=1, groups=4), (x,)),
+             (khnn.KPlanesField(2, 4, [8, 16]), (pts,)),
+             (khnn.TVLoss3d("l1", (1.0, 0.5, 0.5)), (vol,))]
+    for module, inputs in cases:
+        leaves = [t for t in (*inputs, *module.parameters()) if t.requires_grad]
+        want = module(*inputs)
+        want_g = torch.autograd.grad(want.square().sum(), leaves)
+        compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+        got = compiled(*inputs)
+        got_g = torch.autograd.grad(got.square().sum(), leaves)
+        torch.testing.assert_close(got, want)
+        for g, w in zip(got_g, want_g, strict=True):
+            torch.testing.assert_close(g, w)
+    field = cases[2][0]
+    torch.testing.assert_close(torch.compile(field, fullgraph=True, backend="aot_eager")(pts, tv_taps=0.01),
+                               field(pts, tv_taps=0.01))

@@ -28,9 +28,9 @@ What a repeated call costs on top of the backend's own functions in a minimal Fu
 reads (`_tracing`); the call's layout (`_layout`: each tensor's type, device, dtype, shape and strides, every
 other positional argument's type and value) and one dict lookup (`Selector.remembered`), which finds the
 decision of an earlier call of that layout whose arguments the spec found canonical, with what the glue keeps of
-every call of the layout (`kernelhub.spec.plan_call`), so the spec's checks (`OpSpec.canonical`), the decision key and the
-arguments' taking apart are skipped (a float argument's value is part of the layout, so a value the spec would
-refuse is never looked up); the output check (shape, dtype, device and one `torch._C._is_alias_of` per tensor
+every call of the layout (`kernelhub.spec.plan_call`), so the spec's checks (`OpSpec.canonical`), the decision
+key and the arguments' taking apart are skipped (a float argument's value is part of the layout, so a value the
+spec would refuse is never looked up); the output check (shape, dtype, device and one `torch._C._is_alias_of` per tensor
 argument) and the gradients' (the same, by one storage address read per gradient: `hub._fresh`); the saved
 tensors put back into the call (`put_back`); and the Function's one extra input. Measured on the 2-core CPU,
 trilinear 256 points forward + backward (best of 41 rounds; docs/lab/benchmarks-history.md, "Per-call host cost,
@@ -323,8 +323,8 @@ class KernelhubFunction(torch.autograd.Function):
     """The eager fast path's autograd glue: ``apply(call, *tensors)``, with ``call`` = (handle, hub, decision,
     plan, args) in one input (each input costs the engine, forward and backward) and ``tensors`` every tensor of
     ``args`` (a "tensors" argument's elements one by one, so autograd sees them); ``plan`` is what
-    `kernelhub.spec.put_back` needs besides them (`plan_call`'s, kept with the layout's decision). The backward runs on the hub that ran the
-    forward, with the backend of the forward's decision (no second selection)."""
+    `kernelhub.spec.put_back` needs besides them (`plan_call`'s, kept with the layout's decision). The backward
+    runs on the hub that ran the forward, with the backend of the forward's decision (no second selection)."""
 
     @staticmethod
     def forward(ctx, call: tuple, *tensors: torch.Tensor) -> torch.Tensor:

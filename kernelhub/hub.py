@@ -96,7 +96,7 @@ class Hub:
         if decision is None:
             decision = self.selector.decide(op, args, forced)
         while True:
-            impl = decision.eligible[0] if decision.chosen is not None else _first(decision)
+            impl = _first(decision)
             try:
                 out = impl.forward(*args)
                 _check_result(spec, impl.backend, "an output", out, decision.output, args)
@@ -119,7 +119,7 @@ class Hub:
         if decision is None:
             decision = self.selector.decide(op, args, forced)
         while True:
-            impl = decision.eligible[0] if decision.chosen is not None else _first(decision)
+            impl = _first(decision)
             try:
                 grads = impl.backward(grad, *args, needs=needs)
                 _check_grads(spec, impl.backend, grads, args, needs, grad)

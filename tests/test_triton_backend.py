@@ -240,9 +240,39 @@ def test_launch_hands_a_kept_kernel_its_parameters_in_signature_order():
     assert picked((x, 3, 1, 4, 5), dict(num_warps=2)) == (2.5,)
     assert picked((x, 3, 1, 4, 5, 0.5), {}) == ()
     # a key names the keywords in order with their values: another order is another key
-    key = _launch._key(kernel, 0, (x, 3), dict(A=1, B=4))
-    assert key != _launch._key(kernel, 0, (x, 3), dict(B=4, A=1))
-    assert key == _launch._key(kernel, 0, (torch.empty(4), 3), dict(A=1, B=4))
+    key, values = _launch._key(kernel, 0, (x, 3), dict(A=1, B=4))
+    assert key != _launch._key(kernel, 0, (x, 3), dict(B=4, A=1))[0]
+    assert key == _launch._key(kernel, 0, (torch.empty(4), 3), dict(A=1, B=4))[0]
+    # the arguments as a kept kernel gets them: each tensor as its address
+    assert values == [x.data_ptr(), 3]
+    # a tensor's dtype, device and alignment and a float's type are in the key, a float's value is not
+    assert key != _launch._key(kernel, 0, (x.double(), 3), dict(A=1, B=4))[0]
+    assert key != _launch._key(kernel, 0, (torch.empty(5)[1:], 3), dict(A=1, B=4))[0]
+    assert _launch._key(kernel, 0, (x, 0.5), {})[0] == _launch._key(kernel, 0, (x, 2.0), {})[0]
+    assert _launch._key(kernel, 0, (x, 0.5), {})[1] == [x.data_ptr(), 0.5]
+    if CUDA:
+        assert key != _launch._key(kernel, 0, (x.cuda(), 3), dict(A=1, B=4))[0]
+
+
+def test_launch_takes_tritons_path_while_a_launch_hook_is_set():
+    """A profiler's launch hook gets Triton's launch metadata, computed from the tensors: `launch` then takes
+    Triton's own path (`_launch._hooked`), for either hook, as None, a function or a chain of them (newer triton)."""
+    from types import SimpleNamespace
+
+    from kernelhub_triton import _launch
+
+    class Chain:  # triton's HookChain: a list of functions
+        def __init__(self, calls):
+            self.calls = calls
+
+    def hook(metadata):
+        pass
+
+    assert not _launch._hooked(SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None))
+    assert not _launch._hooked(SimpleNamespace(launch_enter_hook=Chain([]), launch_exit_hook=Chain([])))
+    assert _launch._hooked(SimpleNamespace(launch_enter_hook=hook, launch_exit_hook=None))
+    assert _launch._hooked(SimpleNamespace(launch_enter_hook=None, launch_exit_hook=Chain([hook])))
+    assert _launch._hooked(SimpleNamespace(launch_enter_hook=Chain([hook]), launch_exit_hook=Chain([])))
 
 
 @pytest.mark.skipif(not CUDA, reason="launch keeps compiled kernels for CUDA tensors (the interpreter has none)")
@@ -269,6 +299,36 @@ def test_launch_keeps_the_compiled_kernel_per_key_and_matches_tritons_own_launch
         on_side = tv.l1_forward(v)
     side.synchronize()
     torch.testing.assert_close(on_side, expected)
+
+
+@pytest.mark.skipif(not CUDA, reason="launch keeps compiled kernels for CUDA tensors (the interpreter has none)")
+def test_launch_refuses_a_cpu_tensor_beside_cuda_ones_as_triton_does():
+    """A kept kernel gets each tensor as its address, which Triton's C launcher takes unchecked. A CPU tensor among
+    a launch's CUDA tensors makes a key of its own, whose first launch (Triton's own path, which checks each
+    address) raises, so nothing is kept for it and no CPU address ever reaches the GPU."""
+    import triton
+    import triton.language as tl
+
+    from kernelhub_triton import _launch
+
+    @triton.jit
+    def copy(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+    x = torch.arange(8.0, device="cuda")
+    y = torch.zeros(8, device="cuda")
+    _launch._HANDLES.clear()
+    for _ in range(3):  # Triton's path, then the kept kernel twice
+        _launch.launch(copy, (1,), x, y, 8, BLOCK=8)
+    assert len(_launch._HANDLES) == 1 and torch.equal(y, x)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="cpu tensor"):
+            _launch.launch(copy, (1,), x, torch.zeros(8), 8, BLOCK=8)
+    assert len(_launch._HANDLES) == 1
+    z = torch.zeros(8, device="cuda")
+    _launch.launch(copy, (1,), x, z, 8, BLOCK=8)
+    assert torch.equal(z, x)
 
 
 @pytest.mark.parametrize("op", ["tv_loss_l1_3d", "tv_loss_iso_3d"])

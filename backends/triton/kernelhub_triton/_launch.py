@@ -43,16 +43,34 @@ _HANDLES: dict[tuple, tuple] = {}
 _MAX_HANDLES = 4096
 
 
-def _key(kernel, device: int, args: tuple, kwargs: dict) -> tuple:
-    """What Triton specialises a launch on: each tensor's dtype and 16-byte alignment, an integer's value (Triton
-    looks at == 1, divisibility by 16 and the width; the value covers them all), a float's type (floats are not
-    specialised), any other value as it is; and the keywords as given, names in order and values. One
-    comprehension per call, no function call per argument (the key of a TV launch's 16 arguments cost 3.8 us per
-    call that way on the 2-core CPU, 1.0 us so). So the launchers pass tensors and floats positionally (a keyword's
-    value enters the key as it is: a float there, an eps say, would make each new value a key of its own, a tensor
-    would be keyed by its identity), and a keyword keeps one type across calls (True and 1 would share a key)."""
-    return (kernel, device, *[(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
-                              else float if type(a) is float else a for a in args], *kwargs.items())
+def _key(kernel, device: int, args: tuple, kwargs: dict) -> tuple[tuple, list]:
+    """What Triton specialises a launch on, and the arguments as `launch` hands them to a kept kernel. The key:
+    each tensor's dtype, device index and 16-byte alignment, an integer's value (Triton looks at == 1,
+    divisibility by 16 and the width; the value covers them all), a float's type (floats are not specialised),
+    any other value as it is; and the keywords as given, names in order and values. The arguments: each tensor as
+    its address (an int), which Triton's C launcher takes as it is; given the tensor, it calls the tensor's
+    ``data_ptr`` and asks the driver (``cuPointerGetAttribute``) whether the address is a device one, per tensor
+    and launch. A key is kept only after its first launch, which takes Triton's own path, so that question is
+    asked once per key: where Triton refuses a tensor (a CPU tensor, say), that launch raises and its key, which
+    holds each tensor's device, is never kept.
+
+    One loop per call, no function call per argument: the key and the addresses of a 16-argument launch with four
+    tensors take 2.7 us on the 2-core CPU, the key alone 2.4 (a function call per argument once cost 3.8 us). So
+    the launchers pass tensors and floats positionally (a keyword's value enters the key as it is: a float there,
+    an eps say, would make each new value a key of its own, a tensor would be keyed by its identity), and a
+    keyword keeps one type across calls (True and 1 would share a key)."""
+    key: list = [kernel, device]
+    values: list = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            address = a.data_ptr()
+            values.append(address)
+            key.append((a.dtype, a.get_device(), address % 16 == 0))
+        else:
+            values.append(a)
+            key.append(float if type(a) is float else a)
+    key.extend(kwargs.items())
+    return tuple(key), values
 
 
 def _picker(kernel, args: tuple, kwargs: dict) -> tuple:
@@ -79,17 +97,18 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     launch costs 11-15 us on an H200 host, docs/lab/benchmarks-history.md). Here the compiled kernel Triton returned
     for the first call of a key (`_key`) is kept with where each of its parameters comes from (`_picker`), and
     later calls of the key hand it the arguments and the current stream directly, as Triton's own launch does
-    after its lookup. The first call of a key, CPU tensors (Triton's interpreter), a triton without
-    ``triton.knobs`` and a launch on a device that is not the current one take Triton's path.
+    after its lookup, each tensor as its address (`_key`). The first call of a key, CPU tensors (Triton's
+    interpreter), a triton without ``triton.knobs``, a launch on a device that is not the current one and a launch
+    while a launch hook is set (`_hooked`) take Triton's path.
     """
     t = args[0]
     if not t.is_cuda or _knobs is None:
         kernel[grid](*args, **kwargs)
         return
-    device = t.device.index
-    key = _key(kernel, device, args, kwargs)
+    device = t.get_device()
+    key, values = _key(kernel, device, args, kwargs)
     entry = _HANDLES.get(key)
-    if entry is None or _current_device() != device:
+    if entry is None or _current_device() != device or _hooked(_knobs.runtime):
         with torch.cuda.device(device):  # Triton launches on the current device
             compiled = kernel[grid](*args, **kwargs)
         if entry is None and compiled is not None:
@@ -98,14 +117,19 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
             _HANDLES[key] = (compiled, *_picker(kernel, args, kwargs))
         return
     compiled, pick, defaults = entry
-    values = (*args, *pick((*kwargs.values(), *defaults)))
+    values.extend(pick((*kwargs.values(), *defaults)))
     g = (*grid, 1, 1)
-    stream = _current_stream(device)
-    hooks = _knobs.runtime
-    enter = hooks.launch_enter_hook  # Triton computes the launch metadata for its hooks only
-    compiled.run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata,
-                 None if enter is None else compiled.launch_metadata(grid, stream, *values), enter,
-                 hooks.launch_exit_hook, *values)
+    compiled.run(g[0], g[1], g[2], _current_stream(device), compiled.function, compiled.packed_metadata, None, None,
+                 None, *values)
+
+
+def _hooked(runtime) -> bool:
+    """Whether a launch hook is set (a profiler's, say): then every launch takes Triton's path, which gives the
+    hooks the launch metadata they read (computed from the tensors themselves). Older triton keeps None or a
+    function per hook, newer a chain of functions (``HookChain``), empty where none was added."""
+    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+    return (enter is not None and bool(getattr(enter, "calls", True))) or \
+        (leave is not None and bool(getattr(leave, "calls", True)))
 
 
 _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (  # what Triton's launch uses

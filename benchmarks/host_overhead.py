@@ -189,10 +189,10 @@ def rows_for(op: str, args: tuple, device: torch.device, repeat: int, compile_re
 def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int) -> dict:
     """Wall us per forward + backward of a step ``(op(*args) * w).sum()`` compiled with torch.compile (fullgraph,
     inductor), calling the reference, the hub (its default choice) and the hub with each backend forced whose impl
-    has ``inline`` (inductor: the graph holds the reference's ops; cuda_ext: its operators), against the eager hub
-    step; and, for each backend with an inline but inductor, the backend's functions in the minimal
-    autograd.Function (`minimal`) compiled the same way: what torch.compile costs around those functions with no hub
-    at all. The step takes the real part of a complex output."""
+    has ``inline`` (inductor: the graph holds the reference's ops; cuda_ext: its operators; triton: its kernels),
+    against the eager hub step; and, for each backend with an inline but inductor, the backend's functions in the
+    minimal autograd.Function (`minimal`) compiled the same way: what torch.compile costs around those functions
+    with no hub at all. The step takes the real part of a complex output."""
     from kernelhub_torch_ref.plugin import DIFFERENTIATE, FORWARDS
 
     hub = kernelhub.get_hub()

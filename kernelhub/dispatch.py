@@ -44,8 +44,9 @@ Under ``torch.compile``, where the hub would serve a traced call (of sizes known
 impl that has ``Impl.inline``, `OpHandle` puts that function's ops into the graph instead of the operator
 (`_inline_choice`): for the inductor backend (a tuned winner, a pin or a force) the reference's torch ops, which
 inductor fuses with the step's other ops instead of calling a separately compiled graph through an opaque node;
-for cuda_ext its own operators, which the compiled graph calls without the Python custom-op dispatch and the
-hub's glue around them (about half of a small compiled step's time, docs/lab/benchmarks-history.md).
+for cuda_ext its own operators, and for triton its own launchers, whose Triton kernels dynamo puts into the graph
+as user-defined kernels: the compiled graph calls them without the Python custom-op dispatch and the hub's glue
+around them (about half of a small compiled step's time, docs/lab/benchmarks-history.md).
 """
 
 from __future__ import annotations
@@ -239,6 +240,9 @@ def _inline_choice(op: str, forced: str, hub: int, described: tuple) -> str:
     impl = _INLINE_IMPL[op](op, args, forced, hub)
     if impl is None:
         return ""
+    for fn in (impl.forward, impl.backward):  # a lazily imported backend's functions (`kernelhub.spec.lazy`),
+        if hasattr(fn, "resolve"):            # imported here: dynamo cannot trace an import
+            fn.resolve()
     _INLINE_FUNCTIONS[(impl.op, impl.backend)] = impl.inline
     return impl.backend
 

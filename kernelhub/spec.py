@@ -221,8 +221,9 @@ class Impl:
     results: where ``torch.compile`` traces a call (of sizes known at compile time) that the hub would serve with
     this impl, the graph holds this function's ops instead of the op's opaque node. The inductor backend sets it
     to the reference it compiles (plain torch ops, which the compiler fuses with the graph's other ops); cuda_ext
-    to `autograd_inline` of its own functions (its registered operators, which have fake implementations, called
-    from the compiled graph without the hub's Python in between).
+    and triton to `autograd_inline` of their own functions (cuda_ext's registered operators, which have fake
+    implementations; triton's launches, which dynamo traces as user-defined Triton kernels), called from the
+    compiled graph without the hub's Python in between.
     """
 
     op: str
@@ -249,15 +250,21 @@ class Impl:
 
 def lazy(module: str, name: str) -> Callable:
     """``module.name``, imported at the first call: a backend registers its impls without importing its
-    kernels (or their dependencies, such as triton) until one is used."""
+    kernels (or their dependencies, such as triton) until one is used. ``.resolve()`` imports it without a call:
+    dynamo cannot trace an import, so the function is resolved before a graph that holds it is traced
+    (`kernelhub.dispatch._inline_choice`)."""
     target: list[Callable] = []
 
-    def call(*args, **kwargs):
+    def resolve() -> Callable:
         if not target:
             target.append(getattr(importlib.import_module(module), name))
-        return target[0](*args, **kwargs)
+        return target[0]
+
+    def call(*args, **kwargs):
+        return (target[0] if target else resolve())(*args, **kwargs)
 
     call.__name__ = call.__qualname__ = f"{module}.{name}"
+    call.resolve = resolve
     return call
 
 
@@ -324,10 +331,11 @@ def to_slots(plan: tuple, needs: Sequence[bool], grads: Sequence[Any], needs_inp
 
 def autograd_inline(spec: OpSpec, forward: Callable, backward: Callable) -> Callable[..., torch.Tensor]:
     """An `Impl.inline` made of an impl's own ``forward(*args)`` and ``backward(grad, *args, needs=...)``: one
-    ``torch.autograd.Function`` that calls them, for a backend whose functions dynamo can trace (torch ops and
-    operators with fake implementations, static Python around them). Under ``torch.compile`` the graph then
-    calls the backend's operators directly: no hub decision, fallback or output check per call (the decision was
-    made while tracing), as with the inductor backend's inlined reference. The Function takes the call's plan
+    ``torch.autograd.Function`` that calls them, for a backend whose functions dynamo can trace (torch ops,
+    operators with fake implementations and Triton kernel launches, static Python around them). Under
+    ``torch.compile`` the graph then calls the backend's operators or kernels directly: no hub decision, fallback
+    or output check per call (the decision was made while tracing), as with the inductor backend's inlined
+    reference. The Function takes the call's plan
     (`plan_call`) and its tensors one by one (a "tensors" argument's too, so autograd sees them). Used only while
     dynamo traces, and AOTAutograd refuses double backward of a compiled graph, so the Function need not."""
 

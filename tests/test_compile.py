@@ -116,6 +116,22 @@ def test_a_handle_made_inside_the_compiled_function_works(backend):
     torch.testing.assert_close(grad, torch.autograd.grad(want, v)[0])
 
 
+def _forced_step(backend, name, dtype, index, device):
+    """A step around ``name`` with ``backend`` forced (skipped where it is unavailable): ``(op(*a) * 1.5).abs().sum()``
+    of the real part, the small sample ``index`` with gradients, and its leaves."""
+    reason = kernelhub.get_hub().registry.unavailable_reason(backend)
+    if reason:
+        pytest.skip(f"{backend} is unavailable: {reason}")
+    op = kernelhub.op(name, backend=backend)
+    args = testing.with_grad(name, testing.samples(name, "small", dtype, device)[index].args)
+
+    def step(*a):
+        out = op(*a)
+        return ((out.real if out.is_complex() else out) * 1.5).abs().sum()
+
+    return step, args, testing.leaves(name, args)
+
+
 def _cuda_ext_inline_cases():
     try:
         from kernelhub_cuda_ext.plugin import IMPLS
@@ -132,18 +148,7 @@ def test_where_the_hub_would_run_cuda_ext_the_graph_calls_its_operators(name, dt
     opaque kernelhub node, with eager cuda_ext's values and gradients. The operators' fake implementations are what
     lets dynamo trace them. The multi-scale K-Planes' planes are a list of tensors, each one of the Function's
     inputs; semiconv runs every small sample (semifields, 1-3 dims, stride, dilation, groups, group broadcasting)."""
-    reason = kernelhub.get_hub().registry.unavailable_reason("cuda_ext")
-    if reason:
-        pytest.skip(f"cuda_ext is unavailable: {reason}")
-    sample = testing.samples(name, "small", dtype, "cpu")[index]
-    op = kernelhub.op(name, backend="cuda_ext")
-    args = testing.with_grad(name, sample.args)
-    leaves = testing.leaves(name, args)
-
-    def step(*a):
-        out = op(*a)
-        return ((out.real if out.is_complex() else out) * 1.5).abs().sum()
-
+    step, args, leaves = _forced_step("cuda_ext", name, dtype, index, "cpu")
     targets, got = _traced(step, *args)
     got_g = torch.autograd.grad(got, leaves)
     targets = {str(t) for t in targets}
@@ -154,6 +159,53 @@ def test_where_the_hub_would_run_cuda_ext_the_graph_calls_its_operators(name, dt
     torch.testing.assert_close(got, want)
     for g, w in zip(got_g, torch.autograd.grad(want, leaves)):
         torch.testing.assert_close(g, w)
+
+
+def _triton_inline_cases():
+    try:
+        from kernelhub_triton.plugin import IMPLS, NOT_INLINED
+    except ImportError:
+        return [pytest.param(None, None, 0, None, marks=pytest.mark.skip(reason="kernelhub_triton is not installed"))]
+    semiconv = len(testing.samples("semiconv", "small", torch.float32, "cpu"))
+    return [(name, torch.float32, 0, None) for name in sorted(set(IMPLS) - NOT_INLINED)] + \
+        [("tikhonov_inverse_2xn", torch.complex64, 0, None), ("tv_loss_iso_3d", torch.float64, 0, None)] + \
+        [("semiconv", torch.float32, i, None) for i in range(1, semiconv)] + \
+        [("trilinear_interp", torch.float32, 0, 0), ("trilinear_interp", torch.float32, 0, 1)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="inductor compiles user-defined Triton kernels for CUDA only")
+@pytest.mark.parametrize("name, dtype, index, only", _triton_inline_cases())
+def test_where_the_hub_would_run_triton_the_graph_launches_its_kernels(name, dtype, index, only):
+    """triton forced on CUDA: dynamo puts the launchers' Triton kernels into the graph as user-defined kernels (no
+    opaque kernelhub node), and the step compiled by inductor gives eager triton's values and gradients: every op
+    but K-Planes (`kernelhub_triton.plugin.NOT_INLINED`), every small semiconv sample, float64 and complex, and
+    trilinear with one input needing its gradient (``only``: the other is a constant of the step)."""
+    step, args, leaves = _forced_step("triton", name, dtype, index, "cuda")
+    if only is not None:
+        args = [a if i == only else a.detach() for i, a in enumerate(args)]
+        leaves = [args[only]]
+    targets, _ = _traced(step, *args)
+    targets = {str(t) for t in targets}
+    assert not any(t.startswith("kernelhub.") for t in targets)
+    assert any("triton_kernel_wrapper" in t for t in targets)
+    torch._dynamo.reset()
+    got = torch.compile(step, fullgraph=True)(*args)
+    got_g = torch.autograd.grad(got, leaves)
+    want = step(*args)
+    torch.testing.assert_close(got, want)
+    for g, w in zip(got_g, torch.autograd.grad(want, leaves)):
+        torch.testing.assert_close(g, w)
+
+
+def test_a_lazy_function_resolves_before_a_trace():
+    """A backend's lazily imported function (`kernelhub.spec.lazy`) imports on ``resolve()`` as on its first call;
+    `_inline_choice` resolves the chosen impl's functions there, outside dynamo's trace (which cannot import)."""
+    from kernelhub.spec import lazy
+
+    dumps = lazy("json", "dumps")
+    import json
+
+    assert dumps.resolve() is json.dumps and dumps([1]) == "[1]"
 
 
 def test_the_first_use_of_the_hub_inside_a_compiled_function(monkeypatch):

@@ -99,10 +99,11 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     later calls of the key hand it the arguments and the current stream directly, as Triton's own launch does
     after its lookup, each tensor as its address (`_key`). The first call of a key, CPU tensors (Triton's
     interpreter), a triton without ``triton.knobs``, a launch on a device that is not the current one and a launch
-    while a launch hook is set (`_hooked`) take Triton's path.
+    while a launch hook is set (`_hooked`) take Triton's path; so does a launch that dynamo traces (the triton
+    impls' ``inline``, under ``torch.compile``), which puts it into the graph as a user-defined Triton kernel.
     """
     t = args[0]
-    if not t.is_cuda or _knobs is None:
+    if torch.compiler.is_compiling() or not t.is_cuda or _knobs is None:
         kernel[grid](*args, **kwargs)
         return
     device = t.get_device()
@@ -145,8 +146,9 @@ def counter(t: torch.Tensor) -> torch.Tensor:
     """An int32 counter at 0 on ``t``'s device, for a kernel whose last program (the one that counts the
     others done) finishes a reduction and sets the counter back to 0. One per device and stream (launches on
     one stream run one after the other, so they never share it at once); under CUDA graph capture a new
-    zeroed one per launch (its zeroing captured with the kernel, so a replay on any stream starts at 0)."""
-    if t.is_cuda and _is_capturing():
+    zeroed one per launch (its zeroing captured with the kernel, so a replay on any stream starts at 0), as in a
+    graph dynamo traces (`_traced_or_captured`)."""
+    if _traced_or_captured(t):
         return torch.zeros(1, dtype=torch.int32, device=t.device)
     key = (t.device.index, _current_stream(t.device.index)) if t.is_cuda else (-1, 0)
     c = _COUNTERS.get(key)
@@ -163,8 +165,9 @@ def scratch(t: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
     """A flat buffer of at least ``numel`` elements of ``dtype`` on ``t``'s device for a kernel's partial results
     that the same launch consumes (a reduction's per-program partials, finished by its last program): one per
     device, stream and dtype, kept (launches on one stream run one after the other, so they never share it at
-    once), instead of an allocation per call; under CUDA graph capture a new one per launch (as `counter`)."""
-    if t.is_cuda and _is_capturing():
+    once), instead of an allocation per call; under CUDA graph capture or dynamo's trace a new one per launch (as
+    `counter`)."""
+    if _traced_or_captured(t):
         return torch.empty(numel, dtype=dtype, device=t.device)
     key = (t.device.index, _current_stream(t.device.index), dtype) if t.is_cuda else (-1, 0, dtype)
     buf = _SCRATCH.get(key)
@@ -173,12 +176,21 @@ def scratch(t: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
     return buf
 
 
+def _traced_or_captured(t: torch.Tensor) -> bool:
+    """Whether a launch on ``t``'s device needs buffers of its own (`counter`, `scratch`): while dynamo traces
+    it (the graph allocates them; a kept buffer would be a global the graph mutates) or a CUDA graph captures it."""
+    return torch.compiler.is_compiling() or (t.is_cuda and _is_capturing())
+
+
 @functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def sm_count(t: torch.Tensor) -> int:
-    """Multiprocessors of ``t``'s GPU (a fixed small number under the interpreter)."""
-    return _sm_count(t.device.index if t.device.index is not None else torch.cuda.current_device()) \
-        if t.is_cuda else 4
+    """Multiprocessors of ``t``'s GPU (a fixed small number under the interpreter). While dynamo traces, the plain
+    function (dynamo folds ``get_device_properties`` into a constant; it cannot trace a ``functools.cache``)."""
+    if not t.is_cuda:
+        return 4
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    return (_sm_count.__wrapped__ if torch.compiler.is_compiling() else _sm_count)(index)

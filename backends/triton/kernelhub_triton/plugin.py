@@ -15,7 +15,7 @@ import torch
 
 from kernelhub import hookimpl
 from kernelhub.ops.kplanes import KPLANES_OPS
-from kernelhub.spec import Backend, Impl, lazy
+from kernelhub.spec import Backend, Impl, autograd_inline, lazy
 from kernelhub_triton import __version__
 
 NAME = "triton"
@@ -38,6 +38,11 @@ IMPLS = {
 # the planes gradient (semiconv: img and kernel gradients) is added with atomics: its sums may differ in the
 # last bits from run to run
 NOT_DETERMINISTIC = set(KPLANES_OPS) | {"semiconv"}
+# Under torch.compile the other ops' launchers go into the graph (`Impl.inline`: dynamo traces their Triton
+# kernels as user-defined ones). K-Planes' stay one opaque node: with torch 2.11 and triton 3.6, AOTAutograd takes
+# their kernels for ones that write an input and fails ("a leaf Variable that requires grad is being used in an
+# in-place operation"), though they write only their outputs (docs/lab/benchmarks-history.md).
+NOT_INLINED = set(KPLANES_OPS)
 
 
 def interpret_mode() -> bool:
@@ -68,14 +73,18 @@ def kernelhub_register_impls(registry) -> None:
                                  unavailable_reason))
     interpreted = interpret_mode()
     for op, (module, fwd, bwd, dtypes, reasons) in IMPLS.items():
+        forward, backward = lazy(f"kernelhub_triton.{module}", fwd), lazy(f"kernelhub_triton.{module}", bwd)
+        # the interpreter's CPU calls stay opaque: inductor compiles no user-defined Triton kernel for the CPU
+        inline = None if interpreted or op in NOT_INLINED else autograd_inline(registry.spec(op), forward, backward)
         registry.add_impl(Impl(
             op=op,
             backend=NAME,
-            forward=lazy(f"kernelhub_triton.{module}", fwd),
-            backward=lazy(f"kernelhub_triton.{module}", bwd),
+            forward=forward,
+            backward=backward,
             dtypes=dtypes,
             devices=("cuda", "cpu") if interpreted else ("cuda",),
             not_supported_reasons=lazy(f"kernelhub_triton.{module}", reasons) if reasons else _no_reasons,
             deterministic=op not in NOT_DETERMINISTIC,
             forced_only="TRITON_INTERPRET=1 runs Triton's interpreter, for tests only" if interpreted else "",
+            inline=inline,
         ))

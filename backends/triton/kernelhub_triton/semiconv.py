@@ -336,8 +336,10 @@ def _tropical_kernel_grad(w_ptr, g_ptr, gk_ptr, O, Cg, per, split, SF: tl.conste
 
 def _layouts(a) -> tuple:
     """(the row kernel's grid, scalar arguments and compile-time sizes, or None where the semifield is not
-    max/min; the window walk's) for a lifted call, computed once per shapes, dtype and arguments."""
-    return _layouts_of(a._replace(img=None, kernel=None), a.img.shape, a.kernel.shape, a.img.dtype)
+    max/min; the window walk's) for a lifted call, computed once per shapes, dtype and arguments (while dynamo
+    traces, each time: it cannot trace an ``lru_cache``)."""
+    return (_layouts_of.__wrapped__ if torch.compiler.is_compiling() else _layouts_of)(
+        a._replace(img=None, kernel=None), a.img.shape, a.kernel.shape, a.img.dtype)
 
 
 @functools.lru_cache(maxsize=1024)

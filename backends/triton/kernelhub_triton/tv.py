@@ -250,6 +250,12 @@ def _layout(shape: tuple, sms: int) -> tuple[int, dict, int]:
                                     BH=bh, BW=bw, num_warps=NUM_WARPS), B * (D - 1) * (H - 1) * (W - 1)
 
 
+def _layout_of(x: torch.Tensor) -> tuple[int, dict, int]:
+    """`_layout` of volume ``x`` on its GPU; while dynamo traces, the plain function (it cannot trace an
+    ``lru_cache``)."""
+    return (_layout.__wrapped__ if torch.compiler.is_compiling() else _layout)(tuple(x.shape), sm_count(x))
+
+
 def _forward(volume: torch.Tensor, mode: int, eps: float = 0.0) -> torch.Tensor:
     x = volume.contiguous()  # the kernel indexes it as [B, D, H, W] from its pointer: no batched view needed
     dtype = accumulation_dtype(volume.dtype)  # the specs' output dtype
@@ -257,7 +263,7 @@ def _forward(volume: torch.Tensor, mode: int, eps: float = 0.0) -> torch.Tensor:
     out = torch.empty((3,) if mode == L1 else (), dtype=dtype, device=volume.device)
     if x.numel() == 0 or (mode == ISO and min(x.shape[-3:]) < 2):
         return out.zero_()
-    programs, lay, corners = _layout(tuple(x.shape), sm_count(x))
+    programs, lay, corners = _layout_of(x)
     partial = scratch(x, programs * nout, dtype)  # [programs, nout], read by the launch's last program
     launch(_tv_forward_kernel, (programs,), x, partial, out, counter(x), float(corners) if mode == ISO else 1.0,
            float(eps), MODE=mode, NOUT=nout, ACC=acc_type(x.dtype), FINISH=FINISH, **lay)
@@ -269,7 +275,7 @@ def _backward(grad: torch.Tensor, volume: torch.Tensor, mode: int, eps: float = 
     out = torch.empty_like(x)
     if x.numel() == 0 or (mode == ISO and min(x.shape[-3:]) < 2):
         return out.zero_()
-    programs, lay, corners = _layout(tuple(x.shape), sm_count(x))
+    programs, lay, corners = _layout_of(x)
     scale = 1.0 / corners if mode == ISO else 2.0 if mode == SQ else 1.0
     launch(_tv_backward_kernel, (programs,), x, grad.contiguous(), out, float(eps), scale,
            MODE=mode, ACC=acc_type(x.dtype), **lay)

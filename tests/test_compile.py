@@ -163,11 +163,11 @@ def test_where_the_hub_would_run_cuda_ext_the_graph_calls_its_operators(name, dt
 
 def _triton_inline_cases():
     try:
-        from kernelhub_triton.plugin import IMPLS, NOT_INLINED
+        from kernelhub_triton.plugin import IMPLS
     except ImportError:
         return [pytest.param(None, None, 0, None, marks=pytest.mark.skip(reason="kernelhub_triton is not installed"))]
     semiconv = len(testing.samples("semiconv", "small", torch.float32, "cpu"))
-    return [(name, torch.float32, 0, None) for name in sorted(set(IMPLS) - NOT_INLINED)] + \
+    return [(name, torch.float32, 0, None) for name in sorted(IMPLS)] + \
         [("tikhonov_inverse_2xn", torch.complex64, 0, None), ("tv_loss_iso_3d", torch.float64, 0, None)] + \
         [("semiconv", torch.float32, i, None) for i in range(1, semiconv)] + \
         [("trilinear_interp", torch.float32, 0, 0), ("trilinear_interp", torch.float32, 0, 1)]
@@ -178,8 +178,9 @@ def _triton_inline_cases():
 def test_where_the_hub_would_run_triton_the_graph_launches_its_kernels(name, dtype, index, only):
     """triton forced on CUDA: dynamo puts the launchers' Triton kernels into the graph as user-defined kernels (no
     opaque kernelhub node), and the step compiled by inductor gives eager triton's values and gradients: every op
-    but K-Planes (`kernelhub_triton.plugin.NOT_INLINED`), every small semiconv sample, float64 and complex, and
-    trilinear with one input needing its gradient (``only``: the other is a constant of the step)."""
+    (K-Planes' backward on copies of its points and rotations, `kernelhub_triton.kplanes._launch_backward`), every
+    small semiconv sample, float64 and complex, and trilinear with one input needing its gradient (``only``: the
+    other is a constant of the step)."""
     step, args, leaves = _forced_step("triton", name, dtype, index, "cuda")
     if only is not None:
         args = [a if i == only else a.detach() for i, a in enumerate(args)]

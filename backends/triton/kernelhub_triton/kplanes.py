@@ -251,6 +251,12 @@ def _launch_backward(grad, pts, rotations, planes, needs, taps, h, col0):
     # rows of the rotations gradient's partials (summed below in a fixed order: deterministic), so those are
     # zeroed only where no kernel runs
     new = torch.empty if run else torch.zeros
+    if torch.compiler.is_compiling():
+        # torch's analysis of which tensors a user-defined Triton kernel writes follows the planes gradient's scatter
+        # addresses back to the loads of the points and rotations they are computed from, and takes those for
+        # writes: the compiled graph would copy the kernel's "result" back into the caller's points (an in-place
+        # write into a leaf that requires grad: an error). So the graph hands the kernel copies of both (small).
+        pts, rotations = pts.clone(), rotations.clone()
     gpl = torch.zeros((3 * T, H, W, C), dtype=acc, device=pts.device) if need_pl else None
     gp = new((B, 3), dtype=acc, device=pts.device) if need_p else None
     gr = new((programs, T, 9), dtype=acc, device=pts.device) if need_r else None

@@ -38,11 +38,6 @@ IMPLS = {
 # the planes gradient (semiconv: img and kernel gradients) is added with atomics: its sums may differ in the
 # last bits from run to run
 NOT_DETERMINISTIC = set(KPLANES_OPS) | {"semiconv"}
-# Under torch.compile the other ops' launchers go into the graph (`Impl.inline`: dynamo traces their Triton
-# kernels as user-defined ones). K-Planes' stay one opaque node: with torch 2.11 and triton 3.6, AOTAutograd takes
-# their kernels for ones that write an input and fails ("a leaf Variable that requires grad is being used in an
-# in-place operation"), though they write only their outputs (docs/lab/benchmarks-history.md).
-NOT_INLINED = set(KPLANES_OPS)
 
 
 def interpret_mode() -> bool:
@@ -74,8 +69,9 @@ def kernelhub_register_impls(registry) -> None:
     interpreted = interpret_mode()
     for op, (module, fwd, bwd, dtypes, reasons) in IMPLS.items():
         forward, backward = lazy(f"kernelhub_triton.{module}", fwd), lazy(f"kernelhub_triton.{module}", bwd)
-        # the interpreter's CPU calls stay opaque: inductor compiles no user-defined Triton kernel for the CPU
-        inline = None if interpreted or op in NOT_INLINED else autograd_inline(registry.spec(op), forward, backward)
+        # under torch.compile the launchers go into the graph: dynamo traces their Triton kernels as user-defined
+        # ones (the interpreter's CPU calls stay opaque: inductor compiles no user-defined Triton kernel for the CPU)
+        inline = None if interpreted else autograd_inline(registry.spec(op), forward, backward)
         registry.add_impl(Impl(
             op=op,
             backend=NAME,

@@ -269,7 +269,7 @@ def host_report(data: dict) -> list[str]:
     if rows:
         parts += ["Compiled steps, `(op(*args) * w).sum()` forward + backward under `torch.compile(fullgraph=True)`, "
                   "µs; `compiled min:B`: backend B's functions in the minimal `autograd.Function`, compiled the same "
-                  "way (what torch.compile costs around those kernels with no hub):", "",
+                  "way (no hub):", "",
                   "| call | hub picks | eager hub | compiled ref | compiled hub | compiled hub, other backends | "
                   "compiled min:B | compiled hub / compiled ref |", "|---|---|---:|---:|---:|---|---|---:|"]
         for _, r in rows:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 __all__ = ["Arg", "Tolerance", "SampleInput", "SampleSpace", "OpSpec", "Backend", "Impl", "ARG_KINDS", "lazy",
-           "autograd_inline", "plan_call", "put_back", "to_slots"]
+           "layout_cache", "autograd_inline", "plan_call", "put_back", "to_slots"]
 
 # Argument kinds and their torch.library schema types. "tensors" is a list of tensors.
 ARG_KINDS = {
@@ -268,6 +268,23 @@ def lazy(module: str, name: str) -> Callable:
     return call
 
 
+def layout_cache(maxsize: int | None = 1024) -> Callable[[Callable], Callable]:
+    """``functools.lru_cache(maxsize)`` for a launcher's host-side plan of a call (layouts, grids, device
+    properties), which dynamo traces where a backend's functions are inlined under ``torch.compile``: eagerly the
+    cached function; while dynamo traces, the plain one (dynamo would trace through the cache to it anyway, with a
+    warning per call site). ``cache_clear`` as lru_cache's."""
+    def wrap(fn: Callable) -> Callable:
+        cached = functools.lru_cache(maxsize=maxsize)(fn)
+
+        @functools.wraps(fn)
+        def call(*args):
+            return fn(*args) if torch.compiler.is_compiling() else cached(*args)
+
+        call.cache_clear = cached.cache_clear
+        return call
+    return wrap
+
+
 def plan_call(spec: OpSpec, args: Sequence[Any], offset: int) -> tuple:
     """What autograd glue keeps of a call besides its saved tensors, the same for every call of one layout (the
     eager fast path keeps it with the layout's decision): the arguments with each tensor replaced by None and each
@@ -335,9 +352,9 @@ def autograd_inline(spec: OpSpec, forward: Callable, backward: Callable) -> Call
     operators with fake implementations and Triton kernel launches, static Python around them). Under
     ``torch.compile`` the graph then calls the backend's operators or kernels directly: no hub decision, fallback
     or output check per call (the decision was made while tracing), as with the inductor backend's inlined
-    reference. The Function takes the call's plan
-    (`plan_call`) and its tensors one by one (a "tensors" argument's too, so autograd sees them). Used only while
-    dynamo traces, and AOTAutograd refuses double backward of a compiled graph, so the Function need not."""
+    reference. The Function takes the call's plan (`plan_call`) and its tensors one by one (a "tensors" argument's
+    too, so autograd sees them). Used only while dynamo traces, and AOTAutograd refuses double backward of a
+    compiled graph, so the Function need not."""
 
     class Inline(torch.autograd.Function):
         @staticmethod

@@ -209,6 +209,32 @@ def test_a_lazy_function_resolves_before_a_trace():
     assert dumps.resolve() is json.dumps and dumps([1]) == "[1]"
 
 
+def test_a_layout_cache_caches_eagerly_and_is_the_plain_function_while_dynamo_traces():
+    """`kernelhub.spec.layout_cache`, the launchers' per-layout plans: eager calls of one layout compute it once;
+    a graph being traced calls the plain function (no dynamo warning about tracing through an ``lru_cache``)."""
+    import warnings
+
+    from kernelhub.spec import layout_cache
+
+    calls = []
+
+    @layout_cache(maxsize=8)
+    def plan(n):
+        calls.append(n)
+        return n * 2
+
+    assert plan(3) == plan(3) == 6 and calls == [3]
+    plan.cache_clear()
+    assert plan(3) == 6 and calls == [3, 3]
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(lambda x: x * plan(x.shape[0]), fullgraph=True, backend="eager")(torch.ones(4))
+    assert torch.equal(out, torch.full((4,), 8.0))
+    assert calls == [3, 3, 4]  # traced: the plain function ran, and nothing was cached for 4
+    assert not any("lru_cache" in str(w.message) for w in caught)
+
+
 def test_the_first_use_of_the_hub_inside_a_compiled_function(monkeypatch):
     """No hub built yet: under fullgraph a clear error (dynamo cannot trace the plugins' loading); without fullgraph
     dynamo breaks the graph there and the hub is built eagerly."""

@@ -3,12 +3,13 @@ launched."""
 
 from __future__ import annotations
 
-import functools
 import inspect
 import operator
 
 import torch
 import triton.language as tl
+
+from kernelhub.spec import layout_cache
 
 try:
     from triton import knobs as _knobs  # triton >= 3.4: the launch hooks live here
@@ -182,15 +183,12 @@ def _traced_or_captured(t: torch.Tensor) -> bool:
     return torch.compiler.is_compiling() or (t.is_cuda and _is_capturing())
 
 
-@functools.cache
+@layout_cache(maxsize=None)
 def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    return torch.cuda.get_device_properties(index).multi_processor_count  # a constant to dynamo
 
 
 def sm_count(t: torch.Tensor) -> int:
-    """Multiprocessors of ``t``'s GPU (a fixed small number under the interpreter). While dynamo traces, the plain
-    function (dynamo folds ``get_device_properties`` into a constant; it cannot trace a ``functools.cache``)."""
-    if not t.is_cuda:
-        return 4
-    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
-    return (_sm_count.__wrapped__ if torch.compiler.is_compiling() else _sm_count)(index)
+    """Multiprocessors of ``t``'s GPU (a fixed small number under the interpreter)."""
+    return _sm_count(t.device.index if t.device.index is not None else torch.cuda.current_device()) \
+        if t.is_cuda else 4

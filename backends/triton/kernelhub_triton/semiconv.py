@@ -25,7 +25,6 @@ vary run to run (max/min's too).
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -33,6 +32,7 @@ import triton
 import triton.language as tl
 
 from kernelhub.ops.semiconv import lift_3d, zero_of
+from kernelhub.spec import layout_cache
 from kernelhub_triton._launch import acc_type, cdiv, launch, next_power_of_2, sm_count
 
 __all__ = ["forward", "backward", "not_supported_reasons"]
@@ -336,13 +336,11 @@ def _tropical_kernel_grad(w_ptr, g_ptr, gk_ptr, O, Cg, per, split, SF: tl.conste
 
 def _layouts(a) -> tuple:
     """(the row kernel's grid, scalar arguments and compile-time sizes, or None where the semifield is not
-    max/min; the window walk's) for a lifted call, computed once per shapes, dtype and arguments (while dynamo
-    traces, each time: it cannot trace an ``lru_cache``)."""
-    return (_layouts_of.__wrapped__ if torch.compiler.is_compiling() else _layouts_of)(
-        a._replace(img=None, kernel=None), a.img.shape, a.kernel.shape, a.img.dtype)
+    max/min; the window walk's) for a lifted call, computed once per shapes, dtype and arguments."""
+    return _layouts_of(a._replace(img=None, kernel=None), a.img.shape, a.kernel.shape, a.img.dtype)
 
 
-@functools.lru_cache(maxsize=1024)
+@layout_cache(maxsize=1024)
 def _layouts_of(a, img_shape, kernel_shape, dtype) -> tuple:
     return _row_layout(a, img_shape, kernel_shape, dtype), _launch_args(a, img_shape, kernel_shape)
 

@@ -16,7 +16,6 @@ second kernel), so a result is bitwise identical run to run.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -24,6 +23,7 @@ import triton
 import triton.language as tl
 
 from kernelhub import accumulation_dtype
+from kernelhub.spec import layout_cache
 from kernelhub_triton._launch import acc_type, cdiv, counter, launch, next_power_of_2, scratch, sm_count
 
 __all__ = ["l1_forward", "l1_backward", "sq_forward", "sq_backward", "iso_forward", "iso_backward",
@@ -234,7 +234,7 @@ def _tv_backward_kernel(
 
 # -- launchers ---------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=256)
+@layout_cache(maxsize=256)
 def _layout(shape: tuple, sms: int) -> tuple[int, dict, int]:
     """Programs, kernel arguments (tile shape, D chunking) and the corners (the iso mean's divisor) for volumes
     of ``shape`` ``[..., D, H, W]`` (the leading dims one batch)."""
@@ -250,12 +250,6 @@ def _layout(shape: tuple, sms: int) -> tuple[int, dict, int]:
                                     BH=bh, BW=bw, num_warps=NUM_WARPS), B * (D - 1) * (H - 1) * (W - 1)
 
 
-def _layout_of(x: torch.Tensor) -> tuple[int, dict, int]:
-    """`_layout` of volume ``x`` on its GPU; while dynamo traces, the plain function (it cannot trace an
-    ``lru_cache``)."""
-    return (_layout.__wrapped__ if torch.compiler.is_compiling() else _layout)(tuple(x.shape), sm_count(x))
-
-
 def _forward(volume: torch.Tensor, mode: int, eps: float = 0.0) -> torch.Tensor:
     x = volume.contiguous()  # the kernel indexes it as [B, D, H, W] from its pointer: no batched view needed
     dtype = accumulation_dtype(volume.dtype)  # the specs' output dtype
@@ -263,7 +257,7 @@ def _forward(volume: torch.Tensor, mode: int, eps: float = 0.0) -> torch.Tensor:
     out = torch.empty((3,) if mode == L1 else (), dtype=dtype, device=volume.device)
     if x.numel() == 0 or (mode == ISO and min(x.shape[-3:]) < 2):
         return out.zero_()
-    programs, lay, corners = _layout_of(x)
+    programs, lay, corners = _layout(tuple(x.shape), sm_count(x))
     partial = scratch(x, programs * nout, dtype)  # [programs, nout], read by the launch's last program
     launch(_tv_forward_kernel, (programs,), x, partial, out, counter(x), float(corners) if mode == ISO else 1.0,
            float(eps), MODE=mode, NOUT=nout, ACC=acc_type(x.dtype), FINISH=FINISH, **lay)
@@ -275,7 +269,7 @@ def _backward(grad: torch.Tensor, volume: torch.Tensor, mode: int, eps: float = 
     out = torch.empty_like(x)
     if x.numel() == 0 or (mode == ISO and min(x.shape[-3:]) < 2):
         return out.zero_()
-    programs, lay, corners = _layout_of(x)
+    programs, lay, corners = _layout(tuple(x.shape), sm_count(x))
     scale = 1.0 / corners if mode == ISO else 2.0 if mode == SQ else 1.0
     launch(_tv_backward_kernel, (programs,), x, grad.contiguous(), out, float(eps), scale,
            MODE=mode, ACC=acc_type(x.dtype), **lay)

@@ -128,16 +128,22 @@ def compiled_pass(op: str, which: str, fn: Callable) -> Callable:
         return torch.compile(_own_code(fn, name(key) + "_static"), dynamic=False)
 
     def run(key, compiled, args, kwargs):
-        try:
-            return compiled[0](*args, **kwargs)
-        except torch._dynamo.exc.TorchDynamoException:
-            if compiled[1]:
-                raise
-            # the recompile for symbolic sizes failed (semiconv: `InductorError: Exponent must be
-            # non-negative`): this key compiles for static sizes from now on
-            with _LOCK:
-                _COMPILED[key] = compiled = (static(key), True)
-            return compiled[0](*args, **kwargs)
+        # grad mode off and no input requiring grad, whoever calls: the hub's own autograd glue differentiates a
+        # pass, never autograd through it (no double backward), and dynamo guards on both, so the fast path's
+        # calls (grad off, inside an autograd.Function, inputs requiring grad) and the operator's (below
+        # autograd) would compile every key twice
+        args = [a.detach() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args]
+        with torch.no_grad():
+            try:
+                return compiled[0](*args, **kwargs)
+            except torch._dynamo.exc.TorchDynamoException:
+                if compiled[1]:
+                    raise
+                # the recompile for symbolic sizes failed (semiconv: `InductorError: Exponent must be
+                # non-negative`): this key compiles for static sizes from now on
+                with _LOCK:
+                    _COMPILED[key] = compiled = (static(key), True)
+                return compiled[0](*args, **kwargs)
 
     def call(*args, **kwargs):
         tensors = args[1:] if which == "backward" else args  # a backward's first argument is the upstream gradient

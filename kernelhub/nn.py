@@ -48,9 +48,9 @@ class TVLoss3d(nn.Module):
     ``"mean"`` divides the squared sum by the number of differences in one volume and takes the iso op's mean
     (over every volume's corners) as it is, ``"sum"`` multiplies the iso mean back by the number of corners.
 
-    Its forward and backward are one hub forward and one hub backward plus a product with coefficients kept on
-    the device per shape (no host synchronisation, no copy per step). ``backend`` forces one, as in
-    ``kernelhub.op(name, backend=...)``.
+    Its forward and backward are one hub forward and one hub backward, with the weighting inside the op's
+    autograd node (`OpHandle.weighted_sum`: one node, the coefficients a tensor kept on the device per shape; no
+    host synchronisation, no copy per step). ``backend`` forces one, as in ``kernelhub.op(name, backend=...)``.
     """
 
     def __init__(self, kind: str = "l1", weights: float | Sequence[float] = 1.0, reduction: str = "mean",
@@ -68,37 +68,34 @@ class TVLoss3d(nn.Module):
                              f"got {weights!r} (per-axis weights need kind='l1')")
         self.kind, self.weights, self.reduction, self.eps = kind, w, reduction, eps
         self._op = kernelhub.op(_TV_OPS[kind], backend=backend)
-        self._coefficients: dict[tuple, torch.Tensor | float] = {}
+        self._coefficients: dict[tuple, torch.Tensor] = {}
 
-    def _scale(self, volume: torch.Tensor) -> torch.Tensor | float:
-        """The per-axis coefficients (l1: a tensor [3] on the volume's device) or the one factor (sq, iso)."""
-        D, H, W = volume.shape[-3:]
-        key = (D, H, W, volume.device, volume.dtype)
+    def _scale(self, volume: torch.Tensor) -> torch.Tensor:
+        """The coefficients of the op's output (l1: per axis, a tensor [3]; sq, iso: a 0-d tensor), in the op's
+        output dtype on the volume's device, made once per shape."""
+        key = (volume.shape, volume.device, volume.dtype)
         scale = self._coefficients.get(key)
         if scale is None:
+            D, H, W = volume.shape[-3:]
             count = ((D - 1) * H * W, D * (H - 1) * W, D * H * (W - 1))
             w = self.weights
             if self.kind == "l1":
                 active = [a for a in range(3) if w[a] > 0 and count[a] > 0]
-                c = [w[a] / count[a] / len(active) if a in active else 0.0 for a in range(3)] \
+                c: list[float] | float = [w[a] / count[a] / len(active) if a in active else 0.0 for a in range(3)] \
                     if self.reduction == "mean" else list(w)
-                scale = torch.tensor(c, dtype=accumulation_dtype(volume.dtype), device=volume.device)
             elif self.kind == "sq":
-                scale = w[0] / max(sum(count), 1) if self.reduction == "mean" else w[0]
-            else:
-                corners = max(D - 1, 0) * max(H - 1, 0) * max(W - 1, 0)
-                scale = w[0] if self.reduction == "mean" else w[0] * corners
-            self._coefficients[key] = scale
+                c = w[0] / max(sum(count), 1) if self.reduction == "mean" else w[0]
+            else:  # the op averages over the corners of each volume; "sum" multiplies back by every volume's
+                corners = max(D - 1, 0) * max(H - 1, 0) * max(W - 1, 0) * math.prod(volume.shape[:-3])
+                c = w[0] if self.reduction == "mean" else w[0] * corners
+            scale = self._coefficients[key] = torch.tensor(c, dtype=accumulation_dtype(volume.dtype),
+                                                           device=volume.device)
         return scale
 
     def forward(self, volume: torch.Tensor) -> torch.Tensor:
-        scale = self._scale(volume)
-        if self.kind == "l1":
-            return torch.dot(self._op(volume), scale)
-        out = self._op(volume, self.eps) if self.kind == "iso" else self._op(volume)
-        if self.kind == "iso" and self.reduction == "sum":  # the op averages over the corners of each volume
-            scale = scale * math.prod(volume.shape[:-3])
-        return out * scale
+        if self.kind == "iso":
+            return self._op.weighted_sum(self._scale(volume), volume, self.eps)
+        return self._op.weighted_sum(self._scale(volume), volume)
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, weights={self.weights}, reduction={self.reduction!r}"

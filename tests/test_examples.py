@@ -65,11 +65,17 @@ def test_ptycho_tv_gate_fails_a_wrong_tv(tmp_path, monkeypatch):
     module = _load("ptycho_tv")
     real = module.kernelhub.op
 
-    def z_axis_dropped(volume):
-        return real("tv_loss_l1_3d", backend="torch_ref")(volume) * volume.new_tensor([0.0, 1.0, 1.0])
+    class ZAxisDropped:  # kernelhub.nn.TVLoss3d calls weighted_sum
+        handle = real("tv_loss_l1_3d", backend="torch_ref")
+
+        def __call__(self, volume):
+            return self.handle(volume) * volume.new_tensor([0.0, 1.0, 1.0])
+
+        def weighted_sum(self, weights, volume):
+            return self.handle.weighted_sum(weights * weights.new_tensor([0.0, 1.0, 1.0]), volume)
 
     def op(name, backend=None):
-        return z_axis_dropped if backend is None else real(name, backend=backend)
+        return ZAxisDropped() if backend is None else real(name, backend=backend)
 
     monkeypatch.setattr(module.kernelhub, "op", op)
     result = module.main(["--out", str(tmp_path / "p.png"), "--device", "cpu"])

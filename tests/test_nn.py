@@ -93,6 +93,24 @@ def test_tvloss3d_is_the_normalised_weighted_formula_values_and_gradients(kind, 
     assert out.ndim == 0
 
 
+@pytest.mark.parametrize("kind", ["l1", "sq", "iso"])
+def test_tvloss3d_is_one_autograd_node_one_hub_forward_and_one_hub_backward(kind, monkeypatch):
+    """The weighting is inside the op's node (`OpHandle.weighted_sum`): the loss's graph is that node and the
+    volume's AccumulateGrad, and a forward + backward is one hub forward and one hub backward."""
+    hub, calls = kernelhub.get_hub(), []
+    forward, backward = hub.forward, hub.backward_grads
+    monkeypatch.setattr(hub, "forward", lambda *a: calls.append("forward") or forward(*a))
+    monkeypatch.setattr(hub, "backward_grads", lambda *a: calls.append("backward") or backward(*a))
+    v = torch.randn(2, 5, 6, 7, requires_grad=True)
+    loss = khnn.TVLoss3d(kind, 0.5)
+    for _ in range(2):  # the second call from the memo, with the coefficients kept
+        out = loss(v)
+        assert type(out.grad_fn).__name__ == "KernelhubFunctionBackward"
+        assert [type(f).__name__ for f, _ in out.grad_fn.next_functions] == ["AccumulateGrad"]
+        out.backward()
+    assert calls == ["forward", "backward"] * 2 and len(loss._coefficients) == 1
+
+
 def test_tvloss3d_refuses_what_it_cannot_weigh():
     with pytest.raises(ValueError, match="takes one weight"):
         khnn.TVLoss3d("sq", (1.0, 0.5, 0.5))

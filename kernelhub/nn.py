@@ -72,10 +72,16 @@ class TVLoss3d(nn.Module):
 
     def _scale(self, volume: torch.Tensor) -> torch.Tensor:
         """The coefficients of the op's output (l1: per axis, a tensor [3]; sq, iso: a 0-d tensor), in the op's
-        output dtype on the volume's device, made once per shape."""
-        key = (volume.shape, volume.device, volume.dtype)
+        output dtype on the volume's device, made once per volume size (with the batch only for iso's "sum")."""
+        if not isinstance(volume, torch.Tensor) or volume.dim() < 3:
+            raise ValueError(f"TVLoss3d: argument 'volume' must be a tensor [..., D, H, W], got "
+                             f"{tuple(volume.shape) if isinstance(volume, torch.Tensor) else type(volume).__name__}")
+        batched = self.kind == "iso" and self.reduction == "sum"
+        key = (volume.shape if batched else volume.shape[-3:], volume.device, volume.dtype)
         scale = self._coefficients.get(key)
         if scale is None:
+            if len(self._coefficients) >= 64:  # sizes that keep changing: keep a few, not every one seen
+                self._coefficients.clear()
             D, H, W = volume.shape[-3:]
             count = ((D - 1) * H * W, D * (H - 1) * W, D * H * (W - 1))
             w = self.weights

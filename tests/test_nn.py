@@ -118,6 +118,22 @@ def test_tvloss3d_refuses_what_it_cannot_weigh():
         khnn.TVLoss3d("l2")
     with pytest.raises(ValueError, match="weights"):
         khnn.TVLoss3d("l1", (1.0, -1.0, 1.0))
+    with pytest.raises(ValueError, match=r"TVLoss3d: argument 'volume' must be a tensor \[\.\.\., D, H, W\], got \(4, 5\)"):
+        khnn.TVLoss3d()(torch.ones(4, 5))
+    with pytest.raises(ValueError, match="TVLoss3d: argument 'volume' must be a tensor .* got list"):
+        khnn.TVLoss3d()([1.0])
+
+
+def test_tvloss3d_keeps_its_coefficients_per_volume_size_and_a_bounded_number_of_them():
+    loss, iso_sum = khnn.TVLoss3d("l1", (1.0, 0.5, 0.5)), khnn.TVLoss3d("iso", 1.0, "sum")
+    for batch in (1, 2, 3):  # the batch changes l1's coefficients not, iso "sum"'s (every volume's corners) yes
+        v = torch.randn(batch, 4, 5, 6)
+        torch.testing.assert_close(loss(v), _tv_formula(v, "l1", (1.0, 0.5, 0.5), "mean"))
+        torch.testing.assert_close(iso_sum(v), _tv_formula(v, "iso", (1.0,) * 3, "sum"))
+    assert len(loss._coefficients) == 1 and len(iso_sum._coefficients) == 3
+    for d in range(3, 70):
+        loss(torch.randn(d, 3, 3))
+    assert 0 < len(loss._coefficients) <= 64
 
 
 # -- kernels, SemiConv, Closing, Opening ---------------------------------------------------------------------------

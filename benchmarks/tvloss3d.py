@@ -4,7 +4,7 @@ Per call, on ptycho_tv's ``--benchmark`` volumes (two stacked ``[8, 512, 512]``)
 the device synchronised around each call (what the example reports; median of ``--n``) and host time per call with
 no synchronisation (median over rounds of 10 calls back to back, then one synchronisation); the variants
 interleaved, 10 calls of each in turn. Variants: the bare op with ``backward(ones)``;
-``TVLoss3d`` (``weighted_sum``: ``S . c`` inside the op's autograd node) given its upstream gradient as the bare
+``TVLoss3d`` (a weighted handle: ``S . c`` inside the op's autograd node) given its upstream gradient as the bare
 op is, and with ``backward()`` (torch fills the scalar's upstream one: a launch that a step pays once for its whole
 loss, not per term); the same weighting spelled ``torch.dot(S, c)``, ``(S * c).sum()`` and ``torch.mv`` (one
 cuBLAS gemv each way) by hand, each its own autograd node after the op's.
@@ -38,7 +38,7 @@ def main() -> None:
     for shape in ((2, 8, 512, 512), (4, 64, 64, 64)):
         vol = torch.randn(shape, device=dev)
         tv = khnn.TVLoss3d("l1", (0.5, 1.0, 1.0))
-        c = tv._scale(vol)  # the coefficients TVLoss3d keeps per shape
+        c = tv._handle(vol).weights  # the coefficients TVLoss3d keeps per volume size
         ones, one = torch.ones(3, device=dev), torch.ones((), device=dev)
 
         def leaf():
@@ -50,7 +50,7 @@ def main() -> None:
             "op then torch.dot(S, c)": lambda: torch.dot(op(leaf()), c).backward(one),
             "op then (S * c).sum()": lambda: (op(leaf()) * c).sum().backward(one),
             "op then torch.mv(c, S)": lambda: torch.mv(c[None], op(leaf())).squeeze(0).backward(one),  # cuBLAS gemv
-            "op.weighted_sum(c, v)": lambda: op.weighted_sum(c, leaf()).backward(one),
+            "op.weighted(c)(v)": lambda: op.weighted(c)(leaf()).backward(one),
         }
         for fn in variants.values():  # warm-up
             for _ in range(10):

@@ -329,7 +329,7 @@ class KernelhubFunction(torch.autograd.Function):
     tensor of ``args`` (a "tensors" argument's elements one by one, so autograd sees them); ``plan`` is what
     `kernelhub.spec.put_back` needs besides them (`plan_call`'s, kept with the layout's decision). The backward
     runs on the hub that ran the forward, with the backend of the forward's decision (no second selection).
-    ``weights`` (`OpHandle.weighted_sum`; else None): the node's output is the op's output weighted and summed
+    ``weights`` (a weighted handle's, `OpHandle.weighted`; else None): the node's output is the op's output weighted and summed
     (`_weigh`), and its backward gives the op's backward ``conj(weights) * grad``."""
 
     @staticmethod
@@ -363,7 +363,7 @@ class KernelhubFunction(torch.autograd.Function):
 
 
 def _weigh(op: str, out: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``(out * weights).sum()`` in one kernel (`OpHandle.weighted_sum`), after checking that ``weights`` has the
+    """``(out * weights).sum()`` in one kernel (`OpHandle.weighted`), after checking that ``weights`` has the
     output's shape, dtype and device."""
     if weights.shape != out.shape or weights.dtype != out.dtype or weights.device != out.device:
         raise ValueError(f"kernelhub.{op}: argument 'weights' must have the output's shape, dtype and device, "
@@ -383,38 +383,36 @@ _apply = super(torch.autograd.Function, KernelhubFunction).apply
 
 class OpHandle:
     """The callable returned by ``kernelhub.op(name)``: normalises arguments, then runs the eager fast path
-    (`KernelhubFunction`) where nothing traces (`traced`), else calls the operator."""
+    (`KernelhubFunction`) where nothing traces (`traced`), else calls the operator. ``weights`` (None, or a
+    weighted handle's, `weighted`): each call returns ``(op(*args) * weights).sum()``."""
 
-    __slots__ = ("spec", "backend", "hub", "_overload", "hub_of")
+    __slots__ = ("spec", "backend", "hub", "_overload", "hub_of", "weights")
 
     def __init__(self, spec: OpSpec, overload: Any, backend: str = "", hub_of: Callable | None = None,
-                 hub: int = 0) -> None:
+                 hub: int = 0, weights: torch.Tensor | None = None) -> None:
         self.spec = spec
         self.backend = backend
         self.hub = hub  # the operators' ``hub`` argument: which hub runs the call when it goes through them
         self._overload = overload
         self.hub_of = hub_of  # the hub that runs an eager call (`kernelhub.get_hub` for the global one); None: none
+        self.weights = weights
 
-    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return self._invoke(args, kwargs, None)
-
-    def weighted_sum(self, weights: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        """``(op(*args, **kwargs) * weights).sum()``, one scalar, with ``weights`` a tensor of the op's output shape,
-        dtype and device (a loss's per-term coefficients: `kernelhub.nn.TVLoss3d`'s). On the eager fast path the
-        weighting is inside the op's autograd node: one node, and no multiplication node and its backward around
-        it (`KernelhubFunction`; `TVLoss3d` l1 at 1x16³ on the 2-core CPU: 1.24x -> 1.17x the bare op's forward +
-        backward, docs/lab/benchmarks-history.md). Where ``weights`` requires grad, and where the operators
-        serve the call, it is that product and sum in torch ops, which autograd differentiates."""
+    def weighted(self, weights: torch.Tensor) -> OpHandle:
+        """A handle whose calls return ``(op(*args) * weights).sum()``, one scalar, with ``weights`` a tensor of
+        the op's output shape, dtype and device (a loss's per-term coefficients: `kernelhub.nn.TVLoss3d` keeps
+        one such handle per volume size). On the eager fast path the weighting is inside the op's autograd node:
+        one node, no multiplication node and its backward around it (`KernelhubFunction`; `TVLoss3d` l1 at 1x16³
+        on the 2-core CPU: 1.25x -> 1.18x the bare op's forward + backward, docs/lab/benchmarks-history.md).
+        Where ``weights`` requires grad, and where the operators serve the call, it is that product and sum in
+        torch ops, which autograd differentiates. The same selection, checks and fallback as the plain handle."""
         if not isinstance(weights, torch.Tensor):
             raise TypeError(f"kernelhub.{self.spec.name}: argument 'weights' must be a tensor, got "
                             f"{type(weights).__name__}")
-        if weights.requires_grad:
-            return _weigh(self.spec.name, self._invoke(args, kwargs, None), weights)
-        return self._invoke(args, kwargs, weights)
+        if self.weights is not None:
+            raise ValueError(f"kernelhub.{self.spec.name}: this handle is weighted already; weight the plain one")
+        return OpHandle(self.spec, self._overload, self.backend, self.hub_of, self.hub, weights)
 
-    def _invoke(self, args: tuple, kwargs: dict, weights: torch.Tensor | None) -> torch.Tensor:
-        """A call (`weighted_sum`'s where ``weights`` is given): the eager fast path for a layout the memo
-        knows, else `_call`."""
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         if EAGER_FAST_PATH and not kwargs and self.hub_of is not None and _fwad._current_level < 0 \
                 and not _tracing():
             layout = _layout(args)
@@ -427,12 +425,13 @@ class OpHandle:
                     known = None
                 if known is not None:  # (decision, the defaults that complete the call, its plan)
                     decision, rest, plan = known
-                    return self._run(hub, decision, args + rest if rest else args, layout[1], plan, weights)
-        return self._call(args, kwargs, weights)
+                    return self._run(hub, decision, args + rest if rest else args, layout[1], plan)
+        return self._call(args, kwargs)
 
-    def _call(self, given: tuple, kwargs: dict, weights: torch.Tensor | None) -> torch.Tensor:
+    def _call(self, given: tuple, kwargs: dict) -> torch.Tensor:
         """A call the memo does not know: the spec's checks, then the eager fast path (remembering the call's
-        layout where its arguments are canonical as given) or the operators (then ``weights`` in torch ops)."""
+        layout where its arguments are canonical as given) or the operators (a weighted handle's weighting then in
+        torch ops)."""
         spec = self.spec
         args = spec.canonical(*given, **kwargs)
         if _fwad._current_level >= 0 or _functorch_active():
@@ -449,9 +448,9 @@ class OpHandle:
                     if layout is not None:
                         hub.selector.remember((spec.name, self.backend, torch.are_deterministic_algorithms_enabled(),
                                                layout[0]), args, decision, rest, plan)
-                return self._run(hub, decision, args, tensors, plan, weights)
+                return self._run(hub, decision, args, tensors, plan)
         out = self._via_operators(args)
-        return out if weights is None else _weigh(spec.name, out, weights)
+        return out if self.weights is None else _weigh(spec.name, out, self.weights)
 
     def _via_operators(self, args: tuple) -> torch.Tensor:
         """The call through the operators, or, while dynamo traces, the inlined impl's function (`_inline_choice`)."""
@@ -464,17 +463,22 @@ class OpHandle:
                 return _INLINE_FUNCTIONS[(spec.name, backend)](*args)
         return self._overload(*args, self.backend, self.hub)
 
-    def _run(self, hub: Any, decision: Any, args: tuple, tensors: list[torch.Tensor], plan: tuple,
-             weights: torch.Tensor | None) -> torch.Tensor:
+    def _run(self, hub: Any, decision: Any, args: tuple, tensors: list[torch.Tensor], plan: tuple) -> torch.Tensor:
         """The eager fast path: ``decision`` run on ``hub`` through `KernelhubFunction` where an input requires
         grad, else the hub's forward alone (no autograd node)."""
+        weights = self.weights
         if torch.is_grad_enabled():
             for t in tensors:
                 if t.requires_grad:
+                    if weights is not None and weights.requires_grad:  # autograd weighs: the weights' gradient
+                        return _weigh(self.spec.name, _apply((self, hub, decision, plan, args, None), *tensors),
+                                      weights)
                     return _apply((self, hub, decision, plan, args, weights), *tensors)
         out = hub.forward(self.spec.name, args, self.backend, decision)[1]
         return out if weights is None else _weigh(self.spec.name, out, weights)
 
     def __repr__(self) -> str:
         forced = f", backend={self.backend!r}" if self.backend else ""
-        return f"kernelhub.op({self.spec.name!r}{forced})"
+        weighted = "" if self.weights is None else \
+            f".weighted({str(self.weights.dtype).removeprefix('torch.')}{list(self.weights.shape)})"
+        return f"kernelhub.op({self.spec.name!r}{forced}){weighted}"

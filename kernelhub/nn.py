@@ -25,6 +25,7 @@ from torch import nn
 
 import kernelhub
 from kernelhub import accumulation_dtype
+from kernelhub.dispatch import OpHandle
 
 __all__ = ["TVLoss3d", "KPlanesField", "SemiConv", "Closing", "Opening", "QuadraticKernelIso2D", "QuadraticKernelSpectral2D",
            "QuadraticKernelCholesky2D", "CovSpectral2D", "CovCholesky2D", "LearnedKernel", "LearnedKernel2D",
@@ -49,8 +50,8 @@ class TVLoss3d(nn.Module):
     (over every volume's corners) as it is, ``"sum"`` multiplies the iso mean back by the number of corners.
 
     Its forward and backward are one hub forward and one hub backward, with the weighting inside the op's
-    autograd node (`OpHandle.weighted_sum`: one node, the coefficients a tensor kept on the device per shape; no
-    host synchronisation, no copy per step). ``backend`` forces one, as in ``kernelhub.op(name, backend=...)``.
+    autograd node (`OpHandle.weighted`: one node; per volume size one weighted handle, its coefficients a tensor
+    kept on the device; no host synchronisation, no copy per step). ``backend`` forces one, as in ``kernelhub.op(name, backend=...)``.
     """
 
     def __init__(self, kind: str = "l1", weights: float | Sequence[float] = 1.0, reduction: str = "mean",
@@ -68,20 +69,21 @@ class TVLoss3d(nn.Module):
                              f"got {weights!r} (per-axis weights need kind='l1')")
         self.kind, self.weights, self.reduction, self.eps = kind, w, reduction, eps
         self._op = kernelhub.op(_TV_OPS[kind], backend=backend)
-        self._coefficients: dict[tuple, torch.Tensor] = {}
+        self._weighted: dict[tuple, OpHandle] = {}
 
-    def _scale(self, volume: torch.Tensor) -> torch.Tensor:
-        """The coefficients of the op's output (l1: per axis, a tensor [3]; sq, iso: a 0-d tensor), in the op's
-        output dtype on the volume's device, made once per volume size (with the batch only for iso's "sum")."""
+    def _handle(self, volume: torch.Tensor) -> OpHandle:
+        """The op's handle weighted by the coefficients of its output (l1: per axis, a tensor [3]; sq, iso: a 0-d
+        tensor), in the op's output dtype on the volume's device, made once per volume size (with the batch only
+        for iso's "sum")."""
         if not isinstance(volume, torch.Tensor) or volume.dim() < 3:
             raise ValueError(f"TVLoss3d: argument 'volume' must be a tensor [..., D, H, W], got "
                              f"{tuple(volume.shape) if isinstance(volume, torch.Tensor) else type(volume).__name__}")
         batched = self.kind == "iso" and self.reduction == "sum"
         key = (volume.shape if batched else volume.shape[-3:], volume.device, volume.dtype)
-        scale = self._coefficients.get(key)
-        if scale is None:
-            if len(self._coefficients) >= 64:  # sizes that keep changing: keep a few, not every one seen
-                self._coefficients.clear()
+        handle = self._weighted.get(key)
+        if handle is None:
+            if len(self._weighted) >= 64:  # sizes that keep changing: keep a few, not every one seen
+                self._weighted.clear()
             D, H, W = volume.shape[-3:]
             count = ((D - 1) * H * W, D * (H - 1) * W, D * H * (W - 1))
             w = self.weights
@@ -94,14 +96,14 @@ class TVLoss3d(nn.Module):
             else:  # the op averages over the corners of each volume; "sum" multiplies back by every volume's
                 corners = max(D - 1, 0) * max(H - 1, 0) * max(W - 1, 0) * math.prod(volume.shape[:-3])
                 c = w[0] if self.reduction == "mean" else w[0] * corners
-            scale = self._coefficients[key] = torch.tensor(c, dtype=accumulation_dtype(volume.dtype),
-                                                           device=volume.device)
-        return scale
+            handle = self._weighted[key] = self._op.weighted(
+                torch.tensor(c, dtype=accumulation_dtype(volume.dtype), device=volume.device))
+        return handle
 
     def forward(self, volume: torch.Tensor) -> torch.Tensor:
         if self.kind == "iso":
-            return self._op.weighted_sum(self._scale(volume), volume, self.eps)
-        return self._op.weighted_sum(self._scale(volume), volume)
+            return self._handle(volume)(volume, self.eps)
+        return self._handle(volume)(volume)
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, weights={self.weights}, reduction={self.reduction!r}"

@@ -65,14 +65,14 @@ def test_ptycho_tv_gate_fails_a_wrong_tv(tmp_path, monkeypatch):
     module = _load("ptycho_tv")
     real = module.kernelhub.op
 
-    class ZAxisDropped:  # kernelhub.nn.TVLoss3d calls weighted_sum
+    class ZAxisDropped:  # kernelhub.nn.TVLoss3d calls a weighted handle
         handle = real("tv_loss_l1_3d", backend="torch_ref")
 
         def __call__(self, volume):
             return self.handle(volume) * volume.new_tensor([0.0, 1.0, 1.0])
 
-        def weighted_sum(self, weights, volume):
-            return self.handle.weighted_sum(weights * weights.new_tensor([0.0, 1.0, 1.0]), volume)
+        def weighted(self, weights):
+            return self.handle.weighted(weights * weights.new_tensor([0.0, 1.0, 1.0]))
 
     def op(name, backend=None):
         return ZAxisDropped() if backend is None else real(name, backend=backend)

@@ -299,8 +299,8 @@ def test_a_gradient_sharing_memory_with_the_call_is_a_wrong_output(returned, fas
 
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("op", ["tv_loss_l1_3d", "tv_loss_sq_3d", "trilinear_interp", "tikhonov_inverse_2xn"])
-def test_weighted_sum_is_the_weighted_output_summed_in_one_node(op, fast, monkeypatch):
-    """`OpHandle.weighted_sum(w, *args)` equals `(op(*args) * w).sum()`, values and gradients, for outputs of
+def test_a_weighted_handle_gives_the_weighted_output_summed_in_one_node(op, fast, monkeypatch):
+    """`OpHandle.weighted(w)(*args)` equals `(op(*args) * w).sum()`, values and gradients, for outputs of
     one dim, none, two (trilinear) and complex ones (Tikhonov, where the product's gradient conjugates w); on
     the fast path the weighting is inside the op's node (no multiplication node), through the operators it is
     the torch ops; weights that require grad get their gradient (the op's output) on both."""
@@ -313,7 +313,7 @@ def test_weighted_sum_is_the_weighted_output_summed_in_one_node(op, fast, monkey
     for learn in (False, True):
         args, ref_args = testing.with_grad(op, sample.args), testing.with_grad(op, sample.args)
         weights, ref_weights = w.clone().requires_grad_(learn), w.clone().requires_grad_(learn)
-        got = kernelhub.op(op).weighted_sum(weights, *args)
+        got = kernelhub.op(op).weighted(weights)(*args)
         ref = (kernelhub.op(op)(*ref_args) * ref_weights).sum()
         assert got.shape == () and got.dtype == out.dtype
         if fast and not learn:
@@ -326,36 +326,39 @@ def test_weighted_sum_is_the_weighted_output_summed_in_one_node(op, fast, monkey
                         strict=True):
             torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
     with torch.no_grad():  # no input needs grad: no node at all, the same value
-        plain = kernelhub.op(op).weighted_sum(w, *sample.args)
+        plain = kernelhub.op(op).weighted(w)(*sample.args)
     assert plain.grad_fn is None
     torch.testing.assert_close(plain, (out * w).sum(), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("fast", [True, False])
-def test_weighted_sum_refuses_weights_that_do_not_fit_the_output(fast, monkeypatch):
+def test_a_weighted_handle_refuses_weights_that_do_not_fit_the_output(fast, monkeypatch):
     monkeypatch.setattr(dispatch, "EAGER_FAST_PATH", fast)
     handle, v = kernelhub.op("tv_loss_l1_3d"), torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
     for weights in (torch.ones(4, dtype=torch.float64), torch.ones(3), torch.ones((), dtype=torch.float64)):
         with pytest.raises(ValueError, match=r"tv_loss_l1_3d: argument 'weights' must have the output's shape, "
                                              r"dtype and device, float64\[3\]@cpu"):
-            handle.weighted_sum(weights, v)
+            handle.weighted(weights)(v)
     with pytest.raises(TypeError, match="tv_loss_l1_3d: argument 'weights' must be a tensor, got list"):
-        handle.weighted_sum([1.0, 1.0, 1.0], v)
+        handle.weighted([1.0, 1.0, 1.0])
     with pytest.raises(ValueError, match="tv_loss_l1_3d: argument 'volume' must have at least 3 dims"):
-        handle.weighted_sum(torch.ones(3), torch.ones(4, 4))
+        handle.weighted(torch.ones(3))(torch.ones(4, 4))
+    with pytest.raises(ValueError, match="tv_loss_l1_3d: this handle is weighted already"):
+        handle.weighted(torch.ones(3)).weighted(torch.ones(3))
+    assert repr(handle.weighted(torch.ones(3))) == "kernelhub.op('tv_loss_l1_3d').weighted(float32[3])"
 
 
-def test_weighted_sum_under_torch_compile_equals_eager():
+def test_a_weighted_handle_under_torch_compile_equals_eager():
     handle = kernelhub.op("tv_loss_l1_3d")
     weights = torch.tensor([0.5, 1.0, 2.0])
 
     @torch.compile(fullgraph=True, backend="aot_eager")
     def loss(v):
-        return handle.weighted_sum(weights, v * 2.0)
+        return handle.weighted(weights)(v * 2.0)
 
     v = torch.randn(2, 5, 6, 7, requires_grad=True)
     w = v.detach().clone().requires_grad_()
-    got, ref = loss(v), handle.weighted_sum(weights, w * 2.0)
+    got, ref = loss(v), handle.weighted(weights)(w * 2.0)
     torch.testing.assert_close(got, ref)
     got.backward(), ref.backward()
     torch.testing.assert_close(v.grad, w.grad)

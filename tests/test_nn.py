@@ -95,7 +95,7 @@ def test_tvloss3d_is_the_normalised_weighted_formula_values_and_gradients(kind, 
 
 @pytest.mark.parametrize("kind", ["l1", "sq", "iso"])
 def test_tvloss3d_is_one_autograd_node_one_hub_forward_and_one_hub_backward(kind, monkeypatch):
-    """The weighting is inside the op's node (`OpHandle.weighted_sum`): the loss's graph is that node and the
+    """The weighting is inside the op's node (`OpHandle.weighted`): the loss's graph is that node and the
     volume's AccumulateGrad, and a forward + backward is one hub forward and one hub backward."""
     hub, calls = kernelhub.get_hub(), []
     forward, backward = hub.forward, hub.backward_grads
@@ -108,7 +108,7 @@ def test_tvloss3d_is_one_autograd_node_one_hub_forward_and_one_hub_backward(kind
         assert type(out.grad_fn).__name__ == "KernelhubFunctionBackward"
         assert [type(f).__name__ for f, _ in out.grad_fn.next_functions] == ["AccumulateGrad"]
         out.backward()
-    assert calls == ["forward", "backward"] * 2 and len(loss._coefficients) == 1
+    assert calls == ["forward", "backward"] * 2 and len(loss._weighted) == 1
 
 
 def test_tvloss3d_refuses_what_it_cannot_weigh():
@@ -130,10 +130,10 @@ def test_tvloss3d_keeps_its_coefficients_per_volume_size_and_a_bounded_number_of
         v = torch.randn(batch, 4, 5, 6)
         torch.testing.assert_close(loss(v), _tv_formula(v, "l1", (1.0, 0.5, 0.5), "mean"))
         torch.testing.assert_close(iso_sum(v), _tv_formula(v, "iso", (1.0,) * 3, "sum"))
-    assert len(loss._coefficients) == 1 and len(iso_sum._coefficients) == 3
+    assert len(loss._weighted) == 1 and len(iso_sum._weighted) == 3
     for d in range(3, 70):
         loss(torch.randn(d, 3, 3))
-    assert 0 < len(loss._coefficients) <= 64
+    assert 0 < len(loss._weighted) <= 64
 
 
 # -- kernels, SemiConv, Closing, Opening ---------------------------------------------------------------------------

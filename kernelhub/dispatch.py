@@ -329,8 +329,8 @@ class KernelhubFunction(torch.autograd.Function):
     tensor of ``args`` (a "tensors" argument's elements one by one, so autograd sees them); ``plan`` is what
     `kernelhub.spec.put_back` needs besides them (`plan_call`'s, kept with the layout's decision). The backward
     runs on the hub that ran the forward, with the backend of the forward's decision (no second selection).
-    ``weights`` (a weighted handle's, `OpHandle.weighted`; else None): the node's output is the op's output weighted and summed
-    (`_weigh`), and its backward gives the op's backward ``conj(weights) * grad``."""
+    ``weights`` (a weighted handle's, `OpHandle.weighted`; else None): the node's output is the op's output
+    weighted and summed (`_weigh`), and its backward gives the op's backward ``conj(weights) * grad``."""
 
     @staticmethod
     def forward(ctx, call: tuple, *tensors: torch.Tensor) -> torch.Tensor:
@@ -477,8 +477,25 @@ class OpHandle:
         out = hub.forward(self.spec.name, args, self.backend, decision)[1]
         return out if weights is None else _weigh(self.spec.name, out, weights)
 
+    def __reduce__(self) -> tuple:
+        """Serialised (``torch.save`` of a model holding `kernelhub.nn` modules, ``copy.deepcopy``, multiprocessing)
+        as its op's name, forced backend and weights: loaded, ``kernelhub.op(name, backend)`` of the receiving
+        process's hub, weighted again where it was. A handle of a hub built directly (`kernelhub.hub.Hub`) names
+        no hub another process has: refused."""
+        if self.hub != 0:
+            raise TypeError(f"kernelhub.{self.spec.name}: a handle of a hub built directly (kernelhub.hub.Hub) cannot "
+                            "be serialised (another process has no such hub); serialise handles of kernelhub.op")
+        return _handle_again, (self.hub_of, self.spec.name, self.backend, self.weights)
+
     def __repr__(self) -> str:
         forced = f", backend={self.backend!r}" if self.backend else ""
         weighted = "" if self.weights is None else \
             f".weighted({str(self.weights.dtype).removeprefix('torch.')}{list(self.weights.shape)})"
         return f"kernelhub.op({self.spec.name!r}{forced}){weighted}"
+
+
+def _handle_again(hub_of: Callable, name: str, backend: str, weights: torch.Tensor | None) -> OpHandle:
+    """`OpHandle.__reduce__`'s inverse: the handle of the hub ``hub_of`` gives (the global hub's
+    `kernelhub.hub.get_hub`, serialised by name), weighted where ``weights`` is given."""
+    handle = hub_of().handle(name, backend or None)
+    return handle if weights is None else handle.weighted(weights)

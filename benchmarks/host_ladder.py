@@ -5,7 +5,7 @@ the hub's pieces added one at a time, forward + backward of one call, wall micro
   min, raw apply      the same Function through the raw apply the hub's glue uses (no Python wrapper)
   glue                the hub's layout lookup (dispatch._layout, Selector.remembered) and a one-input Function
                       calling the impl directly: no output or gradient checks
-  glue + checks       the same with the hub's output and gradient checks (hub._check_result, hub._check_grads)
+  glue + checks       the same with the hub's output and gradient checks (hub._check_output, hub._check_grads)
   hub                 kernelhub.op(name), the eager fast path
   hub, no checks      the hub with those two checks replaced by no-ops (a diagnostic: the hub never runs so)
 
@@ -57,7 +57,7 @@ def rows(op: str, args: tuple) -> dict:
                 ctx.save_for_backward(*tensors)
                 out = decision.eligible[0].forward(*args)
                 if checks:
-                    hub_module._check_result(spec, impl.backend, "an output", out, decision.output, args)
+                    hub_module._check_output(spec, impl.backend, out, decision.output, args)
                 ctx.call = call
                 return out.contiguous()
 
@@ -89,14 +89,14 @@ def rows(op: str, args: tuple) -> dict:
     def step(f):
         return lambda: torch.autograd.grad(f(*leaves_args), leaves, grad)
 
-    checks = hub_module._check_result, hub_module._check_grads
+    checks = hub_module._check_output, hub_module._check_grads
 
     def unchecked():
-        hub_module._check_result = hub_module._check_grads = lambda *a, **k: None
+        hub_module._check_output = hub_module._check_grads = lambda *a, **k: None
         try:
             return torch.autograd.grad(handle(*leaves_args), leaves, grad)
         finally:
-            hub_module._check_result, hub_module._check_grads = checks
+            hub_module._check_output, hub_module._check_grads = checks
 
     return {"min": step(minimal), "min, raw apply": step(raw_minimal), "glue": step(glue_function(False)),
             "glue + checks": step(glue_function(True)), "hub": step(handle), "hub, no checks": unchecked}, impl.backend

@@ -30,15 +30,15 @@ other positional argument's type and value) and one dict lookup (`Selector.remem
 decision of an earlier call of that layout whose arguments the spec found canonical, with what the glue keeps of
 every call of the layout (`kernelhub.spec.plan_call`), so the spec's checks (`OpSpec.canonical`), the decision
 key and the arguments' taking apart are skipped (a float argument's value is part of the layout, so a value the
-spec would refuse is never looked up); the output check (shape, dtype, device and one `torch._C._is_alias_of` per tensor
-argument) and the gradients' (the same, by one storage address read per gradient: `hub._fresh`); the saved
-tensors put back into the call (`put_back`); and the Function's one extra input. Measured on the 2-core CPU,
-trilinear 256 points forward + backward (best of 41 rounds; docs/lab/benchmarks-history.md, "Per-call host cost,
-2026-11-25, later"): 67 us against the minimal Function's 54; the layout and its lookup 2 us of that, the output
-and gradient checks 7-8 (what keeps the promise that every output is a new tensor of the spec's shape, dtype and
-device), the rest 3. A call with keywords, with an argument the spec rewrites (an int for a list of ints, say), or
-of a new layout runs the checks and the selector's decision cache (`Selector.decide`) instead; the spec's checks
-see every new layout once.
+spec would refuse is never looked up); the output check and the gradients' (`hub._check_output`,
+`hub._check_grads`: shape, dtype and device, and which storage each is, against the call's tensors' and the
+upstream gradient's); the saved tensors put back into the call (`put_back`); and the Function's one extra input.
+Measured on the 2-core CPU, trilinear 256 points forward + backward (`benchmarks/host_ladder.py`, best of 31
+rounds; docs/lab/benchmarks-history.md, "Per-call host cost"): 65 us against the minimal Function's 54; the
+layout and its lookup 2-3 us of that, the output and gradient checks 5 (what keeps the promise that every output
+is a new tensor of the spec's shape, dtype and device), the rest 3. A call with keywords, with an argument the
+spec rewrites (an int for a list of ints, say), or of a new layout runs the checks and the selector's decision
+cache (`Selector.decide`) instead; the spec's checks see every new layout once.
 
 Under ``torch.compile``, where the hub would serve a traced call (of sizes known at compile time) with an
 impl that has ``Impl.inline``, `OpHandle` puts that function's ops into the graph instead of the operator

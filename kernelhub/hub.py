@@ -99,7 +99,7 @@ class Hub:
             impl = _first(decision)
             try:
                 out = impl.forward(*args)
-                _check_result(spec, impl.backend, "an output", out, decision.output, args)
+                _check_output(spec, impl.backend, out, decision.output, args)
                 # outputs are contiguous, as the fake implementations promise torch.compile
                 return decision, out.contiguous()
             except CONTAINED as exc:
@@ -135,60 +135,83 @@ def _first(decision: Decision) -> Any:
     return decision.eligible[0]
 
 
+def _check_output(spec: OpSpec, backend: str, out: Any, expected: tuple, args: Sequence[Any]) -> None:
+    """`_check_result` for a forward's output, its common case written out: a plain tensor of the expected
+    (shape, dtype, device) whose storage is none of the tensor arguments' (`_storage`) passes with a few attribute
+    reads; anything else gets `_check_result`'s verdict."""
+    shape, dtype, device = expected
+    if type(out) is torch.Tensor and out.shape == shape and out.dtype == dtype and out.device == device:
+        try:
+            mine = _storage(out)
+            for i in spec.tensor_args:
+                a = args[i]
+                if mine in map(_storage, a) if type(a) is list else mine == _storage(a):
+                    break
+            else:
+                return
+        except _NO_STORAGE:
+            pass
+    _check_result(spec, backend, "an output", out, expected, args)
+
+
 def _check_grads(spec: OpSpec, backend: str, grads: Sequence[Any], args: Sequence[Any], needs: Sequence[bool],
                  grad: torch.Tensor) -> None:
     """Raise WrongOutputError unless ``grads`` holds one entry per differentiable argument, each needed one a new
-    tensor (or list of them) of its argument's shape, dtype and device (`_check_result`)."""
+    tensor (or list of them) of its argument's shape, dtype and device (`_check_result`). The common case written
+    out, as in `_check_output`: a plain tensor of its argument's shape, dtype and device whose storage is none of
+    the call's tensors' or the upstream gradient's (`_storages`, read once per backward) passes without
+    `_check_result`. The checks were most of the hub's cost over a minimal autograd.Function's
+    (docs/lab/benchmarks-history.md, "Per-call host cost")."""
     if len(grads) != len(spec.differentiable):
         raise WrongOutputError(f"kernelhub: {spec.name}: backend {backend!r} returned {len(grads)} gradients, "
                                f"the op has {len(spec.differentiable)} differentiable arguments")
-    addresses: set[int] | None = None
+    taken: set[int] | None = None
     for i, need, g in zip(spec.differentiable, needs, grads):
         if not need:
             continue
         arg = args[i]
-        if type(arg) is not list:
-            if addresses is None:
-                addresses = _addresses(spec, args, grad)
-            if not _fresh(g, arg, addresses):  # then the full check, which says what is wrong
-                _check_result(spec, backend, (spec.args[i].name, None), g, (arg.shape, arg.dtype, arg.device), args,
-                              grad)
-            continue
-        if not isinstance(g, (list, tuple)) or len(g) != len(arg):
-            raise WrongOutputError(f"kernelhub: {spec.name}: backend {backend!r} returned "
-                                   f"{len(g) if isinstance(g, (list, tuple)) else type(g).__name__} gradients for "
-                                   f"{spec.args[i].name!r}, which holds {len(arg)} tensors")
-        for j, (t, gt) in enumerate(zip(arg, g)):
+        if type(arg) is list:  # a "tensors" argument: a list of gradients
+            if not isinstance(g, (list, tuple)) or len(g) != len(arg):
+                raise WrongOutputError(f"kernelhub: {spec.name}: backend {backend!r} returned "
+                                       f"{len(g) if isinstance(g, (list, tuple)) else type(g).__name__} gradients "
+                                       f"for {spec.args[i].name!r}, which holds {len(arg)} tensors")
+            pairs = zip(arg, g, range(len(arg)))
+        else:
+            pairs = ((arg, g, None),)
+        for t, gt, j in pairs:
+            if type(gt) is torch.Tensor and gt.shape == t.shape and gt.dtype == t.dtype and gt.device == t.device:
+                try:
+                    if taken is None:
+                        taken = _storages(spec, args, grad)
+                    if _storage(gt) not in taken:
+                        continue
+                except _NO_STORAGE:
+                    pass
             _check_result(spec, backend, (spec.args[i].name, j), gt, (t.shape, t.dtype, t.device), args, grad)
 
 
-def _addresses(spec: OpSpec, args: Sequence[Any], grad: torch.Tensor) -> set[int]:
-    """The storage base addresses of the call's tensors and of the upstream gradient, for `_fresh`; an empty set
-    where one has none (an empty storage) or no storage at all (then `_check_result` decides every gradient)."""
-    try:
-        found = {grad.untyped_storage().data_ptr()}
-        for i in spec.tensor_args:
-            for t in args[i] if type(args[i]) is list else (args[i],):
-                found.add(t.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError, TypeError):
-        return set()
-    return set() if 0 in found else found
+def _storages(spec: OpSpec, args: Sequence[Any], grad: torch.Tensor) -> set[int]:
+    """`_storage` of the call's tensors and of the upstream gradient (raises what `_storage` raises)."""
+    taken = {_storage(grad)}
+    for i in spec.tensor_args:
+        a = args[i]
+        if type(a) is list:
+            taken.update(map(_storage, a))
+        else:
+            taken.add(_storage(a))
+    return taken
 
 
-def _fresh(out: Any, like: torch.Tensor, addresses: set[int]) -> bool:
-    """Whether a gradient passes `_check_result` for certain: a tensor of ``like``'s shape, dtype and device whose
-    storage starts at none of ``addresses`` (`_addresses`). One storage read per gradient instead of one
-    `torch._C._is_alias_of` per gradient and tensor of the call (the backward's checks were a third of the hub's
-    cost over a minimal autograd.Function's on the H200's host, docs/lab/benchmarks-history.md). False where
-    unsure: then `_check_result` gives the verdict."""
-    if not addresses or not isinstance(out, torch.Tensor) or out.shape != like.shape or out.dtype != like.dtype \
-            or out.device != like.device:
-        return False
-    try:
-        address = out.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError, TypeError):
-        return False
-    return address != 0 and address not in addresses
+def _storage_of(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+# which storage a tensor's memory is (a view shares its base's); raises for a tensor without one (sparse, say):
+# then `_check_result` decides. torch._C._storage_address reads it without making a Python storage object (with
+# the rest of `_check_output` and `_check_grads`, 3-6 us less per forward + backward of a small TV, trilinear or
+# K-Planes call on the 2-core CPU than one `_is_alias_of` per pair); its fallback reads the same.
+_storage = getattr(torch._C, "_storage_address", _storage_of)
+_NO_STORAGE = (RuntimeError, NotImplementedError, TypeError)
 
 
 def _check_result(spec: OpSpec, backend: str, what: str | tuple, out: Any, expected: tuple, args: Sequence[Any],
@@ -196,8 +219,9 @@ def _check_result(spec: OpSpec, backend: str, what: str | tuple, out: Any, expec
     """Raise WrongOutputError unless ``out`` is a tensor of the expected (shape, dtype, device) that shares no
     memory with a tensor argument (or the upstream gradient): the operators promise torch.compile new tensors, and
     a caller's input must never come back as a result. ``what``: "an output", or (argument name, index in its list
-    or None) for a gradient (`_words`). Every call checks its output and gradients: a few attribute reads and
-    one `torch._C._is_alias_of` per tensor argument."""
+    or None) for a gradient (`_words`). Every call checks its output and gradients, the common case in
+    `_check_output` and `_check_grads` (an output or gradient whose storage is none of the call's tensors'); this
+    gives the verdict on the rest, with one `torch._C._is_alias_of` per tensor argument."""
     if not (isinstance(out, torch.Tensor) and (out.shape, out.dtype, out.device) == expected):
         got = (f"{str(out.dtype).removeprefix('torch.')}{list(out.shape)}@{out.device}"
                if isinstance(out, torch.Tensor) else type(out).__name__)

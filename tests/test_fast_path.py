@@ -267,8 +267,9 @@ def test_a_remembered_call_still_falls_back_and_stops_asking_the_failed_backend(
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("returned", ["the volume", "a view of it", "the upstream gradient expanded"])
 def test_a_gradient_sharing_memory_with_the_call_is_a_wrong_output(returned, fast, monkeypatch):
-    """The backward's memory check (kernelhub/hub.py: `_fresh`, then `_check_result`) on both paths: a gradient that
-    is an argument, a view of one, or the upstream gradient raises WrongOutputError naming what it shares."""
+    """The backward's memory check (kernelhub/hub.py: `_check_grads`, then `_check_result`) on both paths: a
+    gradient that is an argument, a view of one, or the upstream gradient raises WrongOutputError naming what it
+    shares."""
     import dataclasses
     import types
 
@@ -295,6 +296,50 @@ def test_a_gradient_sharing_memory_with_the_call_is_a_wrong_output(returned, fas
         out = hub.handle("tv_loss_sq_3d", backend="alias")(v)
         with pytest.raises(kernelhub.WrongOutputError, match=f"gradient of 'volume' sharing memory with {what}"):
             torch.autograd.grad(out, v)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("returned", ["a plane", "the other scale's plane", "the points"])
+def test_a_gradient_in_a_list_sharing_memory_with_the_call_is_a_wrong_output(returned, fast, monkeypatch):
+    """The same check for a "tensors" argument's gradients, one by one: a planes gradient of the multiscale K-Planes
+    op that is a plane, another scale's plane or the points (of the plane's shape) raises WrongOutputError naming
+    the element."""
+    import dataclasses
+    import types
+
+    from kernelhub import hookimpl
+    from kernelhub.config import Config
+    from kernelhub.hub import Hub
+    from kernelhub.spec import Backend, Impl
+
+    monkeypatch.setattr(dispatch, "EAGER_FAST_PATH", fast)
+    op = "kplanes_interp_tilted_ms"
+    ref = kernelhub.get_hub().registry.impls(op)["torch_ref"]
+    pts = torch.rand(6, 3) * 2 - 1
+    planes = [torch.randn(3, 2, 4, 4), torch.randn(3, 2, 4, 4)]
+    rot = torch.eye(3).expand(1, 3, 3).clone()
+    if returned == "the points":  # a planes-shaped view of a points tensor as large as a plane
+        pts = torch.rand(planes[1].numel() // 3, 3) * 2 - 1
+
+    def backward(g, p, r, pl, needs):
+        grads = ref.backward(g, p, r, pl, needs=needs)
+        wrong = {"a plane": lambda: pl[1], "the other scale's plane": lambda: pl[0].view(pl[1].shape),
+                 "the points": lambda: p.view(pl[1].shape)}[returned]
+        return [grads[0], grads[1], [grads[2][0], wrong()]]
+
+    @hookimpl
+    def kernelhub_register_impls(registry):
+        registry.add_backend(Backend("alias", "1.0"))
+        registry.add_impl(Impl(op=op, backend="alias", dtypes=ref.dtypes, devices=ref.devices, forward=ref.forward,
+                               backward=backward))
+    hub = Hub(extra_plugins=[("alias", types.SimpleNamespace(kernelhub_register_impls=kernelhub_register_impls))],
+              config=dataclasses.replace(Config(), priority=("alias", "torch_ref")))
+    planes = [p.requires_grad_() for p in planes]
+    what = "argument 'pts'" if returned == "the points" else "argument 'planes'"
+    for _ in range(2):  # the second call from the memo
+        out = hub.handle(op, backend="alias")(pts, rot, planes)
+        with pytest.raises(kernelhub.WrongOutputError, match=f"gradient of 'planes'\\[1\\] sharing memory with {what}"):
+            torch.autograd.grad(out.sum(), planes)
 
 
 @pytest.mark.parametrize("fast", [True, False])
@@ -406,11 +451,11 @@ def test_the_host_ladder_runs_every_row_and_leaves_the_checks_in_place():
     spec = importlib.util.spec_from_file_location("host_ladder", path)
     ladder = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ladder)
-    checks = hub_module._check_result, hub_module._check_grads
+    checks = hub_module._check_output, hub_module._check_grads
     fns, backend = ladder.rows("trilinear_interp", (torch.randn(4, 8, 2), torch.rand(4, 3) * 2 - 1))
     assert set(fns) == {"min", "min, raw apply", "glue", "glue + checks", "hub", "hub, no checks"}
     results = {label: f() for label, f in fns.items()}
     for grads in results.values():
         for g, ref in zip(grads, results["min"], strict=True):
             torch.testing.assert_close(g, ref, rtol=0, atol=0)
-    assert (hub_module._check_result, hub_module._check_grads) == checks
+    assert (hub_module._check_output, hub_module._check_grads) == checks

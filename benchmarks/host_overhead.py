@@ -186,13 +186,14 @@ def rows_for(op: str, args: tuple, device: torch.device, repeat: int, compile_re
     return {label: {"forward_us": f_us[label], "step_us": s_us[label]} for label in runnable}
 
 
-def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int) -> dict:
+def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int, mode: str = "default") -> dict:
     """Wall us per forward + backward of a step ``(op(*args) * w).sum()`` compiled with torch.compile (fullgraph,
     inductor), calling the reference, the hub (its default choice) and the hub with each backend forced whose impl
     has ``inline`` (inductor: the graph holds the reference's ops; cuda_ext: its operators; triton: its kernels),
     against the eager hub step; and, for each backend with an inline but inductor, the backend's functions in the
     minimal autograd.Function (`minimal`) compiled the same way: what torch.compile costs around those functions
-    with no hub at all. The step takes the real part of a complex output."""
+    with no hub at all. The step takes the real part of a complex output. ``mode``: torch.compile's (with
+    "reduce-overhead" each compiled step replays CUDA graphs, the eager hub step stays eager)."""
     from kernelhub_torch_ref.plugin import DIFFERENTIATE, FORWARDS
 
     hub = kernelhub.get_hub()
@@ -215,7 +216,7 @@ def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int) 
         if impl.inline is not None and name != "inductor":
             candidates[f"compiled min:{name}"] = minimal(impl, spec)
     for label, f in candidates.items():
-        steps[label] = torch.compile(step(f), fullgraph=True)
+        steps[label] = torch.compile(step(f), fullgraph=True, mode=mode)
     fns = {}
     for label, f in steps.items():
         def fn(f=f):
@@ -296,6 +297,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--launch", action="store_true", help="also time the triton launchers against a trivial launch")
     p.add_argument("--compiled-steps", action="store_true",
                    help="time compiled steps calling the hub against ones calling the reference instead of the rows")
+    p.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead"],
+                   help="torch.compile's mode for --compiled-steps (reduce-overhead: CUDA graphs)")
     return p.parse_args(argv)
 
 
@@ -326,12 +329,14 @@ def main(argv: list[str] | None = None, record: dict | None = None) -> int:
             chosen = kernelhub.explain(op, *call).chosen
             about = {"_op": op, "_call": CALLS[fam][size], "_chosen": chosen}
             if args.compiled_steps:
-                r = compiled_step_rows(op, call, device, args.repeat)
-                print(f"{fam}/{size} ({op}; hub picks {chosen}): compiled steps, wall us per forward+backward")
+                r = compiled_step_rows(op, call, device, args.repeat, args.compile_mode)
+                print(f"{fam}/{size} ({op}; hub picks {chosen}): compiled steps ({args.compile_mode}), wall us per "
+                      "forward+backward")
                 for label, v in r.items():
                     print(f"  {label:24s} {v:10.1f}   {v / r['compiled ref']:5.2f}x compiled ref" if "compiled ref" in r
                           else f"  {label:24s} {v:10.1f}", flush=True)
-                results["rows"][f"{fam}/{size}/compiled"] = {**r, **about}
+                mode = "" if args.compile_mode == "default" else f"-{args.compile_mode}"
+                results["rows"][f"{fam}/{size}/compiled{mode}"] = {**r, **about}
                 save()
                 continue
             r = rows_for(op, call, device, args.repeat, not args.no_compile)

@@ -232,7 +232,7 @@ def host_report(data: dict) -> list[str]:
     sizes = ("tiny", "medium", "large")
     ordered = sorted(data["rows"].items(), key=lambda kr: (families.index(kr[0].split("/")[0]),
                                                            sizes.index(kr[0].split("/")[1])))
-    rows = [(k, r) for k, r in ordered if not k.endswith("/compiled")]
+    rows = [(k, r) for k, r in ordered if k.count("/") == 1]  # family/size; compiled steps: .../compiled[-mode]
     if rows:
         parts += ["| call | hub picks | hub | min:pick | hub / min:pick | each backend forced: hub:B / min:B "
                   "(fwd+bwd) | eager ref | compiled ref | hub / compiled ref |", "|---|---|---:|---:|---:|---|---:|---:|---:|"]

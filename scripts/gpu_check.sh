@@ -10,7 +10,8 @@
 #            Numba path again under the numpy in .whl/numpy, if any), and benchmarks/tvloss3d.py
 #            (what kernelhub.nn.TVLoss3d costs over the bare op)
 #   host   - benchmarks/host_overhead.py: per-call wall time of the hub against minimal glue (HOST_ARGS narrows it),
-#            recorded as $OUT/h200_host.json (HOST_RECORD: another file) for docs/results/
+#            recorded as $OUT/h200_host.json (HOST_RECORD: another file) for docs/results/; and
+#            benchmarks/cuda_graph_step.py (a small hub step eager against a CUDA graph replay of it)
 #   report - scripts/bench_report.py record: kernelhub bench of every op at its benchmark shapes, recorded as
 #            $OUT/h200.json for docs/results/ (REPORT_OPS narrows it)
 #   ddp    - two GPUs: examples/ddp_step.py under torchrun (NCCL) and the second-GPU tests
@@ -74,6 +75,7 @@ fi
 if has host; then  # recorded for docs/results/ (a record already at $HOST_RECORD gains this run's rows)
   timeout -k 10 "${HOST_TIMEOUT:-420}" python3 scripts/bench_report.py record-host --out "${HOST_RECORD:-$OUT/h200_host.json}" \
     -- ${HOST_ARGS:-} 2>&1 | tee "$OUT/host_overhead.txt" || rc=1
+  timeout -k 10 120 python3 benchmarks/cuda_graph_step.py 2>&1 | tee "$OUT/cuda_graph_step.txt" || rc=1
 fi
 if has ddp; then
   for dtype in float64 float32; do  # float32: atomics in the K-Planes backward, so a looser default --utol

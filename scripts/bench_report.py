@@ -5,8 +5,9 @@
     python scripts/bench_report.py render                                                     # anywhere
 
 ``record`` runs `kernelhub.bench.run` (every backend against eager torch_ref and torch.compile of it, and the
-memory floor) and writes its rows with where and how they were measured (device, date, commit, command,
-versions). ``record-host`` runs benchmarks/host_overhead.py (the hub's per-call wall time against minimal glue
+memory floor) and writes its rows with where and how they were measured (device, date, commit, the tree of the
+files that ran, command, versions; ``KERNELHUB_RECORD_COMMIT`` names the commit where the checkout's .git is
+older than its files). ``record-host`` runs benchmarks/host_overhead.py (the hub's per-call wall time against minimal glue
 around the same kernels) with the arguments after ``--`` and records it the same way; a second run into the
 same file (for example ``-- --compiled-steps``) adds its rows. ``render`` reads every ``docs/results/*.json``
 and rewrites docs/benchmarks.md and the tables between the README's markers (the winners, the host cost);
@@ -19,10 +20,12 @@ import argparse
 import datetime
 import json
 import math
+import os
 import platform
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,7 +67,7 @@ def record_host(out: Path, argv: list[str]) -> None:
     finally:
         sys.path.pop(0)
     meta = _where_and_how()
-    run = {k: meta.pop(k) for k in ("date", "commit", "command")}
+    run = {k: meta.pop(k) for k in ("date", "commit", "command", "tree") if k in meta}
     old = json.loads(out.read_text()) if out.exists() else {}
     data = {"rows": {}, "runs": []} if old.get("format") != HOST_FORMAT else old
     device = host_overhead.device_model(host_overhead.parse(argv).device)
@@ -78,7 +81,10 @@ def record_host(out: Path, argv: list[str]) -> None:
 
 
 def _where_and_how() -> dict:
-    """Where and how a record's rows were measured: the date, the code (commit), the command, versions, threads."""
+    """Where and how a record's rows were measured: the date, the code (commit, and the tree: `_tree`), the command,
+    versions, threads. ``KERNELHUB_RECORD_COMMIT`` names the commit where the checkout's own git history does not
+    hold it (a copy of the working tree sent to a GPU machine with an older .git); the tree says what ran, and
+    tests/test_docs.py checks that it is that commit's."""
     import torch
 
     try:
@@ -89,15 +95,35 @@ def _where_and_how() -> dict:
             commit += " with uncommitted changes"
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
+    commit = os.environ.get("KERNELHUB_RECORD_COMMIT") or commit
     versions = {"python": platform.python_version(), "torch": torch.__version__}
     try:
         import triton
         versions["triton"] = triton.__version__
     except ImportError:
         pass
-    return dict(date=datetime.date.today().isoformat(), commit=commit,
-                command="python scripts/bench_report.py " + " ".join(sys.argv[1:]), versions=versions,
-                threads=torch.get_num_threads())
+    where = dict(date=datetime.date.today().isoformat(), commit=commit,
+                 command="python scripts/bench_report.py " + " ".join(sys.argv[1:]), versions=versions,
+                 threads=torch.get_num_threads())
+    tree = _tree()
+    return {**where, "tree": tree} if tree else where
+
+
+def _tree() -> str | None:
+    """The git tree of the checkout's files as they are (tracked and untracked, none that git ignores): what a
+    commit of them would hold, so `git rev-parse COMMIT^{tree}` tells whether a recorded commit is what ran. Built
+    in a scratch index started from HEAD's, file modes taken from it (a copied tree may lose them); None without
+    git."""
+    with tempfile.TemporaryDirectory() as scratch:
+        env = {**os.environ, "GIT_INDEX_FILE": str(Path(scratch) / "index")}
+        try:
+            subprocess.run(["git", "read-tree", "HEAD"], cwd=REPO, env=env, capture_output=True, check=True)
+            subprocess.run(["git", "-c", "core.fileMode=false", "add", "-A"], cwd=REPO, env=env, capture_output=True,
+                           check=True)
+            return subprocess.run(["git", "write-tree"], cwd=REPO, env=env, capture_output=True, text=True,
+                                  check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return None
 
 
 def _geomean(xs: list[float]) -> float:

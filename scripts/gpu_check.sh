@@ -20,6 +20,9 @@
 # CUDA_EXT=0 leaves cuda_ext (and its build) out. PYTEST_ARGS (default: tests), PYTEST_K (a -k expression) and BENCH_ARGS narrow the steps; PYTEST_TIMEOUT
 # (seconds) stops pytest itself, so its log is complete up to there even when the device call's limit is near.
 # Prints a short summary last and exits non-zero if a step failed. Logs go under $OUT if set.
+# The records (steps report, host) name the commit git reads here, and the tree of the files that ran: where this
+# machine's .git is older than the tree sent, name the commit with KERNELHUB_RECORD_COMMIT=<its hash>; tests/test_docs.py
+# checks that the recorded tree is that commit's.
 set -uo pipefail
 steps=" ${*:-all} "  # one or more steps, run in the order below
 has() { [[ "$steps" == *" $1 "* ]]; }

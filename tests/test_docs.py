@@ -81,3 +81,51 @@ def test_a_host_record_renders_the_hub_against_the_glue_around_its_pick(tmp_path
     out.write_text(json.dumps({**data, "format": bench_report.HOST_FORMAT}))
     with pytest.raises(SystemExit, match="NVIDIA H200"):
         bench_report.record_host(out, ["--device", "cpu", "--families", "tv", "--sizes", "tiny"])
+
+
+def _git(cwd, *args):
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_a_record_names_the_tree_that_ran_and_the_commit_it_is(tmp_path, monkeypatch):
+    """scripts/bench_report.py records the tree of the files as they are (`_tree`: tracked and untracked, ignored
+    ones left out, modes from HEAD), so a record made from a copy whose .git is older (a GPU machine's) can be tied
+    to the commit given by KERNELHUB_RECORD_COMMIT; and every recorded run that names a commit and a tree holds that
+    commit's tree."""
+    bench_report = _bench_report()
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / ".gitignore").write_text("ignored/\n")
+    (repo / "run.sh").write_text("echo hi\n")
+    (repo / "run.sh").chmod(0o755)
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    monkeypatch.setattr(bench_report, "REPO", repo)
+    assert bench_report._tree() == _git(repo, "rev-parse", "HEAD^{tree}")
+    (repo / "run.sh").chmod(0o644)  # a copy that lost the mode: still the commit's tree
+    assert bench_report._tree() == _git(repo, "rev-parse", "HEAD^{tree}")
+    (repo / "ignored").mkdir()
+    (repo / "ignored" / "x").write_text("x")
+    assert bench_report._tree() == _git(repo, "rev-parse", "HEAD^{tree}")
+    (repo / "new.py").write_text("print(1)\n")  # what ran is not HEAD: the tree says so
+    changed = bench_report._tree()
+    assert changed != _git(repo, "rev-parse", "HEAD^{tree}")
+    (repo / "run.sh").chmod(0o755)
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "two")
+    assert changed == _git(repo, "rev-parse", "HEAD^{tree}")
+    monkeypatch.setenv("KERNELHUB_RECORD_COMMIT", "abc1234")
+    where = bench_report._where_and_how()
+    assert where["commit"] == "abc1234" and where["tree"] == changed
+
+    runs = [r for d in bench_report._records(bench_report.HOST_FORMAT) for r in d["runs"]]
+    runs += bench_report._records()
+    for run in runs:
+        commit = run.get("commit", "")
+        if "tree" not in run or not re.fullmatch(r"[0-9a-f]{7,40}", commit):
+            continue
+        found = subprocess.run(["git", "rev-parse", "--verify", "-q", f"{commit}^{{tree}}"], cwd=REPO,
+                               capture_output=True, text=True)
+        if found.returncode == 0:  # a clone without that commit cannot tell
+            assert found.stdout.strip() == run["tree"], f"{commit}: the recorded tree is not the commit's"

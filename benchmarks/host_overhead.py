@@ -14,7 +14,9 @@ repeat), median of the repeats, of:
 
 once for the forward (inputs without grad) and once for forward + backward (torch.autograd.grad of the
 output against the differentiable inputs). The summary gives hub:B / min:B for each backend, and hub /
-compiled ref. Rows are timed in rounds, each round over every row in turn, median of the rounds.
+compiled ref. Rows are timed in rounds, each round over every row in turn, median of the rounds; each row also
+keeps its best round (``forward_best_us``, ``step_best_us``; the summary's second hub:B / min:B line), which a
+host's noise disturbs least.
 
     python benchmarks/host_overhead.py [--device cuda] [--families tv trilinear] [--sizes tiny medium]
                                        [--json FILE] [--repeat 15]
@@ -114,9 +116,11 @@ def minimal(impl, spec):
     return Minimal.apply
 
 
-def timed_rounds(fns: dict, sync, repeat: int, budget_s: float = 0.05) -> dict:
+def timed_rounds(fns: dict, sync, repeat: int, budget_s: float = 0.05, best: dict | None = None) -> dict:
     """Wall us per call of each callable: back-to-back calls (as many as fit in ``budget_s``), one sync per round;
-    the rounds go over every callable in turn (so a drift of the machine's speed hits them alike), median."""
+    the rounds go over every callable in turn (so a drift of the machine's speed hits them alike), median. ``best``
+    (a dict): filled with each callable's best round, the least disturbed one (on a GPU host whose per-call times
+    wander, the two tell apart what the code costs and what the host's noise does)."""
     number = {}
     for label, fn in fns.items():
         for _ in range(3):
@@ -135,6 +139,8 @@ def timed_rounds(fns: dict, sync, repeat: int, budget_s: float = 0.05) -> dict:
                 fn()
             sync()
             times[label].append((time.perf_counter() - start) / number[label] * 1e6)
+    if best is not None:
+        best.update({label: min(t) for label, t in times.items()})
     return {label: statistics.median(t) for label, t in times.items()}
 
 
@@ -180,10 +186,13 @@ def rows_for(op: str, args: tuple, device: torch.device, repeat: int, compile_re
             runnable[label] = (fwd, step)
         except Exception as exc:
             print(f"  {op}: {label} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:100]})", file=sys.stderr)
+    f_best: dict = {}
+    s_best: dict = {}
     with torch.no_grad():
-        f_us = timed_rounds({k: v[0] for k, v in runnable.items()}, sync, repeat)
-    s_us = timed_rounds({k: v[1] for k, v in runnable.items()}, sync, repeat)
-    return {label: {"forward_us": f_us[label], "step_us": s_us[label]} for label in runnable}
+        f_us = timed_rounds({k: v[0] for k, v in runnable.items()}, sync, repeat, best=f_best)
+    s_us = timed_rounds({k: v[1] for k, v in runnable.items()}, sync, repeat, best=s_best)
+    return {label: {"forward_us": f_us[label], "step_us": s_us[label], "forward_best_us": f_best[label],
+                    "step_best_us": s_best[label]} for label in runnable}
 
 
 def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int, mode: str = "default") -> dict:
@@ -343,14 +352,15 @@ def main(argv: list[str] | None = None, record: dict | None = None) -> int:
             print(f"{fam}/{size} ({op}; hub picks {chosen}): wall us per call, forward | forward+backward")
             for label, v in r.items():
                 print(f"  {label:16s} {v['forward_us']:10.1f} | {v['step_us']:10.1f}")
-            ratios = []
-            for label in r:
-                if label.startswith("hub:") and "min:" + label[4:] in r:
-                    m = r["min:" + label[4:]]
-                    ratios.append(f"{label[4:]} {r[label]['forward_us'] / m['forward_us']:.2f}x | "
-                                  f"{r[label]['step_us'] / m['step_us']:.2f}x")
-            if ratios:
-                print("  hub:B / min:B    " + "; ".join(ratios))
+            for stat in ("", "_best"):
+                ratios = []
+                for label in r:
+                    if label.startswith("hub:") and "min:" + label[4:] in r:
+                        m = r["min:" + label[4:]]
+                        ratios.append(f"{label[4:]} {r[label][f'forward{stat}_us'] / m[f'forward{stat}_us']:.2f}x | "
+                                      f"{r[label][f'step{stat}_us'] / m[f'step{stat}_us']:.2f}x")
+                if ratios:
+                    print(f"  hub:B / min:B{' (best rounds)' if stat else ''}    " + "; ".join(ratios))
             if "compiled ref" in r:
                 print(f"  hub / compiled   {r['hub']['forward_us'] / r['compiled ref']['forward_us']:.2f}x | "
                       f"{r['hub']['step_us'] / r['compiled ref']['step_us']:.2f}x", flush=True)

@@ -245,7 +245,7 @@ def launch_rows(device: torch.device, repeat: int) -> dict:
     those times and each function's number of device kernels (`kernels_launched`)."""
     import triton
     import triton.language as tl
-    from kernelhub_triton._launch import launch
+    from kernelhub_triton._launch import Bound, launch
 
     @triton.jit
     def trivial(x_ptr, n, BLOCK: tl.constexpr):
@@ -253,9 +253,10 @@ def launch_rows(device: torch.device, repeat: int) -> dict:
         tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1.0, mask=offs < n)
 
     x = torch.randn(1024, device=device)
+    bound = Bound(trivial, BLOCK=1024)
     sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
     fns = {"trivial kernel[grid]": lambda: trivial[(1,)](x, 1024, BLOCK=1024),
-           "trivial launch()": lambda: launch(trivial, (1,), x, 1024, BLOCK=1024),
+           "trivial launch()": lambda: launch(bound, (1,), x, 1024),
            "one torch op (x.add_)": lambda: x.add_(1.0)}
     hub = kernelhub.get_hub()
     for fam, (op, sizes) in FAMILIES.items():

@@ -217,9 +217,10 @@ def test_kplanes_non_finite_points_read_an_in_range_neighbour_as_torch_does(back
 
 
 def test_launch_hands_a_kept_kernel_its_parameters_in_signature_order():
-    """A kept kernel's later launches take its parameters after the positional ones from the keywords' values and
-    the defaults (`_launch._picker`, fixed once per key): whatever the keywords' order, with launch options
-    (num_warps) among them, with a default left out, with one parameter or none after the positional ones."""
+    """A kept kernel's later launches take its parameters after the call's arguments from the Bound's values and
+    the defaults (`_launch._tail`, fixed once per key): whatever the keywords' order, with launch options
+    (num_warps) among them, with a default left out, with one parameter or none after the call's arguments. A
+    key holds the Bound by identity and the call's arguments' specialisations."""
     import triton
     import triton.language as tl
 
@@ -229,29 +230,52 @@ def test_launch_hands_a_kept_kernel_its_parameters_in_signature_order():
     def kernel(x_ptr, n, A: tl.constexpr, B, C: tl.constexpr = 7, D=2.5):
         pass
 
-    def picked(args, kwargs):
-        pick, defaults = _launch._picker(kernel, args, kwargs)
-        return pick((*kwargs.values(), *defaults))
+    def tail(n, **kwargs):
+        return _launch._tail(_launch.Bound(kernel, **kwargs), n)
 
+    assert tail(2, A=1, B=4, C=5, D=0.5) == (1, 4, 5, 0.5)
+    assert tail(2, num_warps=4, D=0.5, B=4, A=1) == (1, 4, 7, 0.5)
+    assert tail(3, B=4, num_warps=2) == (4, 7, 2.5)
+    assert tail(5, num_warps=2) == (2.5,)
+    assert tail(6) == ()
     x = torch.empty(4)
-    assert picked((x, 3), dict(A=1, B=4, C=5, D=0.5)) == (1, 4, 5, 0.5)
-    assert picked((x, 3), dict(num_warps=4, D=0.5, B=4, A=1)) == (1, 4, 7, 0.5)
-    assert picked((x, 3, 1), dict(B=4, num_warps=2)) == (4, 7, 2.5)
-    assert picked((x, 3, 1, 4, 5), dict(num_warps=2)) == (2.5,)
-    assert picked((x, 3, 1, 4, 5, 0.5), {}) == ()
-    # a key names the keywords in order with their values: another order is another key
-    key, values = _launch._key(kernel, 0, (x, 3), dict(A=1, B=4))
-    assert key != _launch._key(kernel, 0, (x, 3), dict(B=4, A=1))[0]
-    assert key == _launch._key(kernel, 0, (torch.empty(4), 3), dict(A=1, B=4))[0]
+    bound = _launch.Bound(kernel, A=1, B=4)
+    key, values = _launch._key(bound, 0, (x, 3))
+    # another Bound with the same values is another key (a launcher keeps one per layout)
+    assert key != _launch._key(_launch.Bound(kernel, A=1, B=4), 0, (x, 3))[0]
+    assert key == _launch._key(bound, 0, (torch.empty(4), 3))[0]
     # the arguments as a kept kernel gets them: each tensor as its address
     assert values == [x.data_ptr(), 3]
-    # a tensor's dtype, device and alignment and a float's type are in the key, a float's value is not
-    assert key != _launch._key(kernel, 0, (x.double(), 3), dict(A=1, B=4))[0]
-    assert key != _launch._key(kernel, 0, (torch.empty(5)[1:], 3), dict(A=1, B=4))[0]
-    assert _launch._key(kernel, 0, (x, 0.5), {})[0] == _launch._key(kernel, 0, (x, 2.0), {})[0]
-    assert _launch._key(kernel, 0, (x, 0.5), {})[1] == [x.data_ptr(), 0.5]
+    # a tensor's dtype, device and alignment, an integer's value and a float's type are in the key, a float's
+    # value is not
+    assert key != _launch._key(bound, 0, (x.double(), 3))[0]
+    assert key != _launch._key(bound, 0, (torch.empty(5)[1:], 3))[0]
+    assert key != _launch._key(bound, 0, (x, 16))[0]
+    assert _launch._key(bound, 0, (x, 0.5))[0] == _launch._key(bound, 0, (x, 2.0))[0]
+    assert _launch._key(bound, 0, (x, 0.5))[1] == [x.data_ptr(), 0.5]
     if CUDA:
-        assert key != _launch._key(kernel, 0, (x.cuda(), 3), dict(A=1, B=4))[0]
+        assert key != _launch._key(bound, 0, (x.cuda(), 3))[0]
+
+
+def test_each_triton_launcher_keeps_one_bound_kernel_per_layout():
+    """A launcher's Bound kernels come from its layout cache: the same object on every call of one layout (a new
+    one per call would be a new key per call, and every launch would take Triton's own path)."""
+    from kernelhub_triton import kplanes, semiconv, tikhonov, trilinear, tv
+
+    from kernelhub.ops.semiconv import lift_3d
+
+    assert tv._layout((1, 8, 8, 8), 4, 0, torch.float32)[1] is tv._layout((1, 8, 8, 8), 4, 0, torch.float32)[1]
+    assert trilinear._forward_kernel(8, torch.float32) is trilinear._forward_kernel(8, torch.float32)
+    assert trilinear._backward_kernel(8, torch.float32, True, False) is \
+        trilinear._backward_kernel(8, torch.float32, True, False)
+    assert kplanes._forward_kernel(1, 8, torch.float32) is kplanes._forward_kernel(1, 8, torch.float32)
+    assert tikhonov._kernels(5, True) is tikhonov._kernels(5, True)
+    x, k = torch.randn(1, 2, 8, 8), torch.randn(2, 1, 3, 3)
+    args = ("tropical_max", [1, 1], [1, 1, 1, 1], [1, 1], 2, "conv", False)
+    rows, walk = semiconv._layouts(lift_3d(x, k, *args))
+    again = semiconv._layouts(lift_3d(x.clone(), k.clone(), *args))
+    assert rows[1] is again[0][1] and rows[2][1] is again[0][2][1] and walk[1] is again[1][1]
+    assert semiconv._grad_kernel(0, 9, 9, True, torch.float32) is semiconv._grad_kernel(0, 9, 9, True, torch.float32)
 
 
 def test_launch_takes_tritons_path_while_a_launch_hook_is_set():
@@ -318,16 +342,17 @@ def test_launch_refuses_a_cpu_tensor_beside_cuda_ones_as_triton_does():
 
     x = torch.arange(8.0, device="cuda")
     y = torch.zeros(8, device="cuda")
+    bound = _launch.Bound(copy, BLOCK=8)
     _launch._HANDLES.clear()
     for _ in range(3):  # Triton's path, then the kept kernel twice
-        _launch.launch(copy, (1,), x, y, 8, BLOCK=8)
+        _launch.launch(bound, (1,), x, y, 8)
     assert len(_launch._HANDLES) == 1 and torch.equal(y, x)
     for _ in range(2):
         with pytest.raises(ValueError, match="cpu tensor"):
-            _launch.launch(copy, (1,), x, torch.zeros(8), 8, BLOCK=8)
+            _launch.launch(bound, (1,), x, torch.zeros(8), 8)
     assert len(_launch._HANDLES) == 1
     z = torch.zeros(8, device="cuda")
-    _launch.launch(copy, (1,), x, z, 8, BLOCK=8)
+    _launch.launch(bound, (1,), x, z, 8)
     assert torch.equal(z, x)
 
 

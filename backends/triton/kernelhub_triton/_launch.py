@@ -1,10 +1,9 @@
-"""What every launcher here shares: accumulation dtype, grid sizing, and `launch`, the one way a kernel is
-launched."""
+"""What every launcher here shares: accumulation dtype, grid sizing, and `Bound` with `launch`, the one way a
+kernel is launched."""
 
 from __future__ import annotations
 
 import inspect
-import operator
 
 import torch
 import triton.language as tl
@@ -37,30 +36,44 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
-# launch's compiled kernels: (kernel, device index, each argument's specialization, the keywords) -> (compiled
-# kernel, the picker of the kernel's parameters after the positional arguments from the keywords' values and the
-# defaults, those defaults)
+class Bound:
+    """A kernel with the arguments one layout fixes, by name: sizes the launcher's layout cache derived, the
+    compile-time constants, launch options (num_warps). A launcher keeps one per layout (`layout_cache`) and
+    launches it with `launch`, passing positionally only what each call brings (tensors, per-call scalars): the
+    kernel's leading parameters. A launch then keys on the Bound as an object (its hash is its identity) and the
+    call's own arguments, and a kept kernel gets the Bound's part as one tuple fixed at the key's first launch
+    (`_tail`): no keyword dict built, hashed or picked from per call (that cost the launchers 3-6 us a launch on
+    an H200 host, docs/lab/benchmarks-history.md)."""
+
+    def __init__(self, kernel, **kwargs):
+        self.kernel = kernel
+        self.kwargs = kwargs
+
+    def __repr__(self) -> str:
+        return f"Bound({getattr(self.kernel, '__name__', self.kernel)}, {self.kwargs})"
+
+
+# launch's compiled kernels: (Bound, device index, each call argument's specialization) -> (compiled kernel, the
+# kernel's parameters after the call's arguments, as the Bound and the defaults give them)
 _HANDLES: dict[tuple, tuple] = {}
 _MAX_HANDLES = 4096
 
 
-def _key(kernel, device: int, args: tuple, kwargs: dict) -> tuple[tuple, list]:
-    """What Triton specialises a launch on, and the arguments as `launch` hands them to a kept kernel. The key:
-    each tensor's dtype, device index and 16-byte alignment, an integer's value (Triton looks at == 1,
-    divisibility by 16 and the width; the value covers them all), a float's type (floats are not specialised),
-    any other value as it is; and the keywords as given, names in order and values. The arguments: each tensor as
-    its address (an int), which Triton's C launcher takes as it is; given the tensor, it calls the tensor's
-    ``data_ptr`` and asks the driver (``cuPointerGetAttribute``) whether the address is a device one, per tensor
-    and launch. A key is kept only after its first launch, which takes Triton's own path, so that question is
-    asked once per key: where Triton refuses a tensor (a CPU tensor, say), that launch raises and its key, which
-    holds each tensor's device, is never kept.
+def _key(bound: Bound, device: int, args: tuple) -> tuple[tuple, list]:
+    """What Triton specialises a launch on beyond the Bound, and the arguments as `launch` hands them to a kept
+    kernel. The key: the Bound (fixed values, by identity), the device, and per argument: a tensor's dtype, device
+    index and 16-byte alignment, an integer's value (Triton looks at == 1, divisibility by 16 and the width; the
+    value covers them all), a float's type (floats are not specialised), any other value as it is. The arguments:
+    each tensor as its address (an int), which Triton's C launcher takes as it is; given the tensor, it calls the
+    tensor's ``data_ptr`` and asks the driver (``cuPointerGetAttribute``) whether the address is a device one, per
+    tensor and launch. A key is kept only after its first launch, which takes Triton's own path, so that question
+    is asked once per key: where Triton refuses a tensor (a CPU tensor, say), that launch raises and its key,
+    which holds each tensor's device, is never kept.
 
-    One loop per call, no function call per argument: the key and the addresses of a 16-argument launch with four
-    tensors take 2.7 us on the 2-core CPU, the key alone 2.4 (a function call per argument once cost 3.8 us). So
-    the launchers pass tensors and floats positionally (a keyword's value enters the key as it is: a float there,
-    an eps say, would make each new value a key of its own, a tensor would be keyed by its identity), and a
-    keyword keeps one type across calls (True and 1 would share a key)."""
-    key: list = [kernel, device]
+    One loop per call, no function call per argument (a function call per argument once cost 3.8 us on the 2-core
+    CPU). So the launchers pass per-call floats positionally (a Bound's value is fixed with it: a float there, an
+    eps say, would make a Bound per value)."""
+    key: list = [bound, device]
     values: list = []
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -70,59 +83,49 @@ def _key(kernel, device: int, args: tuple, kwargs: dict) -> tuple[tuple, list]:
         else:
             values.append(a)
             key.append(float if type(a) is float else a)
-    key.extend(kwargs.items())
     return tuple(key), values
 
 
-def _picker(kernel, args: tuple, kwargs: dict) -> tuple:
-    """For a key's later launches: a function taking the keywords' values plus the defaults (in one tuple) to the
-    kernel's parameters after the positional arguments, in signature order, as a tuple; and those defaults. The
-    keywords a key names are the same, in the same order, on every call (`_key`), so the positions are too."""
-    params = list(inspect.signature(kernel.fn).parameters.values())[len(args):]
-    left = [p for p in params if p.name not in kwargs]
-    pool = [*kwargs, *[p.name for p in left]]  # the names of the picker's pool, in order
-    positions = [pool.index(p.name) for p in params]
-    defaults = tuple(p.default for p in left)
-    if len(positions) == 1:  # itemgetter of one index returns the item itself
-        only = positions[0]
-        return (lambda pool: (pool[only],)), defaults
-    return (operator.itemgetter(*positions) if positions else (lambda pool: ())), defaults
+def _tail(bound: Bound, n: int) -> tuple:
+    """The kernel's parameters after its first ``n`` (the call's arguments), in signature order, from the Bound's
+    values and the parameters' defaults: what a kept kernel gets after the call's arguments."""
+    params = list(inspect.signature(bound.kernel.fn).parameters.values())[n:]
+    return tuple(bound.kwargs[p.name] if p.name in bound.kwargs else p.default for p in params)
 
 
-def launch(kernel, grid: tuple, *args, **kwargs) -> None:
-    """``kernel[grid](*args, **kwargs)`` on the device of ``args[0]`` (a tensor), with Triton's per-call work
-    done once per key.
+def launch(bound: Bound, grid: tuple, *args) -> None:
+    """``bound.kernel[grid](*args, **bound.kwargs)`` on the device of ``args[0]`` (a tensor), with Triton's
+    per-call work done once per key.
 
     Triton's own launch binds the arguments to the signature, computes the specialisation key and looks the
     compiled kernel up on every call; on a host that is most of a small kernel's time (a trivial kernel's
     launch costs 11-15 us on an H200 host, docs/lab/benchmarks-history.md). Here the compiled kernel Triton returned
-    for the first call of a key (`_key`) is kept with where each of its parameters comes from (`_picker`), and
-    later calls of the key hand it the arguments and the current stream directly, as Triton's own launch does
-    after its lookup, each tensor as its address (`_key`). The first call of a key, CPU tensors (Triton's
-    interpreter), a triton without ``triton.knobs``, a launch on a device that is not the current one and a launch
-    while a launch hook is set (`_hooked`) take Triton's path; so does a launch that dynamo traces (the triton
-    impls' ``inline``, under ``torch.compile``), which puts it into the graph as a user-defined Triton kernel.
+    for the first call of a key (`_key`) is kept with the Bound's part of its arguments (`_tail`), and later calls
+    of the key hand it the arguments and the current stream directly, as Triton's own launch does after its
+    lookup, each tensor as its address (`_key`). The first call of a key, CPU tensors (Triton's interpreter), a
+    triton without ``triton.knobs``, a launch on a device that is not the current one and a launch while a launch
+    hook is set (`_hooked`) take Triton's path; so does a launch that dynamo traces (the triton impls' ``inline``,
+    under ``torch.compile``), which puts it into the graph as a user-defined Triton kernel.
     """
     t = args[0]
     if torch.compiler.is_compiling() or not t.is_cuda or _knobs is None:
-        kernel[grid](*args, **kwargs)
+        bound.kernel[grid](*args, **bound.kwargs)
         return
     device = t.get_device()
-    key, values = _key(kernel, device, args, kwargs)
+    key, values = _key(bound, device, args)
     entry = _HANDLES.get(key)
     if entry is None or _current_device() != device or _hooked(_knobs.runtime):
         with torch.cuda.device(device):  # Triton launches on the current device
-            compiled = kernel[grid](*args, **kwargs)
+            compiled = bound.kernel[grid](*args, **bound.kwargs)
         if entry is None and compiled is not None:
             if len(_HANDLES) >= _MAX_HANDLES:
                 _HANDLES.clear()
-            _HANDLES[key] = (compiled, *_picker(kernel, args, kwargs))
+            _HANDLES[key] = (compiled, _tail(bound, len(args)))
         return
-    compiled, pick, defaults = entry
-    values.extend(pick((*kwargs.values(), *defaults)))
+    compiled, tail = entry
     g = (*grid, 1, 1)
     compiled.run(g[0], g[1], g[2], _current_stream(device), compiled.function, compiled.packed_metadata, None, None,
-                 None, *values)
+                 None, *values, *tail)
 
 
 def _hooked(runtime) -> bool:

@@ -29,7 +29,8 @@ import triton
 import triton.language as tl
 
 from kernelhub import accumulation_dtype
-from kernelhub_triton._launch import acc_type, cdiv, launch, next_power_of_2
+from kernelhub.spec import layout_cache
+from kernelhub_triton._launch import Bound, acc_type, cdiv, launch, next_power_of_2
 
 __all__ = ["forward", "backward", "ms_forward", "ms_backward", "taps_forward", "taps_backward",
            "not_supported_reasons"]
@@ -227,16 +228,26 @@ def _channels_last(planes: torch.Tensor) -> torch.Tensor:
     return planes.permute(0, 2, 3, 1).contiguous()
 
 
+@layout_cache(maxsize=256)
+def _forward_kernel(taps: int, C: int, dtype: torch.dtype) -> Bound:
+    return Bound(_kplanes_forward_kernel, TAPS=taps, BB=BLOCK_B, BC=max(next_power_of_2(C), 2), ACC=acc_type(dtype),
+                 num_warps=NUM_WARPS)
+
+
+@layout_cache(maxsize=256)
+def _backward_kernel(taps: int, C: int, dtype: torch.dtype, need_pl: bool, need_p: bool, need_r: bool) -> Bound:
+    return Bound(_kplanes_backward_kernel, TAPS=taps, NEED_PLANES=need_pl, NEED_PTS=need_p, NEED_ROT=need_r,
+                 BB=BLOCK_B, BC=max(next_power_of_2(C), 2), ACC=acc_type(dtype), num_warps=NUM_WARPS)
+
+
 def _launch_forward(pts, rotations, planes, out, taps, h, col0):
     B, T = pts.shape[0], rotations.shape[0]
     _, C, H, W = planes.shape
     if B == 0 or C == 0:
         return
-    launch(_kplanes_forward_kernel, (cdiv(B, BLOCK_B),),
+    launch(_forward_kernel(taps, C, pts.dtype), (cdiv(B, BLOCK_B),),
            pts, rotations, _channels_last(planes), out, B, T, C, H, W, float(h),
-           *pts.stride(), *rotations.stride(), out.stride(0) if taps > 1 else 0, out.stride(-2), col0,
-           TAPS=taps, BB=BLOCK_B, BC=max(next_power_of_2(C), 2), ACC=acc_type(pts.dtype),
-           num_warps=NUM_WARPS)
+           *pts.stride(), *rotations.stride(), out.stride(0) if taps > 1 else 0, out.stride(-2), col0)
 
 
 def _launch_backward(grad, pts, rotations, planes, needs, taps, h, col0):
@@ -261,12 +272,10 @@ def _launch_backward(grad, pts, rotations, planes, needs, taps, h, col0):
     gp = new((B, 3), dtype=acc, device=pts.device) if need_p else None
     gr = new((programs, T, 9), dtype=acc, device=pts.device) if need_r else None
     if run:
-        launch(_kplanes_backward_kernel, (programs,),
+        launch(_backward_kernel(taps, C, pts.dtype, need_pl, need_p, need_r), (programs,),
                grad, pts, rotations, _channels_last(planes), gpl if need_pl else pts, gp if need_p else pts,
                gr if need_r else pts, B, T, C, H, W, float(h), *pts.stride(), *rotations.stride(),
-               grad.stride(0) if taps > 1 else 0, grad.stride(-2), grad.stride(-1), col0 * grad.stride(-1),
-               TAPS=taps, NEED_PLANES=need_pl, NEED_PTS=need_p, NEED_ROT=need_r,
-               BB=BLOCK_B, BC=max(next_power_of_2(C), 2), ACC=acc_type(pts.dtype), num_warps=NUM_WARPS)
+               grad.stride(0) if taps > 1 else 0, grad.stride(-2), grad.stride(-1), col0 * grad.stride(-1))
     if gpl is not None:
         # in the planes' own layout, as torch's convolutions give theirs: for channels-last planes (KPlanesField's)
         # the kernel's [3T, H, W, C] buffer is that layout already; NCHW planes get an NCHW copy

@@ -33,7 +33,7 @@ import triton.language as tl
 
 from kernelhub.ops.semiconv import lift_3d, zero_of
 from kernelhub.spec import layout_cache
-from kernelhub_triton._launch import acc_type, cdiv, launch, next_power_of_2, sm_count
+from kernelhub_triton._launch import Bound, acc_type, cdiv, launch, next_power_of_2, sm_count
 
 __all__ = ["forward", "backward", "not_supported_reasons"]
 
@@ -335,28 +335,57 @@ def _tropical_kernel_grad(w_ptr, g_ptr, gk_ptr, O, Cg, per, split, SF: tl.conste
 
 
 def _layouts(a) -> tuple:
-    """(the row kernel's grid, scalar arguments and compile-time sizes, or None where the semifield is not
-    max/min; the window walk's) for a lifted call, computed once per shapes, dtype and arguments."""
+    """(the row kernel's grid, its forward and its backward (without and with the image's gradient) bound to the
+    call's sizes, or None where the semifield is not max/min; the window walk's grid, its forward and its
+    backwards by (NEED_IMG, NEED_KERNEL)) for a lifted call, made once per shapes, dtype and arguments."""
     return _layouts_of(a._replace(img=None, kernel=None), a.img.shape, a.kernel.shape, a.img.dtype)
 
 
 @layout_cache(maxsize=1024)
 def _layouts_of(a, img_shape, kernel_shape, dtype) -> tuple:
-    return _row_layout(a, img_shape, kernel_shape, dtype), _launch_args(a, img_shape, kernel_shape)
+    return _row_layout(a, img_shape, kernel_shape, dtype), _walk_layout(a, img_shape, kernel_shape, dtype)
+
+
+def _sizes(a, img_shape, kernel_shape) -> dict:
+    """The sizes every semiconv kernel but the gradient pass takes after its tensors, by name, the kernel's spatial
+    sizes and the semifield."""
+    (B, C, D, H, W), (O, Cg, KD, KH, KW) = img_shape, kernel_shape
+    (OD, OH, OW), (s0, s1, s2), (p0, p1, p2), (d0, d1, d2) = a.out_size, a.stride, a.pad_begin, a.dilation
+    return dict(C=C, D=D, H=H, W=W, O=O, Cg=Cg, Og=O // a.groups, OD=OD, OH=OH, OW=OW, s0=s0, s1=s1, s2=s2, p0=p0,
+                p1=p1, p2=p2, d0=d0, d1=d1, d2=d2, KD=KD, KH=KH, KW=KW, FLIP=a.flip, SF=a.code)
 
 
 def _row_layout(a, img_shape, kernel_shape, dtype) -> tuple | None:
-    """max/min: the row kernel's grid and arguments; else (the smooth semifields) None."""
+    """max/min: the row kernel's grid, forward and backwards; else (the smooth semifields) None."""
     if a.code not in (MAX, MIN):
         return None
-    (B, C, D, H, W), (O, Cg, KD, KH, KW) = img_shape, kernel_shape
+    B, O = img_shape[0], kernel_shape[0]
     OD, OH, OW = a.out_size
     bw = min(next_power_of_2(OW), ROW_WIDTH)
     rows = min(OH, ROWS)
-    return (B * O * OD * cdiv(OH, rows) * cdiv(OW, bw),), (
-        C, D, H, W, O, Cg, O // a.groups, OD, OH, OW, *a.stride, *a.pad_begin, *a.dilation), {
-        "KD": KD, "KH": KH, "KW": KW, "FLIP": a.flip, "SF": a.code, "ACC": acc_type(dtype), "ROWS": rows,
-        "BW": bw, "num_warps": ROW_WARPS}
+    fixed = dict(_sizes(a, img_shape, kernel_shape), ACC=acc_type(dtype), ROWS=rows, BW=bw,
+                 num_warps=ROW_WARPS)
+    return (B * O * OD * cdiv(OH, rows) * cdiv(OW, bw),), Bound(_tropical_kernel, BACKWARD=False, NEED_IMG=False,
+                                                               **fixed), \
+        tuple(Bound(_tropical_kernel, BACKWARD=True, NEED_IMG=need, **fixed) for need in (False, True))
+
+
+@layout_cache(maxsize=256)
+def _grad_kernel(code: int, window: int, taps: int, flip: bool, dtype: torch.dtype) -> Bound:
+    """The kernel-gradient pass of the row kernel's backward, bound to its constants."""
+    return Bound(_tropical_kernel_grad, SF=code, BLOCK=GRAD_BLOCK, BINS=min(MAX_BINS, next_power_of_2(window)),
+                 ACC=acc_type(dtype), TAPS=taps, FLIP=flip, num_warps=ROW_WARPS)
+
+
+def _walk_layout(a, img_shape, kernel_shape, dtype) -> tuple:
+    """The window walk's grid, forward and backwards (by NEED_IMG, NEED_KERNEL) for a lifted call."""
+    B, O = img_shape[0], kernel_shape[0]
+    OD, OH, OW = a.out_size
+    fixed = dict(_sizes(a, img_shape, kernel_shape), zero_=zero_of(a.semifield, a.param),
+                 prm_=a.param, BLOCK=BLOCK, ACC=acc_type(dtype), num_warps=NUM_WARPS)
+    return (B * O * cdiv(OD * OH * OW, BLOCK),), Bound(_semiconv_forward_kernel, **fixed), \
+        {(img, ker): Bound(_semiconv_backward_kernel, NEED_IMG=img, NEED_KERNEL=ker, **fixed)
+         for img in (False, True) for ker in (False, True)}
 
 
 def _winner_dtype(window: int) -> torch.dtype:
@@ -370,16 +399,6 @@ def not_supported_reasons(args) -> list[str]:
     return []
 
 
-def _launch_args(a, img_shape, kernel_shape):
-    """The window walk's grid, scalar arguments and compile-time kernel sizes for a lifted call."""
-    (B, C, D, H, W), (O, Cg, KD, KH, KW) = img_shape, kernel_shape
-    OD, OH, OW = a.out_size
-    grid = (B * O * cdiv(OD * OH * OW, BLOCK),)
-    sizes = {"KD": KD, "KH": KH, "KW": KW, "FLIP": a.flip}
-    return grid, (C, D, H, W, O, Cg, O // a.groups, OD, OH, OW, *a.stride, *a.pad_begin, *a.dilation,
-                  zero_of(a.semifield, a.param), a.param), sizes
-
-
 def forward(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting=False):
     a = lift_3d(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting)
     x, k = a.img.contiguous(), a.kernel.contiguous()
@@ -388,12 +407,11 @@ def forward(img, kernel, semifield, stride, padding, dilation, groups, kind, gro
         return out
     rows, walk = _layouts(a)
     if rows is not None:
-        grid, scalars, sizes = rows
-        launch(_tropical_kernel, grid, x, k, out, x, x, *scalars, BACKWARD=False, NEED_IMG=False, **sizes)
+        grid, kernel_fwd, _ = rows
+        launch(kernel_fwd, grid, x, k, out, x, x)
         return out
-    grid, scalars, sizes = walk
-    launch(_semiconv_forward_kernel, grid, x, k, out, *scalars, **sizes, SF=a.code, BLOCK=BLOCK,
-           ACC=acc_type(img.dtype), num_warps=NUM_WARPS)
+    grid, kernel_fwd, _ = walk
+    launch(kernel_fwd, grid, x, k, out)
     return out
 
 
@@ -405,21 +423,17 @@ def backward(grad, img, kernel, semifield, stride, padding, dilation, groups, ki
     gk = torch.zeros(k.shape, dtype=acc, device=x.device)
     rows, walk = _layouts(a)
     if g.numel() and (needs[0] or needs[1]) and rows is not None:
-        grid, scalars, sizes = rows
+        grid, _, kernels_bwd = rows
         window = math.prod(k.shape[1:])  # (c, tap) indices of one output's window (no tensor indexing per call)
         win = torch.empty(g.shape, dtype=_winner_dtype(window), device=x.device)
-        launch(_tropical_kernel, grid, x, k, win, g, gx, *scalars, BACKWARD=True, NEED_IMG=bool(needs[0]), **sizes)
+        launch(kernels_bwd[bool(needs[0])], grid, x, k, win, g, gx)
         if needs[1]:
             planes, per = win.shape[0] * win.shape[1], math.prod(win.shape[2:])
             split = max(1, min(cdiv(per, GRAD_BLOCK), cdiv(4 * sm_count(x), planes)))
-            bins = min(MAX_BINS, next_power_of_2(window))
-            launch(_tropical_kernel_grad, (planes * split,), win, g, gk, k.shape[0], k.shape[1], per, split,
-                   SF=a.code, BLOCK=GRAD_BLOCK, BINS=bins, ACC=sizes["ACC"], TAPS=math.prod(k.shape[2:]),
-                   FLIP=a.flip, num_warps=ROW_WARPS)
+            launch(_grad_kernel(a.code, window, math.prod(k.shape[2:]), a.flip, img.dtype), (planes * split,),
+                   win, g, gk, k.shape[0], k.shape[1], per, split)
     elif g.numel() and (needs[0] or needs[1]):
-        grid, scalars, sizes = walk
-        launch(_semiconv_backward_kernel, grid, g, x, k, gx, gk, *scalars, **sizes, SF=a.code,
-               NEED_IMG=bool(needs[0]), NEED_KERNEL=bool(needs[1]), BLOCK=BLOCK, ACC=acc_type(img.dtype),
-               num_warps=NUM_WARPS)
+        grid, _, kernels_bwd = walk
+        launch(kernels_bwd[bool(needs[0]), bool(needs[1])], grid, g, x, k, gx, gk)
     return [gx.to(img.dtype).view(img.shape) if needs[0] else None,
             gk.to(kernel.dtype).view(kernel.shape) if needs[1] else None]

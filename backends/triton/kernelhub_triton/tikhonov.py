@@ -28,7 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelhub_triton._launch import cdiv, launch, next_power_of_2
+from kernelhub.spec import layout_cache
+from kernelhub_triton._launch import Bound, cdiv, launch, next_power_of_2
 
 __all__ = ["forward", "backward"]
 
@@ -248,6 +249,15 @@ def _block_z(Z: int) -> int:
     return min(MAX_BLOCK_Z, next_power_of_2(max(Z, 1)))
 
 
+@layout_cache(maxsize=256)
+def _kernels(Z: int, complex_: bool) -> tuple[Bound, Bound]:
+    """The forward's and the backward's kernels bound to the constants for ``Z`` columns, complex or real."""
+    bz = _block_z(Z)
+    return (Bound(_tikhonov_forward_kernel, COMPLEX=complex_, BP=BLOCK_P, BZ=bz, ONE_CHUNK=Z <= bz,
+                  num_warps=NUM_WARPS),
+            Bound(_tikhonov_backward_kernel, COMPLEX=complex_, BP=BLOCK_P, BZ=bz, num_warps=NUM_WARPS))
+
+
 def _new(M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A new contiguous output of ``M``'s shape (what the op returns; as ``[P, 2, Z]`` the kernels index it from its
     pointer), and the real tensor the kernels write."""
@@ -262,9 +272,7 @@ def forward(M: torch.Tensor, lam: float) -> torch.Tensor:
     if P == 0 or Z == 0:
         return out
     src, strides = _storage(m)
-    launch(_tikhonov_forward_kernel, (cdiv(P, BLOCK_P),),
-           src, dst, P, Z, *strides, lam, COMPLEX=M.is_complex(), BP=BLOCK_P, BZ=_block_z(Z),
-           ONE_CHUNK=Z <= _block_z(Z), num_warps=NUM_WARPS)
+    launch(_kernels(Z, M.is_complex())[0], (cdiv(P, BLOCK_P),), src, dst, P, Z, *strides, lam)
     return out
 
 
@@ -279,7 +287,5 @@ def backward(grad: torch.Tensor, M: torch.Tensor, lam: float, needs) -> list:
         return [out]
     src, strides = _storage(m)
     gsrc, gstrides = _storage(g)
-    launch(_tikhonov_backward_kernel, (cdiv(P, BLOCK_P),),
-           gsrc, src, dst, P, Z, *strides, *gstrides, lam, COMPLEX=M.is_complex(), BP=BLOCK_P,
-           BZ=_block_z(Z), num_warps=NUM_WARPS)
+    launch(_kernels(Z, M.is_complex())[1], (cdiv(P, BLOCK_P),), gsrc, src, dst, P, Z, *strides, *gstrides, lam)
     return [out]

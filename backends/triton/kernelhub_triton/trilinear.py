@@ -13,7 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelhub_triton._launch import acc_type, cdiv, launch, next_power_of_2
+from kernelhub.spec import layout_cache
+from kernelhub_triton._launch import Bound, acc_type, cdiv, launch, next_power_of_2
 
 __all__ = ["forward", "backward"]
 
@@ -111,15 +112,25 @@ def _block_f(F: int) -> int:
     return max(16, min(BLOCK_F, next_power_of_2(F)))
 
 
+@layout_cache(maxsize=256)
+def _forward_kernel(F: int, dtype: torch.dtype) -> Bound:
+    return Bound(_trilinear_forward_kernel, BN=BLOCK_N, BF=_block_f(F), ACC=acc_type(dtype), num_warps=NUM_WARPS)
+
+
+@layout_cache(maxsize=256)
+def _backward_kernel(F: int, dtype: torch.dtype, need_f: bool, need_p: bool) -> Bound:
+    return Bound(_trilinear_backward_kernel, NEED_FEATS=need_f, NEED_POINTS=need_p, BN=BLOCK_N, BF=_block_f(F),
+                 ACC=acc_type(dtype), num_warps=NUM_WARPS)
+
+
 def forward(feats: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
     N, _, F = feats.shape
     out = torch.empty((N, F), dtype=feats.dtype, device=feats.device)
     if out.numel() == 0:
         return out
-    bf = _block_f(F)
-    launch(_trilinear_forward_kernel, (cdiv(N, BLOCK_N), cdiv(F, bf)),
-           feats, points, out, N, F, *feats.stride(), *points.stride(),
-           BN=BLOCK_N, BF=bf, ACC=acc_type(feats.dtype), num_warps=NUM_WARPS)
+    kernel = _forward_kernel(F, feats.dtype)
+    launch(kernel, (cdiv(N, BLOCK_N), cdiv(F, kernel.kwargs["BF"])),
+           feats, points, out, N, F, *feats.stride(), *points.stride())
     return out
 
 
@@ -130,8 +141,7 @@ def backward(grad: torch.Tensor, feats: torch.Tensor, points: torch.Tensor, need
     gp = torch.empty((N, 3), dtype=points.dtype, device=points.device) if need_p else None
     if N == 0 or F == 0 or not (need_f or need_p):
         return [None if gf is None else gf.zero_(), None if gp is None else gp.zero_()]
-    launch(_trilinear_backward_kernel, (cdiv(N, BLOCK_N),),
+    launch(_backward_kernel(F, feats.dtype, need_f, need_p), (cdiv(N, BLOCK_N),),
            grad, feats, points, gf if need_f else feats, gp if need_p else points, N, F,
-           *grad.stride(), *feats.stride(), *points.stride(), NEED_FEATS=need_f, NEED_POINTS=need_p,
-           BN=BLOCK_N, BF=_block_f(F), ACC=acc_type(feats.dtype), num_warps=NUM_WARPS)
+           *grad.stride(), *feats.stride(), *points.stride())
     return [gf, gp]

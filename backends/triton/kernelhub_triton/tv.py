@@ -24,7 +24,7 @@ import triton.language as tl
 
 from kernelhub import accumulation_dtype
 from kernelhub.spec import layout_cache
-from kernelhub_triton._launch import acc_type, cdiv, counter, launch, next_power_of_2, scratch, sm_count
+from kernelhub_triton._launch import Bound, acc_type, cdiv, counter, launch, next_power_of_2, scratch, sm_count
 
 __all__ = ["l1_forward", "l1_backward", "sq_forward", "sq_backward", "iso_forward", "iso_backward",
            "not_supported_reasons"]
@@ -235,9 +235,10 @@ def _tv_backward_kernel(
 # -- launchers ---------------------------------------------------------------------------
 
 @layout_cache(maxsize=256)
-def _layout(shape: tuple, sms: int) -> tuple[int, dict, int]:
-    """Programs, kernel arguments (tile shape, D chunking) and the corners (the iso mean's divisor) for volumes
-    of ``shape`` ``[..., D, H, W]`` (the leading dims one batch)."""
+def _layout(shape: tuple, sms: int, mode: int, dtype: torch.dtype) -> tuple[int, Bound, Bound, int]:
+    """Programs, the forward's and the backward's kernels bound to the sizes (tile shape, D chunking) and
+    constants, and the corners (the iso mean's divisor) for ``dtype`` volumes of ``shape`` ``[..., D, H, W]``
+    (the leading dims one batch)."""
     D, H, W = shape[-3:]
     B = math.prod(shape[:-3])
     bw = min(next_power_of_2(W), 256)
@@ -246,21 +247,21 @@ def _layout(shape: tuple, sms: int) -> tuple[int, dict, int]:
     chunks = min(D, max(1, cdiv(PROGRAMS_PER_SM * sms, tiles * B)))
     d_chunk = cdiv(D, chunks)
     chunks = cdiv(D, d_chunk)
-    return B * tiles * chunks, dict(D=D, H=H, W=W, plane=H * W, tiles=tiles, chunks=chunks, d_chunk=d_chunk,
-                                    BH=bh, BW=bw, num_warps=NUM_WARPS), B * (D - 1) * (H - 1) * (W - 1)
+    sizes = dict(D=D, H=H, W=W, plane=H * W, tiles=tiles, chunks=chunks, d_chunk=d_chunk, MODE=mode, BH=bh, BW=bw,
+                 ACC=acc_type(dtype), num_warps=NUM_WARPS)
+    return (B * tiles * chunks, Bound(_tv_forward_kernel, NOUT=3 if mode == L1 else 1, FINISH=FINISH, **sizes),
+            Bound(_tv_backward_kernel, **sizes), B * (D - 1) * (H - 1) * (W - 1))
 
 
 def _forward(volume: torch.Tensor, mode: int, eps: float = 0.0) -> torch.Tensor:
     x = volume.contiguous()  # the kernel indexes it as [B, D, H, W] from its pointer: no batched view needed
     dtype = accumulation_dtype(volume.dtype)  # the specs' output dtype
-    nout = 3 if mode == L1 else 1
     out = torch.empty((3,) if mode == L1 else (), dtype=dtype, device=volume.device)
     if x.numel() == 0 or (mode == ISO and min(x.shape[-3:]) < 2):
         return out.zero_()
-    programs, lay, corners = _layout(tuple(x.shape), sm_count(x))
-    partial = scratch(x, programs * nout, dtype)  # [programs, nout], read by the launch's last program
-    launch(_tv_forward_kernel, (programs,), x, partial, out, counter(x), float(corners) if mode == ISO else 1.0,
-           float(eps), MODE=mode, NOUT=nout, ACC=acc_type(x.dtype), FINISH=FINISH, **lay)
+    programs, kernel, _, corners = _layout(tuple(x.shape), sm_count(x), mode, x.dtype)
+    partial = scratch(x, programs * out.numel(), dtype)  # [programs, NOUT], read by the launch's last program
+    launch(kernel, (programs,), x, partial, out, counter(x), float(corners) if mode == ISO else 1.0, float(eps))
     return out
 
 
@@ -269,10 +270,9 @@ def _backward(grad: torch.Tensor, volume: torch.Tensor, mode: int, eps: float = 
     out = torch.empty_like(x)
     if x.numel() == 0 or (mode == ISO and min(x.shape[-3:]) < 2):
         return out.zero_()
-    programs, lay, corners = _layout(tuple(x.shape), sm_count(x))
+    programs, _, kernel, corners = _layout(tuple(x.shape), sm_count(x), mode, x.dtype)
     scale = 1.0 / corners if mode == ISO else 2.0 if mode == SQ else 1.0
-    launch(_tv_backward_kernel, (programs,), x, grad.contiguous(), out, float(eps), scale,
-           MODE=mode, ACC=acc_type(x.dtype), **lay)
+    launch(kernel, (programs,), x, grad.contiguous(), out, float(eps), scale)
     return out
 
 

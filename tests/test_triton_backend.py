@@ -84,7 +84,6 @@ def test_tikhonov_long_rows_take_several_z_chunks(dtype):
 def test_semiconv_row_kernel_gives_an_all_zero_window_s_gradient_to_its_first_tap(semifield):
     # max/min of a 2-D call take the row kernel; where every product of a window is the semifield's zero (-inf for
     # max, +inf for min), the first tap wins: here it lies in the padding, so only the kernel's gradient gets it
-    from kernelhub.ops.semiconv import lift_3d
     from kernelhub_triton import semiconv
 
     zero = float("-inf") if semifield == "tropical_max" else float("inf")
@@ -92,8 +91,8 @@ def test_semiconv_row_kernel_gives_an_all_zero_window_s_gradient_to_its_first_ta
     x[0, 0, 3, 3] = 1.0
     k = torch.randn((1, 1, 3, 3), dtype=torch.float64, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(2))
     args = (semifield, [1, 1], [1, 1, 1, 1], [1, 1], 1, "conv", False)
-    assert semiconv._layouts(lift_3d(x, k, *args))[0] is not None  # the row kernel serves it
-    assert semiconv._layouts(lift_3d(x, k, "log:1", *args[1:]))[0] is None  # the smooth semifields walk
+    assert semiconv._call(x, k, *args).rows is not None  # the row kernel serves it
+    assert semiconv._call(x, k, "log:1", *args[1:]).rows is None  # the smooth semifields walk
     g = torch.arange(16.0, dtype=torch.float64, device=DEVICE).view(1, 1, 4, 4)
     got, want = [], []
     for backend, into in (("triton", got), ("torch_ref", want)):
@@ -262,8 +261,6 @@ def test_each_triton_launcher_keeps_one_bound_kernel_per_layout():
     one per call would be a new key per call, and every launch would take Triton's own path)."""
     from kernelhub_triton import kplanes, semiconv, tikhonov, trilinear, tv
 
-    from kernelhub.ops.semiconv import lift_3d
-
     assert tv._layout((1, 8, 8, 8), 4, 0, torch.float32)[1] is tv._layout((1, 8, 8, 8), 4, 0, torch.float32)[1]
     assert trilinear._forward_kernel(8, torch.float32) is trilinear._forward_kernel(8, torch.float32)
     assert trilinear._backward_kernel(8, torch.float32, True, False) is \
@@ -272,10 +269,9 @@ def test_each_triton_launcher_keeps_one_bound_kernel_per_layout():
     assert tikhonov._kernels(5, True) is tikhonov._kernels(5, True)
     x, k = torch.randn(1, 2, 8, 8), torch.randn(2, 1, 3, 3)
     args = ("tropical_max", [1, 1], [1, 1, 1, 1], [1, 1], 2, "conv", False)
-    rows, walk = semiconv._layouts(lift_3d(x, k, *args))
-    again = semiconv._layouts(lift_3d(x.clone(), k.clone(), *args))
-    assert rows[1] is again[0][1] and rows[2][1] is again[0][2][1] and walk[1] is again[1][1]
-    assert semiconv._grad_kernel(0, 9, 9, True, torch.float32) is semiconv._grad_kernel(0, 9, 9, True, torch.float32)
+    call, again = semiconv._call(x, k, *args), semiconv._call(x.clone(), k.clone(), *args)
+    assert call.rows[1] is again.rows[1] and call.rows[2][1] is again.rows[2][1] and call.walk[1] is again.walk[1]
+    assert call.grad[1] is again.grad[1]
 
 
 def test_launch_takes_tritons_path_while_a_launch_hook_is_set():

@@ -16,8 +16,8 @@ from kernelhub.ops import _checks as c
 from kernelhub.ops.tolerances import MEASURED_ERRORS, tolerances_from
 from kernelhub.spec import Arg, OpSpec, SampleInput, SampleSpace, layout_cache
 
-__all__ = ["SEMICONV", "parse_semifield", "zero_of", "output_size", "Lifted", "lift_3d", "fold_broadcast",
-           "out_channels"]
+__all__ = ["SEMICONV", "parse_semifield", "zero_of", "output_size", "Lifted", "lift_3d", "lift_plan",
+           "fold_broadcast", "out_channels"]
 
 OP = "semiconv"
 SEMIFIELDS = ("tropical_max", "tropical_min", "linear", "root:p", "log:mu")
@@ -107,15 +107,17 @@ def folded_shape(shape: tuple, groups: int, group_broadcasting: bool) -> tuple[t
 def lift_3d(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting=False) -> Lifted:
     """A call's canonical arguments (after the spec's normalize) in the form the kernels take (`Lifted`): two
     reshapes (views where strides allow) and the call's plan, computed once per shapes and arguments."""
-    plan = _plan(tuple(img.shape), tuple(kernel.shape), semifield, tuple(stride), tuple(padding), tuple(dilation),
-                 groups, kind, group_broadcasting)
+    plan = lift_plan(tuple(img.shape), tuple(kernel.shape), semifield, tuple(stride), tuple(padding),
+                     tuple(dilation), groups, kind, group_broadcasting)
     return Lifted(img.reshape(plan[0]), kernel.reshape(plan[1]), *plan[2:])
 
 
 @layout_cache(maxsize=1024)
-def _plan(img_shape, kernel_shape, semifield, stride, padding, dilation, groups, kind, group_broadcasting) -> tuple:
-    """`Lifted`'s fields for a call of these shapes and arguments, the two tensors as the shapes they take (the
-    group-broadcasting fold, `fold_broadcast`, and the leading size-1 dims in one reshape each)."""
+def lift_plan(img_shape, kernel_shape, semifield, stride, padding, dilation, groups, kind,
+              group_broadcasting) -> tuple:
+    """`Lifted`'s fields for a call of these shapes and arguments (tuples), the two tensors as the shapes they
+    take (the group-broadcasting fold, `fold_broadcast`, and the leading size-1 dims in one reshape each): for a
+    launcher that indexes contiguous tensors from their pointers and needs no reshaped view of them."""
     nd = len(img_shape) - 2
     one = (1,) * (3 - nd)
     name, param = parse_semifield(semifield)

@@ -94,8 +94,8 @@ def _tail(bound: Bound, n: int) -> tuple:
 
 
 def launch(bound: Bound, grid: tuple, *args) -> None:
-    """``bound.kernel[grid](*args, **bound.kwargs)`` on the device of ``args[0]`` (a tensor), with Triton's
-    per-call work done once per key.
+    """``bound.kernel[grid](*args, **bound.kwargs)`` on the device of ``args[0]`` (a tensor), complex tensors as
+    their real views (`_real`), with Triton's per-call work done once per key.
 
     Triton's own launch binds the arguments to the signature, computes the specialisation key and looks the
     compiled kernel up on every call; on a host that is most of a small kernel's time (a trivial kernel's
@@ -109,14 +109,14 @@ def launch(bound: Bound, grid: tuple, *args) -> None:
     """
     t = args[0]
     if torch.compiler.is_compiling() or not t.is_cuda or _knobs is None:
-        bound.kernel[grid](*args, **bound.kwargs)
+        bound.kernel[grid](*_real(args), **bound.kwargs)
         return
     device = t.get_device()
     key, values = _key(bound, device, args)
     entry = _HANDLES.get(key)
     if entry is None or _current_device() != device or _hooked(_knobs.runtime):
         with torch.cuda.device(device):  # Triton launches on the current device
-            compiled = bound.kernel[grid](*args, **bound.kwargs)
+            compiled = bound.kernel[grid](*_real(args), **bound.kwargs)
         if entry is None and compiled is not None:
             if len(_HANDLES) >= _MAX_HANDLES:
                 _HANDLES.clear()
@@ -126,6 +126,14 @@ def launch(bound: Bound, grid: tuple, *args) -> None:
     g = (*grid, 1, 1)
     compiled.run(g[0], g[1], g[2], _current_stream(device), compiled.function, compiled.packed_metadata, None, None,
                  None, *values, *tail)
+
+
+def _real(args: tuple) -> list:
+    """The arguments as Triton's own launch takes them: a complex tensor as its real view (Triton has no complex
+    types; a kernel reads the real and imaginary parts interleaved, with strides in real elements). A kept kernel
+    gets the complex tensor's address, which is its real view's: so a launcher passes complex tensors as they are,
+    without a view per call (1-3 us each on a GPU host)."""
+    return [torch.view_as_real(a) if isinstance(a, torch.Tensor) and a.is_complex() else a for a in args]
 
 
 def _hooked(runtime) -> bool:
@@ -142,48 +150,27 @@ _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (  # w
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device  # no lazy-init check
 _is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
 
-# counter's int32 counters: (device index, raw stream) -> a one-element tensor
-_COUNTERS: dict[tuple, torch.Tensor] = {}
+# reduction's buffers: (device index, raw stream, dtype) -> (partials, counter)
+_REDUCTION: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def counter(t: torch.Tensor) -> torch.Tensor:
-    """An int32 counter at 0 on ``t``'s device, for a kernel whose last program (the one that counts the
-    others done) finishes a reduction and sets the counter back to 0. One per device and stream (launches on
-    one stream run one after the other, so they never share it at once); under CUDA graph capture a new
-    zeroed one per launch (its zeroing captured with the kernel, so a replay on any stream starts at 0), as in a
-    graph dynamo traces (`_traced_or_captured`)."""
-    if _traced_or_captured(t):
-        return torch.zeros(1, dtype=torch.int32, device=t.device)
-    key = (t.device.index, _current_stream(t.device.index)) if t.is_cuda else (-1, 0)
-    c = _COUNTERS.get(key)
-    if c is None:
-        c = _COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=t.device)
-    return c
-
-
-# scratch's buffers: (device index, raw stream, dtype) -> a flat tensor, grown as needed
-_SCRATCH: dict[tuple, torch.Tensor] = {}
-
-
-def scratch(t: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """A flat buffer of at least ``numel`` elements of ``dtype`` on ``t``'s device for a kernel's partial results
-    that the same launch consumes (a reduction's per-program partials, finished by its last program): one per
-    device, stream and dtype, kept (launches on one stream run one after the other, so they never share it at
-    once), instead of an allocation per call; under CUDA graph capture or dynamo's trace a new one per launch (as
-    `counter`)."""
-    if _traced_or_captured(t):
-        return torch.empty(numel, dtype=dtype, device=t.device)
-    key = (t.device.index, _current_stream(t.device.index), dtype) if t.is_cuda else (-1, 0, dtype)
-    buf = _SCRATCH.get(key)
-    if buf is None or buf.numel() < numel:
-        buf = _SCRATCH[key] = torch.empty(max(numel, 1024), dtype=dtype, device=t.device)
-    return buf
-
-
-def _traced_or_captured(t: torch.Tensor) -> bool:
-    """Whether a launch on ``t``'s device needs buffers of its own (`counter`, `scratch`): while dynamo traces
-    it (the graph allocates them; a kept buffer would be a global the graph mutates) or a CUDA graph captures it."""
-    return torch.compiler.is_compiling() or (t.is_cuda and _is_capturing())
+def reduction(t: torch.Tensor, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """For a kernel whose programs write partial results that the same launch's last program finishes (the one
+    that counts the others done): a flat buffer of at least ``numel`` elements of ``dtype`` for the partials and an
+    int32 counter at 0 (that program sets it back to 0), on ``t``'s device. One pair per device, stream and dtype,
+    kept (launches on one stream run one after the other, so they never share it at once), instead of two
+    allocations per call. While dynamo traces the launch (the graph allocates them; a kept buffer would be a
+    global the graph mutates) or a CUDA graph captures it, a new pair per launch: the counter's zeroing is captured
+    with the kernel, so a replay on any stream starts at 0."""
+    if torch.compiler.is_compiling() or (t.is_cuda and _is_capturing()):
+        return torch.empty(numel, dtype=dtype, device=t.device), torch.zeros(1, dtype=torch.int32, device=t.device)
+    index = t.get_device()
+    key = (index, _current_stream(index) if index >= 0 else 0, dtype)
+    kept = _REDUCTION.get(key)
+    if kept is None or kept[0].numel() < numel:
+        counter = kept[1] if kept is not None else torch.zeros(1, dtype=torch.int32, device=t.device)
+        kept = _REDUCTION[key] = torch.empty(max(numel, 1024), dtype=dtype, device=t.device), counter
+    return kept
 
 
 @layout_cache(maxsize=None)

@@ -1,6 +1,6 @@
 """Semifield convolution (docs/ops.md) in Triton: forward and analytic backward, no unfolded products.
 
-The call is lifted to 3 spatial dims (``kernelhub.ops.semiconv.lift_3d``: 1-D and 2-D with leading size-1 dims;
+The call is lifted to 3 spatial dims (``kernelhub.ops.semiconv.lift_plan``: 1-D and 2-D with leading size-1 dims;
 for "conv" window tap t reads kernel tap taps-1-t, FLIP). The kernel's spatial sizes are compile-time constants
 (the taps unroll); offsets within one image channel are 32-bit (larger channels are rejected and fall back).
 
@@ -26,12 +26,13 @@ vary run to run (max/min's too).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from kernelhub.ops.semiconv import lift_3d, zero_of
+from kernelhub.ops.semiconv import Lifted, lift_plan, zero_of
 from kernelhub.spec import layout_cache
 from kernelhub_triton._launch import Bound, acc_type, cdiv, launch, next_power_of_2, sm_count
 
@@ -334,16 +335,39 @@ def _tropical_kernel_grad(w_ptr, g_ptr, gk_ptr, O, Cg, per, split, SF: tl.conste
         tl.atomic_add(gk_ptr + (bo % O) * Cg * TAPS + kt, s, mask=idx < Cg * TAPS, sem="relaxed")
 
 
-def _layouts(a) -> tuple:
-    """(the row kernel's grid, its forward and its backward (without and with the image's gradient) bound to the
-    call's sizes, or None where the semifield is not max/min; the window walk's grid, its forward and its
-    backwards by (NEED_IMG, NEED_KERNEL)) for a lifted call, made once per shapes, dtype and arguments."""
-    return _layouts_of(a._replace(img=None, kernel=None), a.img.shape, a.kernel.shape, a.img.dtype)
+class _Call(NamedTuple):
+    """What the launchers need of a call, fixed by its shapes, arguments and dtype and the GPU's multiprocessors
+    (`_call`): the kernels bound to the lifted call's sizes (`lift_plan`)."""
+    output_shape: tuple
+    rows: tuple | None  # max/min: the row kernel's grid, forward and backwards (without, with the image's gradient)
+    walk: tuple  # the window walk's grid, forward and backwards by (NEED_IMG, NEED_KERNEL)
+    grad: tuple | None  # max/min: the kernel-gradient pass's grid and kernel
+    winner: torch.dtype | None  # max/min: the winners' dtype
+
+
+def _call(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting) -> _Call:
+    """The call's `_Call`, made once per shapes, arguments, dtype and device kind. The kernels index the
+    contiguous image, kernel, upstream gradient and outputs from their pointers in the lifted call's layout, the
+    same memory as the op's own shapes: no reshaped view per call."""
+    return _call_of(tuple(img.shape), tuple(kernel.shape), semifield, tuple(stride), tuple(padding), tuple(dilation),
+                    groups, kind, group_broadcasting, img.dtype, sm_count(img))
 
 
 @layout_cache(maxsize=1024)
-def _layouts_of(a, img_shape, kernel_shape, dtype) -> tuple:
-    return _row_layout(a, img_shape, kernel_shape, dtype), _walk_layout(a, img_shape, kernel_shape, dtype)
+def _call_of(img_shape, kernel_shape, semifield, stride, padding, dilation, groups, kind, group_broadcasting, dtype,
+             sms) -> _Call:
+    plan = lift_plan(img_shape, kernel_shape, semifield, stride, padding, dilation, groups, kind, group_broadcasting)
+    a, img5, kernel5 = Lifted(None, None, *plan[2:]), plan[0], plan[1]
+    rows, grad, winner = _row_layout(a, img5, kernel5, dtype), None, None
+    if rows is not None:
+        window, planes, per = math.prod(kernel5[1:]), img5[0] * kernel5[0], math.prod(a.out_size)
+        split = max(1, min(cdiv(per, GRAD_BLOCK), cdiv(4 * sms, planes)))
+        grad = (planes * split,), Bound(
+            _tropical_kernel_grad, O=kernel5[0], Cg=kernel5[1], per=per, split=split, SF=a.code, BLOCK=GRAD_BLOCK,
+            BINS=min(MAX_BINS, next_power_of_2(window)), ACC=acc_type(dtype), TAPS=math.prod(kernel5[2:]),
+            FLIP=a.flip, num_warps=ROW_WARPS)
+        winner = _winner_dtype(window)
+    return _Call(a.output_shape, rows, _walk_layout(a, img5, kernel5, dtype), grad, winner)
 
 
 def _sizes(a, img_shape, kernel_shape) -> dict:
@@ -370,13 +394,6 @@ def _row_layout(a, img_shape, kernel_shape, dtype) -> tuple | None:
         tuple(Bound(_tropical_kernel, BACKWARD=True, NEED_IMG=need, **fixed) for need in (False, True))
 
 
-@layout_cache(maxsize=256)
-def _grad_kernel(code: int, window: int, taps: int, flip: bool, dtype: torch.dtype) -> Bound:
-    """The kernel-gradient pass of the row kernel's backward, bound to its constants."""
-    return Bound(_tropical_kernel_grad, SF=code, BLOCK=GRAD_BLOCK, BINS=min(MAX_BINS, next_power_of_2(window)),
-                 ACC=acc_type(dtype), TAPS=taps, FLIP=flip, num_warps=ROW_WARPS)
-
-
 def _walk_layout(a, img_shape, kernel_shape, dtype) -> tuple:
     """The window walk's grid, forward and backwards (by NEED_IMG, NEED_KERNEL) for a lifted call."""
     B, O = img_shape[0], kernel_shape[0]
@@ -400,40 +417,34 @@ def not_supported_reasons(args) -> list[str]:
 
 
 def forward(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting=False):
-    a = lift_3d(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting)
-    x, k = a.img.contiguous(), a.kernel.contiguous()
-    out = img.new_empty(a.output_shape)
+    call = _call(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting)
+    out = torch.empty(call.output_shape, dtype=img.dtype, device=img.device)
     if out.numel() == 0:
         return out
-    rows, walk = _layouts(a)
-    if rows is not None:
-        grid, kernel_fwd, _ = rows
+    x, k = img.contiguous(), kernel.contiguous()
+    if call.rows is not None:
+        grid, kernel_fwd, _ = call.rows
         launch(kernel_fwd, grid, x, k, out, x, x)
-        return out
-    grid, kernel_fwd, _ = walk
-    launch(kernel_fwd, grid, x, k, out)
+    else:
+        grid, kernel_fwd, _ = call.walk
+        launch(kernel_fwd, grid, x, k, out)
     return out
 
 
 def backward(grad, img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting, needs):
-    a = lift_3d(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting)
-    x, k, g = a.img.contiguous(), a.kernel.contiguous(), a.grad_5d(grad).contiguous()
+    call = _call(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting)
+    x, k, g = img.contiguous(), kernel.contiguous(), grad.contiguous()
     acc = torch.float64 if img.dtype == torch.float64 else torch.float32
-    gx = torch.zeros(x.shape, dtype=acc, device=x.device)
-    gk = torch.zeros(k.shape, dtype=acc, device=x.device)
-    rows, walk = _layouts(a)
-    if g.numel() and (needs[0] or needs[1]) and rows is not None:
-        grid, _, kernels_bwd = rows
-        window = math.prod(k.shape[1:])  # (c, tap) indices of one output's window (no tensor indexing per call)
-        win = torch.empty(g.shape, dtype=_winner_dtype(window), device=x.device)
-        launch(kernels_bwd[bool(needs[0])], grid, x, k, win, g, gx)
+    gx = torch.zeros(img.shape, dtype=acc, device=img.device)
+    gk = torch.zeros(kernel.shape, dtype=acc, device=img.device)
+    if g.numel() and (needs[0] or needs[1]) and call.rows is not None:
+        grid, _, kernels_bwd = call.rows
+        win = torch.empty(g.shape, dtype=call.winner, device=img.device)  # each output's winner, (c, tap) index
+        launch(kernels_bwd[1 if needs[0] else 0], grid, x, k, win, g, gx)  # dynamo indexes by int, not bool
         if needs[1]:
-            planes, per = win.shape[0] * win.shape[1], math.prod(win.shape[2:])
-            split = max(1, min(cdiv(per, GRAD_BLOCK), cdiv(4 * sm_count(x), planes)))
-            launch(_grad_kernel(a.code, window, math.prod(k.shape[2:]), a.flip, img.dtype), (planes * split,),
-                   win, g, gk, k.shape[0], k.shape[1], per, split)
+            grid, kernel_grad = call.grad
+            launch(kernel_grad, grid, win, g, gk)
     elif g.numel() and (needs[0] or needs[1]):
-        grid, _, kernels_bwd = walk
+        grid, _, kernels_bwd = call.walk
         launch(kernels_bwd[bool(needs[0]), bool(needs[1])], grid, g, x, k, gx, gk)
-    return [gx.to(img.dtype).view(img.shape) if needs[0] else None,
-            gk.to(kernel.dtype).view(kernel.shape) if needs[1] else None]
+    return [gx.to(img.dtype) if needs[0] else None, gk.to(kernel.dtype) if needs[1] else None]

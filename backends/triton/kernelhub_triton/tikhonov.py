@@ -229,12 +229,10 @@ def _tikhonov_backward_kernel(
 
 # -- launchers ---------------------------------------------------------------------------
 
-def _storage(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int]]:
-    """``t [P, 2, Z]`` as a real tensor and its (pixel, row, z) strides in real elements."""
-    if t.is_complex():
-        r = torch.view_as_real(t)
-        return r, tuple(2 * s for s in t.stride())
-    return t, t.stride()
+def _strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """``t [P, 2, Z]``'s (pixel, row, z) strides in real elements (`launch` hands a complex tensor to the kernels as
+    its real view)."""
+    return tuple(2 * s for s in t.stride()) if t.is_complex() else t.stride()
 
 
 def _pixels(M: torch.Tensor) -> torch.Tensor:
@@ -258,21 +256,15 @@ def _kernels(Z: int, complex_: bool) -> tuple[Bound, Bound]:
             Bound(_tikhonov_backward_kernel, COMPLEX=complex_, BP=BLOCK_P, BZ=bz, num_warps=NUM_WARPS))
 
 
-def _new(M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A new contiguous output of ``M``'s shape (what the op returns; as ``[P, 2, Z]`` the kernels index it from its
-    pointer), and the real tensor the kernels write."""
-    out = torch.empty(M.shape, dtype=M.dtype, device=M.device)
-    return out, torch.view_as_real(out) if out.is_complex() else out
 
 
 def forward(M: torch.Tensor, lam: float) -> torch.Tensor:
     m = _pixels(M)
     P, _, Z = m.shape
-    out, dst = _new(M)
+    out = torch.empty(M.shape, dtype=M.dtype, device=M.device)  # contiguous: as [P, 2, Z] from its pointer
     if P == 0 or Z == 0:
         return out
-    src, strides = _storage(m)
-    launch(_kernels(Z, M.is_complex())[0], (cdiv(P, BLOCK_P),), src, dst, P, Z, *strides, lam)
+    launch(_kernels(Z, M.is_complex())[0], (cdiv(P, BLOCK_P),), m, out, P, Z, *_strides(m), lam)
     return out
 
 
@@ -282,10 +274,8 @@ def backward(grad: torch.Tensor, M: torch.Tensor, lam: float, needs) -> list:
     m = _pixels(M)
     g = _pixels(grad)
     P, _, Z = m.shape
-    out, dst = _new(M)
+    out = torch.empty(M.shape, dtype=M.dtype, device=M.device)
     if P == 0 or Z == 0:
         return [out]
-    src, strides = _storage(m)
-    gsrc, gstrides = _storage(g)
-    launch(_kernels(Z, M.is_complex())[1], (cdiv(P, BLOCK_P),), gsrc, src, dst, P, Z, *strides, *gstrides, lam)
+    launch(_kernels(Z, M.is_complex())[1], (cdiv(P, BLOCK_P),), g, m, out, P, Z, *_strides(m), *_strides(g), lam)
     return [out]

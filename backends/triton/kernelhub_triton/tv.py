@@ -9,7 +9,7 @@ plane just read, which hit L1 or L2. The backward carries each voxel's D-differe
 kernel with the loss as a compile-time ``MODE``.
 
 The forward's reduction is deterministic: each program writes its partial sums to its own row
-of an array, and the last program to finish (an integer counter, `counter`) adds the rows
+of an array, and the last program to finish (an integer counter, `reduction`) adds the rows
 up in a fixed order and writes the result, in the same launch (no floating-point atomics, no
 second kernel), so a result is bitwise identical run to run.
 """
@@ -24,7 +24,7 @@ import triton.language as tl
 
 from kernelhub import accumulation_dtype
 from kernelhub.spec import layout_cache
-from kernelhub_triton._launch import Bound, acc_type, cdiv, counter, launch, next_power_of_2, scratch, sm_count
+from kernelhub_triton._launch import Bound, acc_type, cdiv, launch, next_power_of_2, reduction, sm_count
 
 __all__ = ["l1_forward", "l1_backward", "sq_forward", "sq_backward", "iso_forward", "iso_backward",
            "not_supported_reasons"]
@@ -260,8 +260,8 @@ def _forward(volume: torch.Tensor, mode: int, eps: float = 0.0) -> torch.Tensor:
     if x.numel() == 0 or (mode == ISO and min(x.shape[-3:]) < 2):
         return out.zero_()
     programs, kernel, _, corners = _layout(tuple(x.shape), sm_count(x), mode, x.dtype)
-    partial = scratch(x, programs * out.numel(), dtype)  # [programs, NOUT], read by the launch's last program
-    launch(kernel, (programs,), x, partial, out, counter(x), float(corners) if mode == ISO else 1.0, float(eps))
+    partial, count = reduction(x, programs * out.numel(), dtype)  # [programs, NOUT], summed by the last program
+    launch(kernel, (programs,), x, partial, out, count, float(corners) if mode == ISO else 1.0, float(eps))
     return out
 
 

@@ -435,8 +435,8 @@ def backward(grad, img, kernel, semifield, stride, padding, dilation, groups, ki
     call = _call(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting)
     x, k, g = img.contiguous(), kernel.contiguous(), grad.contiguous()
     acc = torch.float64 if img.dtype == torch.float64 else torch.float32
-    gx = torch.zeros(img.shape, dtype=acc, device=img.device)
-    gk = torch.zeros(kernel.shape, dtype=acc, device=img.device)
+    gx = torch.zeros_like(img, dtype=acc, memory_format=torch.contiguous_format)
+    gk = torch.zeros_like(kernel, dtype=acc, memory_format=torch.contiguous_format)
     if g.numel() and (needs[0] or needs[1]) and call.rows is not None:
         grid, _, kernels_bwd = call.rows
         win = torch.empty(g.shape, dtype=call.winner, device=img.device)  # each output's winner, (c, tap) index

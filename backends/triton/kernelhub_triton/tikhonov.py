@@ -232,7 +232,8 @@ def _tikhonov_backward_kernel(
 def _strides(t: torch.Tensor) -> tuple[int, int, int]:
     """``t [P, 2, Z]``'s (pixel, row, z) strides in real elements (`launch` hands a complex tensor to the kernels as
     its real view)."""
-    return tuple(2 * s for s in t.stride()) if t.is_complex() else t.stride()
+    s = t.stride()
+    return (2 * s[0], 2 * s[1], 2 * s[2]) if t.is_complex() else s
 
 
 def _pixels(M: torch.Tensor) -> torch.Tensor:
@@ -261,7 +262,7 @@ def _kernels(Z: int, complex_: bool) -> tuple[Bound, Bound]:
 def forward(M: torch.Tensor, lam: float) -> torch.Tensor:
     m = _pixels(M)
     P, _, Z = m.shape
-    out = torch.empty(M.shape, dtype=M.dtype, device=M.device)  # contiguous: as [P, 2, Z] from its pointer
+    out = torch.empty_like(M, memory_format=torch.contiguous_format)  # the kernel writes it as [P, 2, Z]
     if P == 0 or Z == 0:
         return out
     launch(_kernels(Z, M.is_complex())[0], (cdiv(P, BLOCK_P),), m, out, P, Z, *_strides(m), lam)
@@ -274,7 +275,7 @@ def backward(grad: torch.Tensor, M: torch.Tensor, lam: float, needs) -> list:
     m = _pixels(M)
     g = _pixels(grad)
     P, _, Z = m.shape
-    out = torch.empty(M.shape, dtype=M.dtype, device=M.device)
+    out = torch.empty_like(M, memory_format=torch.contiguous_format)
     if P == 0 or Z == 0:
         return [out]
     launch(_kernels(Z, M.is_complex())[1], (cdiv(P, BLOCK_P),), g, m, out, P, Z, *_strides(m), *_strides(g), lam)

@@ -262,9 +262,9 @@ def test_each_triton_launcher_keeps_one_bound_kernel_per_layout():
     from kernelhub_triton import kplanes, semiconv, tikhonov, trilinear, tv
 
     assert tv._layout((1, 8, 8, 8), 4, 0, torch.float32)[1] is tv._layout((1, 8, 8, 8), 4, 0, torch.float32)[1]
-    assert trilinear._forward_kernel(8, torch.float32) is trilinear._forward_kernel(8, torch.float32)
-    assert trilinear._backward_kernel(8, torch.float32, True, False) is \
-        trilinear._backward_kernel(8, torch.float32, True, False)
+    assert trilinear._forward_kernel(8, torch.float32, True) is trilinear._forward_kernel(8, torch.float32, True)
+    assert trilinear._backward_kernel(8, torch.float32, True, False, False) is \
+        trilinear._backward_kernel(8, torch.float32, True, False, False)
     assert kplanes._forward_kernel(1, 8, torch.float32) is kplanes._forward_kernel(1, 8, torch.float32)
     assert tikhonov._kernels(5, True) is tikhonov._kernels(5, True)
     x, k = torch.randn(1, 2, 8, 8), torch.randn(2, 1, 3, 3)

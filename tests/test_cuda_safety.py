@@ -96,24 +96,24 @@ def test_second_gpu_while_first_is_current(op, backend):
 
 @pytest.mark.parametrize("op,backend", CASES)
 def test_compile_fullgraph_with_backend_forced(op, backend):
+    """The op with the backend forced inside torch.compile(fullgraph=True): its output and gradients are within the
+    op's parity tolerances of the float64 reference, as the eager call's are. Not bitwise the eager call's: the
+    compiled graph reorders torch's own reductions around the kernels (K-Planes' sum of per-program rotation
+    partials, say, which inductor autotunes), so compiled and eager once differed by 1e-5 relative in one of 27
+    elements (float32, an element with cancellation), over assert_close's float32 default."""
     handle = kernelhub.op(op, backend=backend)
     args = testing.with_grad(op, _args(op))
-
-    def loss(*a):
-        out = handle(*a)
-        return (out.abs() if out.is_complex() else out).sum() * 2
-
+    ref, grad, ref_grads = testing.reference_with_upstream(op, args)
     torch._dynamo.reset()
-    compiled = torch.compile(loss, fullgraph=True)
-    got = compiled(*args)
-    got.backward()
-    got_g = [t.grad.clone() for t in testing.leaves(op, args)]
-    args2 = testing.with_grad(op, args)
-    want = loss(*args2)
-    want.backward()
-    torch.testing.assert_close(got, want)
-    for g, w in zip(got_g, [t.grad for t in testing.leaves(op, args2)]):
-        torch.testing.assert_close(g, w)
+    compiled = torch.compile(lambda *a: handle(*a), fullgraph=True)
+    out = compiled(*args)
+    leaves = testing.leaves(op, args)
+    grads = torch.autograd.grad(out, leaves, grad.to(out.dtype), allow_unused=True)
+    grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves)]
+    dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor))
+    tol = kernelhub.get_hub().registry.spec(op).tolerances[dtype]
+    assert testing.parity_error(out.detach(), ref) <= tol.forward
+    assert max(testing.parity_error(g, r) for g, r in zip(grads, ref_grads)) <= tol.backward
 
 
 def test_online_tuning_waits_out_a_graph_capture(tmp_path):

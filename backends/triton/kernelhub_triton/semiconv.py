@@ -361,7 +361,7 @@ def _call_of(img_shape, kernel_shape, semifield, stride, padding, dilation, grou
     rows, grad, winner = _row_layout(a, img5, kernel5, dtype), None, None
     if rows is not None:
         window, planes, per = math.prod(kernel5[1:]), img5[0] * kernel5[0], math.prod(a.out_size)
-        split = max(1, min(cdiv(per, GRAD_BLOCK), cdiv(4 * sms, planes)))
+        split = max(1, min(cdiv(per, GRAD_BLOCK), cdiv(4 * sms, max(planes, 1))))  # no planes: an empty batch
         grad = (planes * split,), Bound(
             _tropical_kernel_grad, O=kernel5[0], Cg=kernel5[1], per=per, split=split, SF=a.code, BLOCK=GRAD_BLOCK,
             BINS=min(MAX_BINS, next_power_of_2(window)), ACC=acc_type(dtype), TAPS=math.prod(kernel5[2:]),

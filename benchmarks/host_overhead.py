@@ -29,6 +29,7 @@ import json
 import statistics
 import sys
 import time
+import types
 import warnings
 
 import torch
@@ -213,7 +214,12 @@ def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int, 
     w = torch.randn_like(kernelhub.op(op)(*args).detach())
 
     def step(f):
-        return lambda *a: (f(*a) * w).sum().real
+        def fn(*a):
+            return (f(*a) * w).sum().real
+        # a code object of its own per step: dynamo keeps its compiled code per code object, so steps sharing one
+        # would pile up as that object's cache entries (a call checks the guards of the entries before its own;
+        # past torch._dynamo.config.recompile_limit, 8, a step would silently run eagerly)
+        return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
     torch._dynamo.reset()
     steps = {"eager hub": step(kernelhub.op(op))}

@@ -247,7 +247,9 @@ def _inline_choice(op: str, forced: str, hub: int, described: tuple) -> str:
     return impl.backend
 
 
-_inline_choice = torch.compiler.assume_constant_result(_inline_choice)
+# what `torch.compiler.assume_constant_result(_inline_choice)` does (torch 2.5-2.13; tests/test_compile.py checks it),
+# without its import of dynamo: 2 s of an eager program's `import kernelhub` on the 2-core CPU
+_inline_choice._dynamo_marked_constant = True
 
 
 def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable, inline_impl: Callable) -> Any:

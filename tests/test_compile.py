@@ -2,6 +2,9 @@
 hub would run the inductor backend, the reference's own torch ops in the graph instead, and where it would run
 cuda_ext, cuda_ext's operators (`Impl.inline`)."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -254,3 +257,30 @@ def test_the_first_use_of_the_hub_inside_a_compiled_function(monkeypatch):
     out = torch.compile(step, backend="aot_eager")(v)
     assert hub._HUB is not None
     torch.testing.assert_close(out, kernelhub.op("tv_loss_sq_3d", backend="torch_ref")(v) * 2)
+
+
+def test_the_inline_choice_is_marked_as_assume_constant_result_marks_a_function():
+    """`dispatch._inline_choice` sets the attribute that `torch.compiler.assume_constant_result` sets (which would
+    import dynamo at kernelhub's import); where torch marks a function otherwise, this fails."""
+    from kernelhub import dispatch
+
+    def probe():
+        return 0
+
+    assert torch.compiler.assume_constant_result(probe) is probe
+    assert vars(probe) == {"_dynamo_marked_constant": True}
+    assert dispatch._inline_choice._dynamo_marked_constant is True
+
+
+def test_an_eager_program_does_not_import_dynamo():
+    """Importing kernelhub and running an op forward and backward, eagerly, leave torch._dynamo unimported (its
+    import is 2 s of a 2-core CPU's process start); a compiled call still builds the hub eagerly (above)."""
+    code = ("import sys, torch, kernelhub\n"
+            "x = torch.randn(2, 4, 5, 6, requires_grad=True)\n"
+            "kernelhub.op('tv_loss_l1_3d')(x).sum().backward()\n"
+            "kernelhub.explain('tv_loss_l1_3d', x)\n"
+            "assert x.grad is not None\n"
+            "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]", proc.stdout

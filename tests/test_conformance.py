@@ -3,7 +3,8 @@ each device, generated from the registry.
 
 The fast tier (tests/conftest.py) runs a subset chosen by cost, in which every op x backend keeps a parity
 case in float32 and in float64 where declared, and every kind of check runs:
-- torch_ref and cuda_ext: every check (milliseconds each);
+- torch_ref and cuda_ext: every check (milliseconds each; gradcheck against one random projection of the
+  Jacobian, the full tier against all of it: 10 s for torch_ref's K-Planes taps alone);
 - inductor: parity in float32 and float64 only (its float16 / bfloat16 graphs are the same code computing in
   float32), and in the fast tier one small sample per dtype: each shape bucket is a compile (20-50 s of a cold
   2-core machine per case of several samples); its non-contiguous, opcheck and gradcheck checks (a compile
@@ -76,6 +77,8 @@ def _check_tiered(check):
         reason = "inductor: a compile per sample"
     elif check.kind in ("opcheck", "gradcheck") and interpreted:
         reason = "the Triton interpreter: every small float64 sample, several runs each"
+    elif check.kind == "gradcheck" and FAST:  # one random projection of the Jacobian; the full tier: all of it
+        check = dataclasses.replace(check, fast_mode=True)
     return pytest.param(check, marks=[pytest.mark.full(reason)] if reason else [], id=str(check))
 
 

@@ -36,6 +36,10 @@ def test_the_fast_tier_leaves_the_costly_cases_of_the_matrix_out():
     interpreted = [c for c in fast if c.backend == "triton" and c.device == "cpu"]
     assert interpreted and not [c for c in interpreted if c.size == "medium"]
     assert all(c.sample is not None for c in interpreted if c.dtype not in conformance.WIDE)
+    # gradcheck against one random projection of the Jacobian (fast mode), the full tier against all of it
+    checks = [p.values[0] for p in conformance.CHECKS if not p.marks]
+    gradchecks = [c for c in checks if c.kind == "gradcheck"]
+    assert gradchecks and all(c.fast_mode for c in gradchecks)
     # and the kinds of check the full tier alone adds are the ones named in their markers
     for p in conformance.CASES:
         for mark in p.marks:

@@ -387,13 +387,15 @@ def check_bad_inputs(op: str, backend: str | None = None) -> None:
 @dataclasses.dataclass(frozen=True)
 class Check:
     """One conformance check of one backend's impl of one op on one device (``case``: the parity case, for the
-    parity and non-contiguous checks). `suite` lists them; ``run()`` runs it."""
+    parity and non-contiguous checks; ``fast_mode``: a gradcheck against one random projection of the Jacobian,
+    `check_gradcheck`). `suite` lists them; ``run()`` runs it."""
 
     kind: str  # one of CHECK_KINDS
     op: str
     backend: str
     device: str
     case: Case | None = None
+    fast_mode: bool = False
 
     def __str__(self) -> str:
         return f"{self.kind.replace(' ', '-')}-{self.case}" if self.case else \
@@ -419,7 +421,7 @@ class Check:
         if self.kind == "opcheck":
             return check_opcheck(self.op, self.backend, "small", self.device, allow=allow)
         if self.kind == "gradcheck":
-            return check_gradcheck(self.op, self.backend, self.device, allow=allow)
+            return check_gradcheck(self.op, self.backend, self.device, fast_mode=self.fast_mode, allow=allow)
         if self.kind == "bad inputs":
             check_bad_inputs(self.op, self.backend)
         elif self.kind == "no host sync":

@@ -270,8 +270,10 @@ def test_each_triton_launcher_keeps_one_bound_kernel_per_layout():
     x, k = torch.randn(1, 2, 8, 8), torch.randn(2, 1, 3, 3)
     args = ("tropical_max", [1, 1], [1, 1, 1, 1], [1, 1], 2, "conv", False)
     call, again = semiconv._call(x, k, *args), semiconv._call(x.clone(), k.clone(), *args)
-    assert call.rows[1] is again.rows[1] and call.rows[2][1] is again.rows[2][1] and call.walk[1] is again.walk[1]
-    assert call.grad[1] is again.grad[1]
+    assert call.rows[1] is again.rows[1] and call.rows[2][1] is again.rows[2][1] and call.grad[1] is again.grad[1]
+    assert call.walk is None  # max/min never walk
+    smooth, again = (semiconv._call(x, k, "log:1", *args[1:]), semiconv._call(x.clone(), k.clone(), "log:1", *args[1:]))
+    assert smooth.walk[1] is again.walk[1] and smooth.walk[2][True, True] is again.walk[2][True, True]
 
 
 def test_launch_takes_tritons_path_while_a_launch_hook_is_set():

@@ -340,7 +340,7 @@ class _Call(NamedTuple):
     (`_call`): the kernels bound to the lifted call's sizes (`lift_plan`)."""
     output_shape: tuple
     rows: tuple | None  # max/min: the row kernel's grid, forward and backwards (without, with the image's gradient)
-    walk: tuple  # the window walk's grid, forward and backwards by (NEED_IMG, NEED_KERNEL)
+    walk: tuple | None  # smooth semifields: the window walk's grid, forward and backwards by (NEED_IMG, NEED_KERNEL)
     grad: tuple | None  # max/min: the kernel-gradient pass's grid and kernel
     winner: torch.dtype | None  # max/min: the winners' dtype
 
@@ -367,7 +367,8 @@ def _call_of(img_shape, kernel_shape, semifield, stride, padding, dilation, grou
             BINS=min(MAX_BINS, next_power_of_2(window)), ACC=acc_type(dtype), TAPS=math.prod(kernel5[2:]),
             FLIP=a.flip, num_warps=ROW_WARPS)
         winner = _winner_dtype(window)
-    return _Call(a.output_shape, rows, _walk_layout(a, img5, kernel5, dtype), grad, winner)
+    walk = None if rows is not None else _walk_layout(a, img5, kernel5, dtype)  # max/min never walk
+    return _Call(a.output_shape, rows, walk, grad, winner)
 
 
 def _sizes(a, img_shape, kernel_shape) -> dict:

@@ -112,11 +112,16 @@ def _block_f(F: int) -> int:
     return max(16, min(BLOCK_F, next_power_of_2(F)))
 
 
+def _contiguous_strides(F: int) -> dict:
+    """The strides of contiguous feats [N, 8, F] and points [N, 3], by the kernels' argument names."""
+    return dict(s_fn=8 * F, s_fk=F, s_ff=1, s_pn=3, s_pc=1)
+
+
 @layout_cache(maxsize=256)
 def _forward_kernel(F: int, dtype: torch.dtype, contiguous: bool) -> Bound:
     """The forward bound to its constants and, for contiguous feats and points, to their strides (then a call
     passes none: seven fewer arguments to key and hand over per launch)."""
-    strides = dict(s_fn=8 * F, s_fk=F, s_ff=1, s_pn=3, s_pc=1) if contiguous else {}
+    strides = _contiguous_strides(F) if contiguous else {}
     return Bound(_trilinear_forward_kernel, **strides, BN=BLOCK_N, BF=_block_f(F), ACC=acc_type(dtype),
                  num_warps=NUM_WARPS)
 
@@ -124,7 +129,7 @@ def _forward_kernel(F: int, dtype: torch.dtype, contiguous: bool) -> Bound:
 @layout_cache(maxsize=256)
 def _backward_kernel(F: int, dtype: torch.dtype, need_f: bool, need_p: bool, contiguous: bool) -> Bound:
     """The backward bound as the forward, the upstream gradient's strides too."""
-    strides = dict(s_gn=F, s_gf=1, s_fn=8 * F, s_fk=F, s_ff=1, s_pn=3, s_pc=1) if contiguous else {}
+    strides = dict(s_gn=F, s_gf=1, **_contiguous_strides(F)) if contiguous else {}
     return Bound(_trilinear_backward_kernel, **strides, NEED_FEATS=need_f, NEED_POINTS=need_p, BN=BLOCK_N,
                  BF=_block_f(F), ACC=acc_type(dtype), num_warps=NUM_WARPS)
 

@@ -14,9 +14,11 @@ repeat), median of the repeats, of:
 
 once for the forward (inputs without grad) and once for forward + backward (torch.autograd.grad of the
 output against the differentiable inputs). The summary gives hub:B / min:B for each backend, and hub /
-compiled ref. Rows are timed in rounds, each round over every row in turn, median of the rounds; each row also
-keeps its best round (``forward_best_us``, ``step_best_us``; the summary's second hub:B / min:B line), which a
-host's noise disturbs least.
+compiled ref. Rows are timed in rounds, each round over every row in a new (seeded) order, median of the rounds;
+each row also keeps its best round (``forward_best_us``, ``step_best_us``; the summary's second hub:B / min:B
+line), which a host's noise disturbs least, and the hub's rows the median of their rounds' ratios to the minimal
+Function (``forward_vs_min``, ``step_vs_min``; the summary's last line), which a drift of the host's speed from
+round to round leaves alone.
 
     python benchmarks/host_overhead.py [--device cuda] [--families tv trilinear] [--sizes tiny medium]
                                        [--json FILE] [--repeat 15]
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -117,11 +120,14 @@ def minimal(impl, spec):
     return Minimal.apply
 
 
-def timed_rounds(fns: dict, sync, repeat: int, budget_s: float = 0.05, best: dict | None = None) -> dict:
+def timed_rounds(fns: dict, sync, repeat: int, budget_s: float = 0.05, best: dict | None = None,
+                 rounds: dict | None = None) -> dict:
     """Wall us per call of each callable: back-to-back calls (as many as fit in ``budget_s``), one sync per round;
-    the rounds go over every callable in turn (so a drift of the machine's speed hits them alike), median. ``best``
-    (a dict): filled with each callable's best round, the least disturbed one (on a GPU host whose per-call times
-    wander, the two tell apart what the code costs and what the host's noise does)."""
+    the rounds go over every callable, each round in a new order (seeded: so a drift of the machine's speed hits
+    them alike, and no callable always comes first after the synchronisation), median. ``best`` (a dict): filled
+    with each callable's best round, the least disturbed one (on a GPU host whose per-call times wander, the two
+    tell apart what the code costs and what the host's noise does); ``rounds`` (a dict): with each callable's list
+    of rounds, for ratios taken round by round (`paired`)."""
     number = {}
     for label, fn in fns.items():
         for _ in range(3):
@@ -132,8 +138,11 @@ def timed_rounds(fns: dict, sync, repeat: int, budget_s: float = 0.05, best: dic
         sync()
         number[label] = max(1, min(2000, int(budget_s / max(time.perf_counter() - start, 1e-6))))
     times: dict = {label: [] for label in fns}
+    order, rng = list(fns), random.Random(0)
     for _ in range(repeat):
-        for label, fn in fns.items():
+        rng.shuffle(order)
+        for label in order:
+            fn = fns[label]
             sync()
             start = time.perf_counter()
             for _ in range(number[label]):
@@ -142,10 +151,23 @@ def timed_rounds(fns: dict, sync, repeat: int, budget_s: float = 0.05, best: dic
             times[label].append((time.perf_counter() - start) / number[label] * 1e6)
     if best is not None:
         best.update({label: min(t) for label, t in times.items()})
+    if rounds is not None:
+        rounds.update(times)
     return {label: statistics.median(t) for label, t in times.items()}
 
 
-def rows_for(op: str, args: tuple, device: torch.device, repeat: int, compile_ref: bool) -> dict:
+def paired(rounds: dict, label: str, base: str) -> float:
+    """The median over the rounds of ``label``'s time / ``base``'s in the same round: a ratio that a drift of the
+    host's speed from round to round (the same for both rows of a round) leaves alone, where the ratio of the two
+    medians takes each row's noise on its own."""
+    return statistics.median(a / b for a, b in zip(rounds[label], rounds[base]))
+
+
+def rows_for(op: str, args: tuple, device: torch.device, repeat: int, compile_ref: bool,
+             chosen: str | None = None) -> dict:
+    """Each row's forward and forward+backward: medians, best rounds, and for ``hub`` (against ``min:<chosen>``)
+    and each ``hub:B`` (against ``min:B``) the median of the rounds' ratios (`paired`): ``forward_vs_min``,
+    ``step_vs_min``."""
     from kernelhub_torch_ref.plugin import DIFFERENTIATE, FORWARDS
 
     hub = kernelhub.get_hub()
@@ -187,13 +209,17 @@ def rows_for(op: str, args: tuple, device: torch.device, repeat: int, compile_re
             runnable[label] = (fwd, step)
         except Exception as exc:
             print(f"  {op}: {label} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:100]})", file=sys.stderr)
-    f_best: dict = {}
-    s_best: dict = {}
+    f_best, s_best, f_rounds, s_rounds = {}, {}, {}, {}
     with torch.no_grad():
-        f_us = timed_rounds({k: v[0] for k, v in runnable.items()}, sync, repeat, best=f_best)
-    s_us = timed_rounds({k: v[1] for k, v in runnable.items()}, sync, repeat, best=s_best)
-    return {label: {"forward_us": f_us[label], "step_us": s_us[label], "forward_best_us": f_best[label],
+        f_us = timed_rounds({k: v[0] for k, v in runnable.items()}, sync, repeat, best=f_best, rounds=f_rounds)
+    s_us = timed_rounds({k: v[1] for k, v in runnable.items()}, sync, repeat, best=s_best, rounds=s_rounds)
+    rows = {label: {"forward_us": f_us[label], "step_us": s_us[label], "forward_best_us": f_best[label],
                     "step_best_us": s_best[label]} for label in runnable}
+    for label in rows:
+        base = f"min:{chosen}" if label == "hub" else "min:" + label[4:] if label.startswith("hub:") else None
+        if base in rows:
+            rows[label].update(forward_vs_min=paired(f_rounds, label, base), step_vs_min=paired(s_rounds, label, base))
+    return rows
 
 
 def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int, mode: str = "default") -> dict:
@@ -355,7 +381,7 @@ def main(argv: list[str] | None = None, record: dict | None = None) -> int:
                 results["rows"][f"{fam}/{size}/compiled{mode}"] = {**r, **about}
                 save()
                 continue
-            r = rows_for(op, call, device, args.repeat, not args.no_compile)
+            r = rows_for(op, call, device, args.repeat, not args.no_compile, chosen)
             print(f"{fam}/{size} ({op}; hub picks {chosen}): wall us per call, forward | forward+backward")
             for label, v in r.items():
                 print(f"  {label:16s} {v['forward_us']:10.1f} | {v['step_us']:10.1f}")
@@ -368,6 +394,10 @@ def main(argv: list[str] | None = None, record: dict | None = None) -> int:
                                       f"{r[label][f'step{stat}_us'] / m[f'step{stat}_us']:.2f}x")
                 if ratios:
                     print(f"  hub:B / min:B{' (best rounds)' if stat else ''}    " + "; ".join(ratios))
+            ratios = [f"{label} {v['forward_vs_min']:.2f}x | {v['step_vs_min']:.2f}x" for label, v in r.items()
+                      if "step_vs_min" in v]
+            if ratios:
+                print("  / min, round by round (median)  " + "; ".join(ratios))
             if "compiled ref" in r:
                 print(f"  hub / compiled   {r['hub']['forward_us'] / r['compiled ref']['forward_us']:.2f}x | "
                       f"{r['hub']['step_us'] / r['compiled ref']['step_us']:.2f}x", flush=True)

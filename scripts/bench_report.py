@@ -238,6 +238,14 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "-" if a is None or b is None else f"{a / b:.2f}"
 
 
+def _vs_min(row: dict | None, mine: dict | None, key: str) -> str:
+    """A hub row against the minimal Function, ``key`` "forward" or "step": the median of the rounds' ratios where
+    the row has it (benchmarks/host_overhead.py's `paired`), else (rows recorded before it) the medians' ratio."""
+    if row is not None and f"{key}_vs_min" in row:
+        return f"{row[f'{key}_vs_min']:.2f}"
+    return _ratio(row and row[f"{key}_us"], mine and mine[f"{key}_us"])
+
+
 def host_report(data: dict) -> list[str]:
     """docs/benchmarks.md's section of one host record: per call, the hub against the minimal glue around the
     backend it picks and against the reference; the Triton launchers; compiled steps."""
@@ -265,12 +273,11 @@ def host_report(data: dict) -> list[str]:
         for _, r in rows:
             pick = r["_chosen"]
             hub, mine = r.get("hub"), r.get(f"min:{pick}")
-            each = "; ".join(f"{k[4:]} {_ratio(r[k]['step_us'], r['min:' + k[4:]]['step_us'])}" for k in r
+            each = "; ".join(f"{k[4:]} {_vs_min(r[k], r['min:' + k[4:]], 'step')}" for k in r
                              if k.startswith("hub:") and "min:" + k[4:] in r)
             comp = r.get("compiled ref")
             parts.append(f"| {r['_call']} | {pick} | {_pair(hub)} | {_pair(mine)} | "
-                         f"{_ratio(hub and hub['forward_us'], mine and mine['forward_us'])} \\| "
-                         f"{_ratio(hub and hub['step_us'], mine and mine['step_us'])} | {each} | "
+                         f"{_vs_min(hub, mine, 'forward')} \\| {_vs_min(hub, mine, 'step')} | {each} | "
                          f"{_pair(r.get('eager ref'))} | {_pair(comp)} | "
                          f"{_ratio(hub and hub['step_us'], comp and comp['step_us'])} |")
         parts.append("")
@@ -344,7 +351,11 @@ def render(check: bool = False) -> list[str]:
                            "functions in a minimal `torch.autograd.Function` (the floor for Python glue around B's "
                            "kernels; the kernels are the same, the difference is host code). Without grad the hub "
                            "calls the backend's forward with no autograd glue, so its forward can beat that floor. "
-                           "Semiconv: tropical max, depthwise. Ratios within one run only: hosts differ by up to 2x.",
+                           "Semiconv: tropical max, depthwise. Ratios within one run only: hosts differ by up to 2x. "
+                           "The hub against the minimal Function (`hub / min:pick`, `hub:B / min:B`) is the median "
+                           "of the rounds' ratios (each round times every row, in a new order), which a drift of the "
+                           "host's speed between rounds leaves alone; rows recorded before that statistic show the "
+                           "ratio of the medians.",
                            ""] + [line for d in hosts for line in host_report(d)])
     readme = _between(README.read_text(), BEGIN, END, winners_table(records))
     new_readme = _between(readme, HOST_BEGIN, HOST_END, host_table(hosts))

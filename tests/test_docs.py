@@ -76,6 +76,11 @@ def test_a_host_record_renders_the_hub_against_the_glue_around_its_pick(tmp_path
     line = next(x for x in text.splitlines() if x.startswith("| TV L1 1x16³"))
     assert line == ("| TV L1 1x16³ | cuda_ext | 30 \\| 300 | 20 \\| 150 | 1.50 \\| 2.00 | cuda_ext 1.60 | - | "
                     "60 \\| 600 | 0.50 |"), line
+    # a row recorded with the rounds' ratios shows those, not the ratio of the medians
+    paired = {**row, "hub": {**row["hub"], "forward_vs_min": 1.25, "step_vs_min": 1.75},
+              "hub:cuda_ext": {**row["hub:cuda_ext"], "forward_vs_min": 1.0, "step_vs_min": 1.5}}
+    line = next(x for x in bench_report.host_report({**data, "rows": {"tv/tiny": paired}}) if x.startswith("| TV"))
+    assert "| 1.25 \\| 1.75 | cuda_ext 1.50 |" in line, line
     assert "2026-11-25, commit abc: `python x`." in text
     out = tmp_path / "host.json"
     out.write_text(json.dumps({**data, "format": bench_report.HOST_FORMAT}))

@@ -358,10 +358,16 @@ class KernelhubFunction(torch.autograd.Function):
         out = to_slots(plan, needs, grads, needs_input)
         if not create_graph:
             return out
-        # gradients that raise if differentiated (what once_differentiable does, with a message)
+        # gradients that raise if differentiated, as the operators' backward does: one error node (what
+        # once_differentiable makes, with a message) whose inputs are the gradients and the call's saved tensors.
+        # The saved tensors put the node on every path from the gradients back to the call's inputs, so
+        # torch.autograd.grad(f(g), inputs) reaches it and raises too, where with the gradients alone (what
+        # once_differentiable does) it would find no path: an error that names no op, or with allow_unused=True
+        # a silent None (a gradient penalty's second-order term dropped)
+        saved = ctx.saved_tensors
         err = torch._C._functions.DelayedError(
-            f"double backward is not supported by kernelhub.{handle.spec.name}".encode(), len(out))
-        return err(*[g if g is None else g.detach().requires_grad_() for g in out])
+            f"double backward is not supported by kernelhub.{handle.spec.name}".encode(), len(out) + len(saved))
+        return err(*[g if g is None else g.detach().requires_grad_() for g in out], *saved)[:len(out)]
 
 
 def _weigh(op: str, out: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

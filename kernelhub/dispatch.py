@@ -348,7 +348,8 @@ class KernelhubFunction(torch.autograd.Function):
         if weights is not None:  # d(sum(out * w)) / d out
             grad = weights.conj() * grad
         needs_input = ctx.needs_input_grad
-        args, needs = put_back(plan, ctx.saved_tensors, needs_input)
+        saved = ctx.saved_tensors  # read once: each read unpacks them (a saved-tensor hook's copy back, say)
+        args, needs = put_back(plan, saved, needs_input)
         create_graph = torch.is_grad_enabled()  # torch.autograd.grad / .backward() with create_graph=True
         if create_graph:
             with torch.no_grad():
@@ -364,7 +365,6 @@ class KernelhubFunction(torch.autograd.Function):
         # torch.autograd.grad(f(g), inputs) reaches it and raises too, where with the gradients alone (what
         # once_differentiable does) it would find no path: an error that names no op, or with allow_unused=True
         # a silent None (a gradient penalty's second-order term dropped)
-        saved = ctx.saved_tensors
         err = torch._C._functions.DelayedError(
             f"double backward is not supported by kernelhub.{handle.spec.name}".encode(), len(out) + len(saved))
         return err(*[g if g is None else g.detach().requires_grad_() for g in out], *saved)[:len(out)]

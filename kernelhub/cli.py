@@ -36,6 +36,24 @@ def _dtype(name: str) -> torch.dtype:
     return dtype
 
 
+def _device(name: str) -> str:
+    """``--device``: cpu, or a CUDA device this machine has (argparse names the option in its error: torch's
+    own, on a machine without that device, is a long note about its CUDA library or a traceback)."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise argparse.ArgumentTypeError(f"{name!r} is not a device ({exc})") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise argparse.ArgumentTypeError(f"{name!r}: this machine has {count} CUDA device(s)"
+                                             + ("" if torch.version.cuda else f" (torch {torch.__version__} is a "
+                                                                              "build without CUDA)"))
+    elif device.type != "cpu":
+        raise argparse.ArgumentTypeError(f"{name!r}: the commands run on cpu or cuda[:N]")
+    return name
+
+
 def _short(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -377,8 +395,6 @@ def cmd_check(args: argparse.Namespace) -> dict:
     name, device = args.backend, args.device
     if name not in hub.registry.backends:
         raise KernelhubError(f"unknown backend {name!r}; installed: {sorted(hub.registry.backends)}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise KernelhubError("--device cuda: no CUDA device here")
     rows = []
     reason = hub.registry.unavailable_reason(name)
     if reason is not None:
@@ -441,10 +457,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--arg", action="append", metavar="NAME=VALUE",
                            help="a non-tensor argument, e.g. --arg semifield=log:2 --arg groups=1")
             p.add_argument("--dtype", type=_dtype, default=torch.float32)
-            p.add_argument("--device", default="cpu")
+            p.add_argument("--device", type=_device, default="cpu")
         if name == "tune":
             p.add_argument("ops", nargs="*", help="ops to tune (default: all)")
-            p.add_argument("--device", help="cpu or cuda[:N] (default: cuda if present, else cpu)")
+            p.add_argument("--device", type=_device, help="cpu or cuda[:N] (default: cuda if present, else cpu)")
             p.add_argument("--dtype", type=_dtype, help="default: float32 (complex64 for complex-only ops)")
             p.add_argument("--shape", action="append", type=lambda s: [int(x) for x in s.split(",") if x],
                            help="tune this call instead of the benchmark shapes: the shape of each tensor "
@@ -456,14 +472,14 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "bench":
             p.add_argument("ops", nargs="*", help="ops to time (default: all)")
             p.add_argument("--backends", nargs="+", help="backends to time besides the reference (default: all that serve the device)")
-            p.add_argument("--device", help="cpu or cuda[:N] (default: cuda if present, else cpu)")
+            p.add_argument("--device", type=_device, help="cpu or cuda[:N] (default: cuda if present, else cpu)")
             p.add_argument("--quick", action="store_true", help="the spec's medium samples and short timings")
             p.add_argument("--shapes", nargs="+", metavar="SUBSTRING",
                            help="only the samples whose name contains one of these, e.g. B614400_T4")
             p.add_argument("--plot", metavar="FILE.png", help="also draw the table (needs matplotlib: kernelhub[plot])")
         if name == "check":
             p.add_argument("backend", help="a backend name, e.g. cuda_ext or your plugin's")
-            p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+            p.add_argument("--device", type=_device, choices=("cpu", "cuda"), default="cpu")
             p.add_argument("--op", action="append", metavar="OP",
                            help="check only this op (repeat for several; default: every op the backend serves)")
             p.add_argument("--allow-partial", action="append", metavar="TAG",

@@ -353,6 +353,21 @@ def test_plugin_failing_validation_is_skipped(install):
     assert "invalid" not in hub.registry.backends  # rolled back whole
 
 
+@pytest.mark.parametrize("command", [["explain", "tv_loss_l1_3d", "--shape", "4,5,6"], ["tune", "tv_loss_l1_3d"],
+                                     ["bench", "tv_loss_l1_3d"], ["check", "torch_ref"]])
+@pytest.mark.parametrize("device, says", [("cuda:99", "'cuda:99': this machine has"),
+                                          ("bogus", "'bogus' is not a device"),
+                                          ("meta", "'meta': the commands run on cpu or cuda")])
+def test_cli_refuses_a_device_this_machine_lacks_naming_the_option(capsys, command, device, says):
+    """Every command's --device is checked before anything runs: a usage error (exit 2) naming the option, where
+    torch's own was a note about its CUDA library (explain) or a traceback (bench)."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*command, "--device", device])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --device" in err and says in err, err
+
+
 def test_cli_explain(capsys, install, tmp_path):
     fast(install)
     config(tmp_path, 'priority = ["fast", "torch_ref"]')

@@ -51,6 +51,7 @@ around them (about half of a small compiled step's time, docs/lab/benchmarks-his
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -70,6 +71,7 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active",
                             lambda: torch._C._functorch.peek_interpreter_stack() is not None)
 _wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_legacy_batched = torch._C._functorch.is_legacy_batchedtensor  # torch.autograd.grad's is_grads_batched=True
 
 
 def _tracing() -> bool:
@@ -178,6 +180,40 @@ def refuse_unsupported_autodiff(op: str, args: Sequence[Any]) -> None:
                     "torch.autograd (loss.backward(), torch.autograd.grad); torch.func.vmap works")
 
 
+def _per_sample(op: Any, info: Any, in_dims: tuple, *args: Any) -> tuple[Any, Any]:
+    """An operator under torch.vmap (``torch.func.vmap`` of an op, ``torch.autograd.grad(...,
+    is_grads_batched=True)``): one call per sample, its output (or each of the backward's flat outputs)
+    stacked. torch's own fallback does this for an operator with plain tensor arguments and one output; it makes
+    none where a list of tensors goes in (K-Planes' planes) or comes out (every backward), and it warns on every
+    call."""
+    def sample(x: Any, d: Any, b: int) -> Any:
+        if type(x) is list:
+            return [sample(t, dt, b) for t, dt in zip(x, d or [None] * len(x))]
+        return x if d is None else x.select(d, b)
+    outs = [op(*[sample(x, d, b) for x, d in zip(args, in_dims)]) for b in range(info.batch_size)]
+    if isinstance(outs[0], torch.Tensor):
+        return torch.stack(outs), 0
+    return [torch.stack(parts) for parts in zip(*outs)], [0] * len(outs[0])
+
+
+def _per_grad_sample(grad: torch.Tensor, run: Callable[[torch.Tensor], list]) -> list:
+    """``run(grad)`` (one entry per differentiable argument: a tensor, a list, or None) for an upstream gradient
+    that ``torch.autograd.grad(..., is_grads_batched=True)`` batched with torch's legacy vmap, which no
+    `torch.library.register_vmap` rule reaches: ``run`` once per sample on plain tensors (an impl's kernels take
+    nothing else), each result stacked and batched again at the legacy vmap's level."""
+    level = torch._C._vmapmode_increment_nesting() - 1  # the level being run (the counter is thread-local)
+    torch._C._vmapmode_decrement_nesting()
+    results = [run(g) for g in torch._remove_batch_dim(grad, level, 1, 0)]
+
+    def batched(parts: list) -> Any:
+        if parts[0] is None:
+            return None
+        if type(parts[0]) is list:
+            return [batched(list(p)) for p in zip(*parts)]
+        return torch._add_batch_dim(torch.stack(parts), 0, level)
+    return [batched([r[i] for r in results]) for i in range(len(results[0]))]
+
+
 def _placeholders(spec: OpSpec, args: Sequence[Any], needs: Sequence[bool]) -> list[torch.Tensor]:
     """Fake gradients: the shape of each needed differentiable input, else an empty tensor."""
     out = []
@@ -195,6 +231,18 @@ def flatten_grads(spec: OpSpec, args: Sequence[Any], needs: Sequence[bool], grad
         gs = (tensors_of(g) or ()) if need else ts
         flat += [x.contiguous() if need else t.new_empty((0,)) for x, t in zip(gs, ts)]
     return flat
+
+
+def unflatten_grads(spec: OpSpec, args: Sequence[Any], needs: Sequence[bool], flat: Sequence[torch.Tensor]) -> list:
+    """`flatten_grads`' inverse: the backward operator's flat output -> one entry per differentiable argument (a
+    tensor, a list for a "tensors" argument, None where not needed)."""
+    grads: list[Any] = []
+    pos = 0
+    for i, need in zip(spec.differentiable, needs):
+        count = len(args[i]) if type(args[i]) is list else 1
+        grads.append((list(flat[pos:pos + count]) if type(args[i]) is list else flat[pos]) if need else None)
+        pos += count
+    return grads
 
 
 def _describe(args: Sequence[Any]) -> tuple | None:
@@ -284,6 +332,8 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable, inli
                                 lambda grad, *rest: _placeholders(spec, rest[:n], rest[n]), lib=lib)
     ops = getattr(torch.ops, NAMESPACE)
     overload, bwd = getattr(ops, name).default, getattr(ops, f"{name}_backward").default
+    for op in (overload, bwd):
+        torch.library.register_vmap(op, functools.partial(_per_sample, op), lib=lib)
 
     def refuse_double_backward(ctx, *grads):
         raise RuntimeError(f"double backward is not supported by kernelhub.{name}")
@@ -299,14 +349,13 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable, inli
 
     def autograd_backward(ctx, grad):
         args, needs = put_back(ctx.plan, ctx.saved_tensors, ctx.requires)
-        flat = bwd(grad, *args, needs, ctx.backend, ctx.hub)
+
+        def run(g):
+            return unflatten_grads(spec, args, needs, bwd(g, *args, needs, ctx.backend, ctx.hub))
+        grads = _per_grad_sample(grad, run) if _legacy_batched(grad) else run(grad)
         result: list[Any] = [None] * (n + 2)
-        pos = 0
-        for i, need in zip(spec.differentiable, needs):  # the backward operator's flat gradients -> arguments
-            count = len(args[i]) if type(args[i]) is list else 1
-            if need:
-                result[i] = list(flat[pos:pos + count]) if type(args[i]) is list else flat[pos]
-            pos += count
+        for i, g in zip(spec.differentiable, grads):
+            result[i] = g
         return tuple(result)
 
     torch.library.register_autograd(overload, autograd_backward, setup_context=setup_context, lib=lib)
@@ -351,7 +400,15 @@ class KernelhubFunction(torch.autograd.Function):
         saved = ctx.saved_tensors  # read once: each read unpacks them (a saved-tensor hook's copy back, say)
         args, needs = put_back(plan, saved, needs_input)
         create_graph = torch.is_grad_enabled()  # torch.autograd.grad / .backward() with create_graph=True
-        if create_graph:
+        if _legacy_batched(grad):  # torch.autograd.grad(..., is_grads_batched=True): sample by sample
+            with torch.no_grad():
+                grads = _per_grad_sample(grad, lambda g: hub.backward_grads(handle.spec.name, g, args, needs,
+                                                                            handle.backend, decision))
+        elif _wrapped(grad):  # torch.func.vmap over the upstream gradients: the backward operator's vmap rule
+            with torch.no_grad():
+                grads = unflatten_grads(handle.spec, args, needs, _DEFINED[handle.spec.name][1](
+                    grad, *args, needs, handle.backend, handle.hub))
+        elif create_graph:
             with torch.no_grad():
                 grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision)
         else:

@@ -87,6 +87,43 @@ def test_double_backward_raises_naming_the_op_however_it_is_asked_for(fast, how,
         run()
 
 
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("op", ["tv_loss_l1_3d", "kplanes_interp_tilted_ms", "semiconv"])
+def test_batched_upstream_gradients_and_vmap_run_sample_by_sample_on_both_paths(fast, op, monkeypatch):
+    """torch.autograd.grad(..., is_grads_batched=True) (torch's legacy vmap: torch.autograd.functional.jacobian's
+    vectorize=True), torch.func.vmap over the upstream gradient and torch.func.vmap of the op give what one call
+    per sample gives, on both paths, also for
+    an op with a list of tensors (K-Planes' planes): the backward operator returns a list, for which torch makes
+    no batching fallback, and an impl's kernels take plain tensors only (`dispatch._per_sample`,
+    `dispatch._per_grad_sample`)."""
+    monkeypatch.setattr(dispatch, "EAGER_FAST_PATH", fast)
+    spec = kernelhub.get_hub().registry.spec(op)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sample = testing.samples(op, "small", torch.float64, torch.device(device))[0]
+    args = testing.with_grad(op, spec.normalize(*sample.args))
+    leaves = testing.leaves(op, args)
+    out = kernelhub.op(op)(*args)
+    assert (type(out.grad_fn).__name__ == FAST_FN) == fast
+    ups = torch.randn(3, *out.shape, dtype=out.dtype, device=out.device)
+    batched = torch.autograd.grad(out, leaves, ups, is_grads_batched=True, retain_graph=True)
+    # torch.func.vmap over the upstream gradient of a graph built outside it (functorch's batched tensors)
+    mapped = torch.func.vmap(lambda up: torch.autograd.grad(out, leaves, up, retain_graph=True))(ups)
+    for k, up in enumerate(ups):
+        want = torch.autograd.grad(out, leaves, up, retain_graph=True)
+        for got, got_mapped, w in zip(batched, mapped, want, strict=True):
+            torch.testing.assert_close(got[k], w, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(got_mapped[k], w, rtol=1e-12, atol=1e-12)
+    i = spec.tensor_args[0]  # vmap over the first tensor argument (each of a list's tensors)
+    plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+    stacked = (torch.stack([plain[i], plain[i] * 0.5]) if isinstance(plain[i], torch.Tensor)
+               else [torch.stack([t, t * 0.5]) for t in plain[i]])
+    with_arg = lambda a: kernelhub.op(op)(*plain[:i], a, *plain[i + 1:])  # noqa: E731
+    mapped = torch.func.vmap(with_arg)(stacked)
+    for k, scale in enumerate((1.0, 0.5)):
+        one = plain[i] * scale if isinstance(plain[i], torch.Tensor) else [t * scale for t in plain[i]]
+        torch.testing.assert_close(mapped[k], with_arg(one), rtol=1e-12, atol=1e-12)
+
+
 def test_the_fast_path_is_not_taken_while_dynamo_traces(monkeypatch):
     calls = []
     real = dispatch._apply

@@ -201,9 +201,16 @@ def _per_grad_sample(grad: torch.Tensor, run: Callable[[torch.Tensor], list]) ->
     that ``torch.autograd.grad(..., is_grads_batched=True)`` batched with torch's legacy vmap, which no
     `torch.library.register_vmap` rule reaches: ``run`` once per sample on plain tensors (an impl's kernels take
     nothing else), each result stacked and batched again at the legacy vmap's level."""
-    level = torch._C._vmapmode_increment_nesting() - 1  # the level being run (the counter is thread-local)
-    torch._C._vmapmode_decrement_nesting()
-    results = [run(g) for g in torch._remove_batch_dim(grad, level, 1, 0)]
+    # the vmap's level: the one whose batch dim, moved out, leaves a plain tensor (the level counter is
+    # thread-local, and a CUDA backward runs on autograd's device thread, which never entered the vmap)
+    for level in range(1, 65):
+        samples = torch._remove_batch_dim(grad, level, 1, 0)
+        if not _legacy_batched(samples):
+            break
+    else:
+        raise NotImplementedError("kernelhub: an upstream gradient batched by nested torch.autograd.grad(..., "
+                                  "is_grads_batched=True) calls is not supported")
+    results = [run(g) for g in samples]
 
     def batched(parts: list) -> Any:
         if parts[0] is None:

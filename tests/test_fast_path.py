@@ -124,6 +124,24 @@ def test_batched_upstream_gradients_and_vmap_run_sample_by_sample_on_both_paths(
         torch.testing.assert_close(mapped[k], with_arg(one), rtol=1e-12, atol=1e-12)
 
 
+def test_a_legacy_batched_gradient_is_unbatched_on_another_thread():
+    """A CUDA backward runs on autograd's device thread, whose legacy-vmap level counter never entered the vmap
+    of is_grads_batched=True: `dispatch._per_grad_sample` finds the level from the gradient itself (it had
+    unbatched at the thread's level 0 and failed an internal assert of torch's, on an H200 host)."""
+    import threading
+
+    from torch._vmap_internals import _vmap
+
+    def backward(g):
+        result = []
+        thread = threading.Thread(target=lambda: result.append(dispatch._per_grad_sample(g, lambda x: [x * 2, None])))
+        thread.start()
+        thread.join()
+        return result[0][0]
+    g = torch.randn(3, 4)
+    torch.testing.assert_close(_vmap(backward, 0, 0)(g), g * 2, rtol=0, atol=0)
+
+
 def test_the_fast_path_is_not_taken_while_dynamo_traces(monkeypatch):
     calls = []
     real = dispatch._apply

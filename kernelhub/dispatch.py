@@ -186,14 +186,19 @@ def _per_sample(op: Any, info: Any, in_dims: tuple, *args: Any) -> tuple[Any, An
     stacked. torch's own fallback does this for an operator with plain tensor arguments and one output; it makes
     none where a list of tensors goes in (K-Planes' planes) or comes out (every backward), and it warns on every
     call."""
+    n = info.batch_size
+
     def sample(x: Any, d: Any, b: int) -> Any:
         if type(x) is list:
             return [sample(t, dt, b) for t, dt in zip(x, d or [None] * len(x))]
-        return x if d is None else x.select(d, b)
-    outs = [op(*[sample(x, d, b) for x, d in zip(args, in_dims)]) for b in range(info.batch_size)]
+        if d is None:
+            return x
+        # an empty batch: one call on zeros, for the output's shape
+        return x.select(d, b) if n else x.new_zeros(x.shape[:d] + x.shape[d + 1:])
+    outs = [op(*[sample(x, d, b) for x, d in zip(args, in_dims)]) for b in range(max(n, 1))]
     if isinstance(outs[0], torch.Tensor):
-        return torch.stack(outs), 0
-    return [torch.stack(parts) for parts in zip(*outs)], [0] * len(outs[0])
+        return torch.stack(outs)[:n], 0
+    return [torch.stack(parts)[:n] for parts in zip(*outs)], [0] * len(outs[0])
 
 
 def _per_grad_sample(grad: torch.Tensor, run: Callable[[torch.Tensor], list]) -> list:

@@ -122,6 +122,8 @@ def test_batched_upstream_gradients_and_vmap_run_sample_by_sample_on_both_paths(
     for k, scale in enumerate((1.0, 0.5)):
         one = plain[i] * scale if isinstance(plain[i], torch.Tensor) else [t * scale for t in plain[i]]
         torch.testing.assert_close(mapped[k], with_arg(one), rtol=1e-12, atol=1e-12)
+    empty = torch.func.vmap(with_arg)(stacked[:0] if isinstance(stacked, torch.Tensor) else [t[:0] for t in stacked])
+    assert empty.shape == (0, *mapped.shape[1:]), empty.shape  # an empty batch, as torch.func.vmap(torch.sin)
 
 
 def test_a_legacy_batched_gradient_is_unbatched_on_another_thread():

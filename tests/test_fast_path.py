@@ -92,10 +92,9 @@ def test_double_backward_raises_naming_the_op_however_it_is_asked_for(fast, how,
 def test_batched_upstream_gradients_and_vmap_run_sample_by_sample_on_both_paths(fast, op, monkeypatch):
     """torch.autograd.grad(..., is_grads_batched=True) (torch's legacy vmap: torch.autograd.functional.jacobian's
     vectorize=True), torch.func.vmap over the upstream gradient and torch.func.vmap of the op give what one call
-    per sample gives, on both paths, also for
-    an op with a list of tensors (K-Planes' planes): the backward operator returns a list, for which torch makes
-    no batching fallback, and an impl's kernels take plain tensors only (`dispatch._per_sample`,
-    `dispatch._per_grad_sample`)."""
+    per sample gives, on both paths, also for an op with a list of tensors (K-Planes' planes): the backward
+    operator returns a list, for which torch makes no batching fallback, and an impl's kernels take plain tensors
+    only (`dispatch._per_sample`, `dispatch._per_grad_sample`)."""
     monkeypatch.setattr(dispatch, "EAGER_FAST_PATH", fast)
     spec = kernelhub.get_hub().registry.spec(op)
     device = "cuda" if torch.cuda.is_available() else "cpu"

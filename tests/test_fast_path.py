@@ -69,11 +69,12 @@ def test_the_same_errors_on_both_paths(fast, monkeypatch):
 
 
 @pytest.mark.parametrize("fast", [True, False])
-@pytest.mark.parametrize("how", ["backward", "grad", "allow_unused", "penalty"])
+@pytest.mark.parametrize("how", ["backward", "grad", "allow_unused", "penalty", "hessian"])
 def test_double_backward_raises_naming_the_op_however_it_is_asked_for(fast, how, monkeypatch):
     """A gradient taken with create_graph=True raises when differentiated, on both paths, also by
     torch.autograd.grad against the call's inputs: a gradient penalty (``loss + |grad|^2``) whose second-order term
-    found no path to the inputs once came back without it (and ``allow_unused=True`` gave None), silently."""
+    found no path to the inputs once came back without it (and ``allow_unused=True`` gave None), and
+    torch.autograd.functional.hessian returned zeros, silently."""
     monkeypatch.setattr(dispatch, "EAGER_FAST_PATH", fast)
     v = torch.randn(3, 4, 5, requires_grad=True)
     out = kernelhub.op("tv_loss_sq_3d")(v)
@@ -82,7 +83,8 @@ def test_double_backward_raises_naming_the_op_however_it_is_asked_for(fast, how,
     torch.testing.assert_close(g, torch.autograd.grad(kernelhub.op("tv_loss_sq_3d")(v), v)[0], rtol=0, atol=0)
     run = {"backward": lambda: g.sum().backward(), "grad": lambda: torch.autograd.grad(g.sum(), v),
            "allow_unused": lambda: torch.autograd.grad(g.sum(), v, allow_unused=True),
-           "penalty": lambda: torch.autograd.grad(v.square().sum() + g.square().sum(), v)}[how]
+           "penalty": lambda: torch.autograd.grad(v.square().sum() + g.square().sum(), v),
+           "hessian": lambda: torch.autograd.functional.hessian(kernelhub.op("tv_loss_sq_3d"), v.detach())}[how]
     with pytest.raises(RuntimeError, match="double backward is not supported by kernelhub.tv_loss_sq_3d"):
         run()
 

@@ -3,10 +3,11 @@
 //
 // A block is a 32 (w) x 8 (h) tile of one item's plane and a chunk of D planes; each thread walks its
 // (h, w) column down the chunk with the planes in registers (see tv_forward_kernel). Forward: each block
-// reduces its threads' sums in shared memory (a fixed tree) into its own row of partial sums; torch sums
-// that fixed-size array. No atomics, so the
-// result is bitwise identical run to run on a given GPU. Launched on the current stream under a device
-// guard; the upstream gradient is read on the device (no host synchronisation).
+// reduces its threads' sums in shared memory (a fixed tree) into its own row of partial sums, and the last
+// block to finish (an integer counter) adds the rows up in a fixed order and writes the result, in the same
+// launch: one kernel per forward, and no floating-point atomics, so the result is bitwise identical run to
+// run on a given GPU. Launched on the current stream under a device guard; the upstream gradient is read on
+// the device (no host synchronisation), in its own dtype and strides (no conversion launched per backward).
 #include "ops.h"
 #include "kplanes_point.h"
 #include "tikhonov_pixel.h"
@@ -15,7 +16,12 @@
 #include <ATen/OpMathType.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAStream.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
 
 namespace kernelhub_cuda_ext {
 namespace {
@@ -57,7 +63,8 @@ Layout layout(const at::Tensor& x) {
 template <int MODE, typename T>
 __global__ void __launch_bounds__(THREADS, (blocks_per_sm<T, MODE != TV_ISO>()))
     tv_forward_kernel(const T* __restrict__ x, typename at::opmath_type<T>* __restrict__ partial,
-                                  int64_t D, int64_t H, int64_t W, Layout l, double eps) {
+                      typename at::opmath_type<T>* __restrict__ out, int* __restrict__ counter, int64_t D, int64_t H,
+                      int64_t W, Layout l, double eps, double corners) {
   using A = at::opmath_type<T>;
   const int64_t blk = blockIdx.x, tile = blk % l.tiles, chunk = blk / l.tiles;
   const int64_t per_item = l.tiles_w * ((H + TH - 1) / TH);
@@ -99,7 +106,45 @@ __global__ void __launch_bounds__(THREADS, (blocks_per_sm<T, MODE != TV_ISO>()))
       for (int k = 0; k < 3; ++k) red[k][tid] += red[k][tid + half];
     __syncthreads();
   }
-  if (tid < 3) partial[blk * 3 + tid] = red[tid][0];
+  // the last block to finish adds every block's row up (CUDA's threadFenceReduction pattern): each block's
+  // row written and fenced before it counts itself done, so the block that counts last sees every row
+  __shared__ bool last;
+  if (tid == 0) {
+    for (int k = 0; k < 3; ++k) partial[blk * 3 + k] = red[k][0];
+    __threadfence();
+    last = atomicAdd(counter, 1) == int(gridDim.x) - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  A t0 = 0, t1 = 0, t2 = 0;
+#pragma unroll 1  // not unrolled: that took registers the main loop then lacked (iso: 47 -> 64, 15% slower)
+  for (int64_t i = tid; i < int64_t(gridDim.x); i += THREADS) {  // each thread its fixed rows, in order
+    t0 += __ldcg(partial + 3 * i);
+    t1 += __ldcg(partial + 3 * i + 1);
+    t2 += __ldcg(partial + 3 * i + 2);
+  }
+  red[0][tid] = t0;
+  red[1][tid] = t1;
+  red[2][tid] = t2;
+  __syncthreads();
+  for (int half = THREADS / 2; half > 0; half >>= 1) {  // the same fixed tree
+    if (tid < half)
+      for (int k = 0; k < 3; ++k) red[k][tid] += red[k][tid + half];
+    __syncthreads();
+  }
+  if (tid == 0) {
+    if constexpr (MODE == TV_L1) {
+      out[0] = red[0][0];
+      out[1] = red[1][0];
+      out[2] = red[2][0];
+    } else if constexpr (MODE == TV_SQ) {
+      out[0] = red[0][0];
+    } else {  // the mean over the corners; 0 where there are none
+      out[0] = corners > 0 ? red[0][0] / A(corners) : A(0);
+    }
+    *counter = 0;  // for the next launch on this stream
+  }
 }
 
 // 1 / sqrt(dd^2 + dh^2 + dw^2 + eps): the hardware reciprocal square root in float32, IEEE in float64
@@ -111,8 +156,9 @@ __device__ __forceinline__ A rnorm(A dd, A dh, A dw, A eps) { return rsqrt_of(dd
 // As the forward, with the previous plane's D term carried in a register: L1 carries sign(cur - prv),
 // SQ cur - prv, iso the D component of corner (d - 1, h, w).
 template <int MODE, typename T>
-__global__ void tv_backward_kernel(const T* __restrict__ x, const double* __restrict__ g, T* __restrict__ out,
-                                   int64_t D, int64_t H, int64_t W, Layout l, double scale, double eps) {
+__global__ void tv_backward_kernel(const T* __restrict__ x, const typename at::opmath_type<T>* __restrict__ g,
+                                   int64_t gs, T* __restrict__ out, int64_t D, int64_t H, int64_t W, Layout l,
+                                   double scale, double eps) {
   using A = at::opmath_type<T>;
   const int64_t blk = blockIdx.x, tile = blk % l.tiles, chunk = blk / l.tiles;
   const int64_t per_item = l.tiles_w * ((H + TH - 1) / TH);
@@ -121,8 +167,8 @@ __global__ void tv_backward_kernel(const T* __restrict__ x, const double* __rest
   if (w >= W || h >= H) return;
   const int64_t plane = H * W, d0 = chunk * l.d_chunk, d1 = std::min<int64_t>(D, d0 + l.d_chunk);
   const int64_t last = std::min<int64_t>(d1, D - 1);
-  // the upstream gradient, read here: [3] for L1, [] otherwise (times 2 for SQ, 1 / corners for iso)
-  const A g0 = A(g[0] * scale), g1 = MODE == TV_L1 ? A(g[1]) : A(0), g2 = MODE == TV_L1 ? A(g[2]) : A(0);
+  // the upstream gradient, read here (stride gs): [3] for L1, [] otherwise (times 2 for SQ, 1 / corners for iso)
+  const A g0 = A(double(g[0]) * scale), g1 = MODE == TV_L1 ? g[gs] : A(0), g2 = MODE == TV_L1 ? g[2 * gs] : A(0);
   const A e = A(eps);
   const bool hm = h >= 1, hp = h + 1 < H, wm = w >= 1, wp = w + 1 < W;
   const T* p = x + (b * D + d0) * plane + h * W + w;
@@ -183,6 +229,26 @@ __global__ void tv_backward_kernel(const T* __restrict__ x, const double* __rest
   }
 }
 
+// The forward's buffers: the blocks' rows of partial sums and the counter of blocks done (0 between launches:
+// the last block sets it back). One pair per device, stream and dtype, kept (launches on one stream run one
+// after the other, so they never share it at once; `new`, so never destroyed at exit), instead of two
+// allocations per call. While a CUDA graph captures the stream, a new pair per launch: the counter's zeroing
+// is captured with the kernel, so a replay on any stream starts at 0.
+std::pair<at::Tensor, at::Tensor> tv_buffers(const at::Tensor& x, int64_t numel, at::ScalarType dtype) {
+  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None)
+    return {at::empty({numel}, x.options().dtype(dtype)), at::zeros({1}, x.options().dtype(at::kInt))};
+  static std::mutex mu;
+  static auto* kept = new std::map<std::tuple<int, cudaStream_t, int>, std::pair<at::Tensor, at::Tensor>>();
+  const int index = x.device().index();
+  const std::tuple<int, cudaStream_t, int> key{index, c10::cuda::getCurrentCUDAStream(index).stream(), int(dtype)};
+  std::lock_guard<std::mutex> lock(mu);
+  auto& kept_pair = (*kept)[key];
+  if (!kept_pair.second.defined()) kept_pair.second = at::zeros({1}, x.options().dtype(at::kInt));
+  if (!kept_pair.first.defined() || kept_pair.first.numel() < numel)
+    kept_pair.first = at::empty({std::max<int64_t>(numel, 3072)}, x.options().dtype(dtype));
+  return kept_pair;
+}
+
 at::Tensor tv_forward_cuda(const at::Tensor& x_, int64_t mode, double eps) {
   TORCH_CHECK(x_.dim() == 4, "kernelhub_cuda_ext::tv_forward: argument 'x' must be [B, D, H, W], got ", x_.sizes());
   TORCH_CHECK(mode >= 0 && mode <= 2, "kernelhub_cuda_ext::tv_forward: argument 'mode' must be 0, 1 or 2");
@@ -190,36 +256,38 @@ at::Tensor tv_forward_cuda(const at::Tensor& x_, int64_t mode, double eps) {
   const at::Tensor x = x_.contiguous();
   const int64_t B = x.size(0), D = x.size(1), H = x.size(2), W = x.size(3);
   const auto out_dtype = acc_dtype(x);
-  if (x.numel() == 0) return mode == TV_L1 ? at::zeros({3}, x.options().dtype(out_dtype)) : at::zeros({}, x.options().dtype(out_dtype));
+  at::Tensor out = mode == TV_L1 ? at::empty({3}, x.options().dtype(out_dtype))
+                                 : at::empty({}, x.options().dtype(out_dtype));
+  if (x.numel() == 0) return out.zero_();
   const Layout l = layout(x);
   const int64_t blocks = l.blocks();
-  at::Tensor partial;
+  const double corners = double(B) * (D - 1) * (H - 1) * (W - 1);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "tv_forward_cuda", [&] {
     using A = at::opmath_type<scalar_t>;
-    partial = at::empty({blocks, 3}, x.options().dtype(c10::CppTypeToScalarType<A>::value));
+    const auto buffers = tv_buffers(x, blocks * 3, out_dtype);
     auto stream = c10::cuda::getCurrentCUDAStream();
     const scalar_t* p = x.data_ptr<scalar_t>();
-    A* q = partial.data_ptr<A>();
+    A* q = buffers.first.data_ptr<A>();
+    A* o = out.data_ptr<A>();
+    int* c = buffers.second.data_ptr<int>();
     const dim3 grid(static_cast<unsigned>(blocks)), block(TW, TH);
     if (mode == TV_L1)
-      tv_forward_kernel<TV_L1, scalar_t><<<grid, block, 0, stream>>>(p, q, D, H, W, l, eps);
+      tv_forward_kernel<TV_L1, scalar_t><<<grid, block, 0, stream>>>(p, q, o, c, D, H, W, l, eps, corners);
     else if (mode == TV_SQ)
-      tv_forward_kernel<TV_SQ, scalar_t><<<grid, block, 0, stream>>>(p, q, D, H, W, l, eps);
+      tv_forward_kernel<TV_SQ, scalar_t><<<grid, block, 0, stream>>>(p, q, o, c, D, H, W, l, eps, corners);
     else
-      tv_forward_kernel<TV_ISO, scalar_t><<<grid, block, 0, stream>>>(p, q, D, H, W, l, eps);
+      tv_forward_kernel<TV_ISO, scalar_t><<<grid, block, 0, stream>>>(p, q, o, c, D, H, W, l, eps, corners);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
-  const at::Tensor total = partial.sum(0).to(out_dtype);  // a fixed-size array in a fixed order
-  if (mode == TV_L1) return total;
-  if (mode == TV_SQ) return total.sum();
-  const double corners = double(B) * (D - 1) * (H - 1) * (W - 1);
-  return corners > 0 ? total[0] / corners : at::zeros({}, x.options().dtype(out_dtype));
+  return out;
 }
 
 at::Tensor tv_backward_cuda(const at::Tensor& grad, const at::Tensor& x_, int64_t mode, double eps) {
   TORCH_CHECK(x_.dim() == 4, "kernelhub_cuda_ext::tv_backward: argument 'x' must be [B, D, H, W], got ", x_.sizes());
   TORCH_CHECK(grad.numel() == (mode == TV_L1 ? 3 : 1),
               "kernelhub_cuda_ext::tv_backward: argument 'grad' must have 3 elements for L1 and 1 otherwise");
+  TORCH_CHECK(grad.device() == x_.device() && grad.dim() <= 1,
+              "kernelhub_cuda_ext::tv_backward: argument 'grad' must be on x's device, [3] or []");
   c10::cuda::CUDAGuard guard(x_.device());
   const at::Tensor x = x_.contiguous();
   at::Tensor out = at::empty_like(x);
@@ -228,20 +296,23 @@ at::Tensor tv_backward_cuda(const at::Tensor& grad, const at::Tensor& x_, int64_
   const double corners = double(B) * (D - 1) * (H - 1) * (W - 1);
   if (mode == TV_ISO && corners <= 0) return out.zero_();
   const double scale = mode == TV_SQ ? 2.0 : mode == TV_ISO ? 1.0 / corners : 1.0;
-  const at::Tensor g = grad.to(at::kDouble).contiguous();  // stays on the device: no host read
+  // read on the device (no host read) in its strides; the op's output dtype (what autograd hands back) as it is
+  const at::Tensor g = grad.to(acc_dtype(x));
+  const int64_t gs = g.dim() == 1 ? g.stride(0) : 0;
   const Layout l = layout(x);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "tv_backward_cuda", [&] {
+    using A = at::opmath_type<scalar_t>;
     auto stream = c10::cuda::getCurrentCUDAStream();
     const scalar_t* p = x.data_ptr<scalar_t>();
     scalar_t* q = out.data_ptr<scalar_t>();
-    const double* gp = g.data_ptr<double>();
+    const A* gp = g.data_ptr<A>();
     const dim3 grid(static_cast<unsigned>(l.blocks())), block(TW, TH);
     if (mode == TV_L1)
-      tv_backward_kernel<TV_L1, scalar_t><<<grid, block, 0, stream>>>(p, gp, q, D, H, W, l, scale, eps);
+      tv_backward_kernel<TV_L1, scalar_t><<<grid, block, 0, stream>>>(p, gp, gs, q, D, H, W, l, scale, eps);
     else if (mode == TV_SQ)
-      tv_backward_kernel<TV_SQ, scalar_t><<<grid, block, 0, stream>>>(p, gp, q, D, H, W, l, scale, eps);
+      tv_backward_kernel<TV_SQ, scalar_t><<<grid, block, 0, stream>>>(p, gp, gs, q, D, H, W, l, scale, eps);
     else
-      tv_backward_kernel<TV_ISO, scalar_t><<<grid, block, 0, stream>>>(p, gp, q, D, H, W, l, scale, eps);
+      tv_backward_kernel<TV_ISO, scalar_t><<<grid, block, 0, stream>>>(p, gp, gs, q, D, H, W, l, scale, eps);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;

@@ -392,39 +392,42 @@ class KernelhubFunction(torch.autograd.Function):
     tensor of ``args`` (a "tensors" argument's elements one by one, so autograd sees them); ``plan`` is what
     `kernelhub.spec.put_back` needs besides them (`plan_call`'s, kept with the layout's decision). The backward
     runs on the hub that ran the forward, with the backend of the forward's decision (no second selection).
-    ``weights`` (a weighted handle's, `OpHandle.weighted`; else None): the node's output is the op's output
-    weighted and summed (`_weigh`), and its backward gives the op's backward ``conj(weights) * grad``."""
+    ``weights`` (a weighted handle's, `OpHandle.weighted`, checked against the output; else None): the node's
+    output is the op's output weighted and summed, and its backward gives the op's backward ``conj(weights) *
+    grad``: in the impl's own kernels where it fuses them (`Impl.weighted`), else in torch ops (`_weigh`)."""
 
     @staticmethod
     def forward(ctx, call: tuple, *tensors: torch.Tensor) -> torch.Tensor:
         handle, hub, decision, plan, args, weights = call
         ctx.save_for_backward(*tensors)
-        decision, out = hub.forward(handle.spec.name, args, handle.backend, decision)
+        decision, out = hub.forward(handle.spec.name, args, handle.backend, decision, weights)
         ctx.call = (handle, hub, decision, plan, weights)
-        return out if weights is None else _weigh(handle.spec.name, out, weights)
+        return out if weights is None or decision.eligible[0].weighted else _weighted_sum(out, weights)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         handle, hub, decision, plan, weights = ctx.call
-        if weights is not None:  # d(sum(out * w)) / d out
-            grad = weights.conj() * grad
         needs_input = ctx.needs_input_grad
         saved = ctx.saved_tensors  # read once: each read unpacks them (a saved-tensor hook's copy back, say)
         args, needs = put_back(plan, saved, needs_input)
         create_graph = torch.is_grad_enabled()  # torch.autograd.grad / .backward() with create_graph=True
         if _legacy_batched(grad):  # torch.autograd.grad(..., is_grads_batched=True): sample by sample
+            if weights is not None:  # d(sum(out * w)) / d out
+                grad = weights.conj() * grad
             with torch.no_grad():
                 grads = _per_grad_sample(grad, lambda g: hub.backward_grads(handle.spec.name, g, args, needs,
                                                                             handle.backend, decision))
         elif _wrapped(grad):  # torch.func.vmap over the upstream gradients: the backward operator's vmap rule
+            if weights is not None:
+                grad = weights.conj() * grad
             with torch.no_grad():
                 grads = unflatten_grads(handle.spec, args, needs, _DEFINED[handle.spec.name][1](
                     grad, *args, needs, handle.backend, handle.hub))
         elif create_graph:
             with torch.no_grad():
-                grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision)
+                grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision, weights)
         else:
-            grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision)
+            grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision, weights)
         out = to_slots(plan, needs, grads, needs_input)
         if not create_graph:
             return out
@@ -439,13 +442,24 @@ class KernelhubFunction(torch.autograd.Function):
         return err(*[g if g is None else g.detach().requires_grad_() for g in out], *saved)[:len(out)]
 
 
+def _check_weights(op: str, weights: torch.Tensor, output: tuple) -> None:
+    """Raise ValueError unless ``weights`` has the output's (shape, dtype, device) ``output``."""
+    shape, dtype, device = output
+    if weights.shape != shape or weights.dtype != dtype or weights.device != device:
+        raise ValueError(f"kernelhub.{op}: argument 'weights' must have the output's shape, dtype and device, "
+                         f"{str(dtype).removeprefix('torch.')}{list(shape)}@{device}, got "
+                         f"{str(weights.dtype).removeprefix('torch.')}{list(weights.shape)}@{weights.device}")
+
+
 def _weigh(op: str, out: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """``(out * weights).sum()`` in one kernel (`OpHandle.weighted`), after checking that ``weights`` has the
     output's shape, dtype and device."""
-    if weights.shape != out.shape or weights.dtype != out.dtype or weights.device != out.device:
-        raise ValueError(f"kernelhub.{op}: argument 'weights' must have the output's shape, dtype and device, "
-                         f"{str(out.dtype).removeprefix('torch.')}{list(out.shape)}@{out.device}, got "
-                         f"{str(weights.dtype).removeprefix('torch.')}{list(weights.shape)}@{weights.device}")
+    _check_weights(op, weights, (out.shape, out.dtype, out.device))
+    return _weighted_sum(out, weights)
+
+
+def _weighted_sum(out: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``(out * weights).sum()`` in one kernel, ``weights`` checked already."""
     dim = out.dim()
     if dim == 1:
         return torch.dot(out, weights)
@@ -479,9 +493,11 @@ class OpHandle:
         the op's output shape, dtype and device (a loss's per-term coefficients: `kernelhub.nn.TVLoss3d` keeps
         one such handle per volume size). On the eager fast path the weighting is inside the op's autograd node:
         one node, no multiplication node and its backward around it (`KernelhubFunction`; `TVLoss3d` l1 at 1x16³
-        on the 2-core CPU: 1.25x -> 1.18x the bare op's forward + backward, docs/lab/benchmarks-history.md).
-        Where ``weights`` requires grad, and where the operators serve the call, it is that product and sum in
-        torch ops, which autograd differentiates. The same selection, checks and fallback as the plain handle."""
+        on the 2-core CPU: 1.25x -> 1.18x the bare op's forward + backward, docs/lab/benchmarks-history.md),
+        and in the impl's own kernels where its backend fuses it (`Impl.weighted`: cuda_ext's TV ops), so no
+        launch is added either way. Where ``weights`` requires grad, and where the operators serve the call, it is
+        that product and sum in torch ops, which autograd differentiates. The same selection, checks and fallback
+        as the plain handle."""
         if not isinstance(weights, torch.Tensor):
             raise TypeError(f"kernelhub.{self.spec.name}: argument 'weights' must be a tensor, got "
                             f"{type(weights).__name__}")
@@ -543,16 +559,19 @@ class OpHandle:
     def _run(self, hub: Any, decision: Any, args: tuple, tensors: list[torch.Tensor], plan: tuple) -> torch.Tensor:
         """The eager fast path: ``decision`` run on ``hub`` through `KernelhubFunction` where an input requires
         grad, else the hub's forward alone (no autograd node)."""
-        weights = self.weights
+        weights = fused = self.weights
+        if weights is not None:
+            _check_weights(self.spec.name, weights, decision.output)
+            if weights.requires_grad and torch.is_grad_enabled():  # autograd weighs: the weights' gradient
+                fused = None
         if torch.is_grad_enabled():
             for t in tensors:
                 if t.requires_grad:
-                    if weights is not None and weights.requires_grad:  # autograd weighs: the weights' gradient
-                        return _weigh(self.spec.name, _apply((self, hub, decision, plan, args, None), *tensors),
-                                      weights)
-                    return _apply((self, hub, decision, plan, args, weights), *tensors)
-        out = hub.forward(self.spec.name, args, self.backend, decision)[1]
-        return out if weights is None else _weigh(self.spec.name, out, weights)
+                    out = _apply((self, hub, decision, plan, args, fused), *tensors)
+                    return out if fused is weights else _weighted_sum(out, weights)
+        decision, out = hub.forward(self.spec.name, args, self.backend, decision, fused)
+        return out if weights is None or (fused is not None and decision.eligible[0].weighted) \
+            else _weighted_sum(out, weights)
 
     def __reduce__(self) -> tuple:
         """Serialised (``torch.save`` of a model holding `kernelhub.nn` modules, ``copy.deepcopy``, multiprocessing)

@@ -87,20 +87,26 @@ class Hub:
     def run_forward(self, op: str, args: Sequence[Any], forced: str) -> torch.Tensor:
         return self.forward(op, args, forced)[1]
 
-    def forward(self, op: str, args: Sequence[Any], forced: str,
-                decision: Decision | None = None) -> tuple[Decision, torch.Tensor]:
+    def forward(self, op: str, args: Sequence[Any], forced: str, decision: Decision | None = None,
+                weights: torch.Tensor | None = None) -> tuple[Decision, torch.Tensor]:
         """The decision that served the call, and the checked output: the first eligible impl's of ``decision``
         (the selector's for the call where not given), falling back past each that raises or returns a wrong
         output (`_next`). Every eager call runs this loop; it is written out (no closure, no wrapper per call)
-        because its cost is the hub's per-call cost."""
+        because its cost is the hub's per-call cost. ``weights`` (a weighted handle's, checked against the
+        output by the caller): an impl that fuses them (`Impl.weighted`) returns the 0-d weighted sum instead,
+        which the served decision's first eligible tells the caller; the others the plain output."""
         spec = self.registry.spec(op)
         if decision is None:
             decision = self.selector.decide(op, args, forced)
         while True:
             impl = _first(decision)
             try:
-                out = impl.forward(*args)
-                _check_output(spec, impl.backend, out, decision.output, args)
+                if weights is not None and impl.weighted:
+                    out = impl.forward(*args, weights=weights)
+                    _check_output(spec, impl.backend, out, (_SCALAR, *decision.output[1:]), args)
+                else:
+                    out = impl.forward(*args)
+                    _check_output(spec, impl.backend, out, decision.output, args)
                 # outputs are contiguous, as the fake implementations promise torch.compile
                 return decision, out.contiguous()
             except CONTAINED as exc:
@@ -112,21 +118,32 @@ class Hub:
         return flatten_grads(self.registry.spec(op), args, needs, self.backward_grads(op, grad, args, needs, forced))
 
     def backward_grads(self, op: str, grad: torch.Tensor, args: Sequence[Any], needs: Sequence[bool],
-                       forced: str, decision: Decision | None = None) -> list[Any]:
+                       forced: str, decision: Decision | None = None,
+                       weights: torch.Tensor | None = None) -> list[Any]:
         """One entry per differentiable argument (a tensor, a list for a "tensors" one, None where not needed),
         checked against the arguments, from the backend that ran the forward: ``decision``'s first eligible where
-        the forward's decision is given (the eager fast path), else the one the selector picks for the call."""
+        the forward's decision is given (the eager fast path), else the one the selector picks for the call.
+        ``weights`` (a weighted handle's; ``grad`` then the weighted sum's, 0-d): an impl that fuses them takes
+        them as they are, the others the op's upstream gradient ``conj(weights) * grad``."""
         spec = self.registry.spec(op)
         if decision is None:
             decision = self.selector.decide(op, args, forced)
         while True:
             impl = _first(decision)
             try:
-                grads = impl.backward(grad, *args, needs=needs)
+                if weights is None:
+                    grads = impl.backward(grad, *args, needs=needs)
+                elif impl.weighted:
+                    grads = impl.backward(grad, *args, needs=needs, weights=weights)
+                else:
+                    grads = impl.backward(weights.conj() * grad, *args, needs=needs)
                 _check_grads(spec, impl.backend, grads, args, needs, grad)
                 return grads
             except CONTAINED as exc:
                 decision = self._next(op, args, forced, decision, impl, exc)
+
+
+_SCALAR = torch.Size([])  # a fused weighted sum's shape (`Hub.forward`)
 
 
 def _first(decision: Decision) -> Any:

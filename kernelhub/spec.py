@@ -224,6 +224,11 @@ class Impl:
     and triton to `autograd_inline` of their own functions (cuda_ext's registered operators, which have fake
     implementations; triton's launches, which dynamo traces as user-defined Triton kernels), called from the
     compiled graph without the hub's Python in between.
+    ``weighted``: the impl's functions also take ``weights`` (a tensor of the output's shape, dtype and device,
+    which needs no gradient) and then fuse a weighted handle's (`OpHandle.weighted`) work into their kernels:
+    ``forward(*args, weights=w)`` returns the 0-d ``(op(*args) * w).sum()`` and ``backward(grad, *args,
+    needs=..., weights=w)`` the gradients for the upstream gradient ``conj(w) * grad`` of that 0-d ``grad``.
+    Elsewhere the hub weighs the plain output in torch ops (a launch each way on a GPU).
     """
 
     op: str
@@ -237,6 +242,7 @@ class Impl:
     forced_only: str = ""
     tuned_only: str = ""
     inline: Callable[..., torch.Tensor] | None = None
+    weighted: bool = False
 
     def static_reasons(self, device_type: str, dtype: torch.dtype) -> list[str]:
         """Reasons that follow from the declared devices and dtypes alone."""

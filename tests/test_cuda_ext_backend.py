@@ -278,6 +278,31 @@ def test_tv_on_cuda_is_one_kernel_each_way_and_streams_keep_their_own_sums(op):
 
 
 @built
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("op", ["tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d"])
+def test_tv_with_weights_is_the_weighted_output_and_its_gradient(op, dtype, device):
+    """Given a weighted handle's weights (`Impl.weighted`), the TV functions return the 0-d weighted sum of their
+    output and the gradient for that sum's upstream gradient, within the op's parity tolerance of the plain
+    functions' output weighed in float64 and of their gradient for the upstream gradient ``weights * grad``."""
+    impl = kernelhub.get_hub().registry.impls(op)["cuda_ext"]
+    assert impl.weighted
+    extra = (1e-8,) if op == "tv_loss_iso_3d" else ()
+    gen = torch.Generator().manual_seed(4)
+    v = torch.randn((2, 9, 10, 11), generator=gen, dtype=dtype).to(device)
+    out = impl.forward(v, *extra)
+    w = torch.randn(out.shape, generator=gen, dtype=out.dtype).to(device)
+    g = torch.tensor(0.75, dtype=out.dtype, device=device)
+    got = impl.forward(v, *extra, weights=w)
+    (got_grad,) = impl.backward(g, v, *extra, needs=[True], weights=w)
+    (want_grad,) = impl.backward(w * g, v, *extra, needs=[True])
+    tol = kernelhub.get_hub().registry.spec(op).tolerances[dtype]
+    assert got.shape == () and got.dtype == out.dtype and got.device == v.device
+    assert testing.parity_error(got, (out.double() * w.double()).sum()) <= tol.forward
+    assert testing.parity_error(got_grad, want_grad) <= tol.backward
+
+
+@built
 def test_library_ops_pass_opcheck():
     lib = torch.ops.kernelhub_cuda_ext
     x = torch.randn(2, 3, 4, 5)
@@ -287,7 +312,9 @@ def test_library_ops_pass_opcheck():
     M_t = torch.randn(7, 2, 5, dtype=torch.complex64).permute(2, 1, 0)
     for op, args in [(lib.trilinear_backward, (torch.randn(6, 4), feats_t, points, True, True)),
                      (lib.tikhonov_forward, (M_t, 0.3)), (lib.tv_backward, (torch.ones(3), x.transpose(2, 3), 0, 0.0)),(lib.tv_forward, (x, 0, 0.0)), (lib.tv_backward, (torch.ones(3), x, 0, 0.0)),
-                     (lib.tv_forward, (x, 2, 1e-8)), (lib.trilinear_forward, (feats, points)),
+                     (lib.tv_forward, (x, 2, 1e-8)), (lib.tv_forward, (x, 0, 0.0, torch.ones(3))),
+                     (lib.tv_backward, (torch.ones(()), x, 0, 0.0, torch.ones(3))),
+                     (lib.trilinear_forward, (feats, points)),
                      (lib.trilinear_backward, (torch.randn(6, 4), feats, points, True, True)),
                      (lib.tikhonov_forward, (M, 0.3)), (lib.tikhonov_backward, (torch.randn_like(M), M, 0.3))]:
         torch.library.opcheck(op.default, args, test_utils=("test_schema", "test_faketensor"))

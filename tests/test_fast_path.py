@@ -470,6 +470,70 @@ def test_a_weighted_handle_refuses_weights_that_do_not_fit_the_output(fast, monk
     assert repr(handle.weighted(torch.ones(3))) == "kernelhub.op('tv_loss_l1_3d').weighted(float32[3])"
 
 
+@pytest.mark.parametrize("raises", [False, True])
+def test_an_impl_that_fuses_the_weights_gets_them_and_the_next_one_gets_them_weighed(raises):
+    """An impl declared `weighted` gets a weighted handle's weights in its forward and backward on the fast path
+    (one call each way, with or without grad) and returns the weighted sum itself; where it raises, the next impl
+    serves the plain call and the hub weighs it; weights that require grad are weighed by autograd around the
+    plain call. The same values and gradients every way."""
+    import dataclasses
+    import types
+    import warnings
+
+    from kernelhub import hookimpl
+    from kernelhub.config import Config
+    from kernelhub.hub import Hub
+    from kernelhub.spec import Backend, Impl
+
+    ref = kernelhub.get_hub().registry.impls("tv_loss_l1_3d")["torch_ref"]
+    calls = []
+
+    def forward(v, weights=None):
+        calls.append(("forward", weights is not None))
+        if raises:
+            raise RuntimeError("no kernel for this call")
+        out = ref.forward(v)
+        return out if weights is None else (out * weights).sum()
+
+    def backward(g, v, needs, weights=None):
+        calls.append(("backward", weights is not None))
+        return ref.backward(g if weights is None else weights * g, v, needs=needs)
+
+    @hookimpl
+    def kernelhub_register_impls(registry):
+        registry.add_backend(Backend("fused", "1.0"))
+        registry.add_impl(Impl(op="tv_loss_l1_3d", backend="fused", dtypes=ref.dtypes, devices=ref.devices,
+                               forward=forward, backward=backward, weighted=True))
+    hub = Hub(extra_plugins=[("fused", types.SimpleNamespace(kernelhub_register_impls=kernelhub_register_impls))],
+              config=dataclasses.replace(Config(), priority=("fused", "torch_ref")))
+    v = torch.randn(3, 4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    w = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
+    upstream = torch.tensor(0.75, dtype=torch.float64)
+    x = v.clone().requires_grad_()
+    want = (tv.tv_loss_l1_3d(x) * w).sum()
+    want_grad = torch.autograd.grad(want, x, upstream)[0]
+    handle = hub.handle("tv_loss_l1_3d").weighted(w)
+    for first in (True, False):  # the second call from the memo (where the impl raised, it is set aside)
+        calls.clear()
+        x = v.clone().requires_grad_()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = handle(x)
+        assert [str(c.message) for c in caught if "falling back" in str(c.message)] == \
+            (["kernelhub: tv_loss_l1_3d: backend 'fused' raised RuntimeError: no kernel for this call; falling back "
+              "to the next eligible backend"] if raises and first else [])
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(torch.autograd.grad(got, x, upstream)[0], want_grad, rtol=1e-12, atol=1e-12)
+        assert calls == ([("forward", True)] if first else []) if raises else [("forward", True), ("backward", True)]
+    with torch.no_grad():
+        torch.testing.assert_close(handle(v), want, rtol=1e-12, atol=1e-12)
+    learnt = w.clone().requires_grad_()
+    calls.clear()
+    got = hub.handle("tv_loss_l1_3d").weighted(learnt)(v.clone().requires_grad_())
+    torch.testing.assert_close(torch.autograd.grad(got, learnt)[0], tv.tv_loss_l1_3d(v), rtol=1e-12, atol=1e-12)
+    assert all(not fused for _, fused in calls)
+
+
 def test_a_weighted_handle_under_torch_compile_equals_eager():
     handle = kernelhub.op("tv_loss_l1_3d")
     weights = torch.tensor([0.5, 1.0, 2.0])

@@ -39,7 +39,7 @@ __all__ = [
     "check_gradcheck", "check_noncontiguous", "check_bad_inputs", "noncontiguous", "to_dtype", "leaves",
     "with_grad", "fresh_leaves", "supported", "reach", "Reached", "NotCovered", "MINIMUM", "is_skip", "cuda_args",
     "copy_into",
-    "check_no_host_sync", "check_cuda_graph_replay", "tier", "Check", "CHECK_KINDS", "suite",
+    "check_no_host_sync", "check_cuda_graph_replay", "check_weighted", "tier", "Check", "CHECK_KINDS", "suite",
 ]
 
 TIERS = ("fast", "full")
@@ -424,6 +424,8 @@ class Check:
             return check_gradcheck(self.op, self.backend, self.device, fast_mode=self.fast_mode, allow=allow)
         if self.kind == "bad inputs":
             check_bad_inputs(self.op, self.backend)
+        elif self.kind == "weighted":
+            check_weighted(self.op, self.backend, self.device)
         elif self.kind == "no host sync":
             check_no_host_sync(self.op, self.backend)
         else:
@@ -431,14 +433,16 @@ class Check:
         return None
 
 
-CHECK_KINDS = ("parity", "non-contiguous", "opcheck", "gradcheck", "bad inputs", "no host sync", "CUDA graph replay")
+CHECK_KINDS = ("parity", "non-contiguous", "opcheck", "gradcheck", "bad inputs", "weighted", "no host sync",
+               "CUDA graph replay")
 
 
 def suite(backend: str, device: str = "cpu", ops: Iterable[str] | None = None) -> list[Check]:
     """Every check ``backend`` must pass on ``device``, for each op it serves there (``ops``: only those): parity
     of every case (`cases`), non-contiguous inputs on the small ones, opcheck and gradcheck in float64 where it
-    takes float64, the spec's bad inputs, and on CUDA, for every backend but the op's reference, no host
-    synchronisation and CUDA-graph replay. The one definition that `kernelhub check`, kernelhub's conformance tests and a plugin's own tests run."""
+    takes float64, the spec's bad inputs, its fused weights where it declares them (`check_weighted`), and on
+    CUDA, for every backend but the op's reference, no host synchronisation and CUDA-graph replay. The one
+    definition that `kernelhub check`, kernelhub's conformance tests and a plugin's own tests run."""
     hub = get_hub()
     out = []
     for op in sorted(ops or hub.registry.specs):
@@ -451,10 +455,50 @@ def suite(backend: str, device: str = "cpu", ops: Iterable[str] | None = None) -
         if torch.float64 in impl.dtypes:
             out += [Check("opcheck", op, backend, device), Check("gradcheck", op, backend, device)]
         out.append(Check("bad inputs", op, backend, device))
+        if impl.weighted:
+            out.append(Check("weighted", op, backend, device))
         # the CUDA promises are the kernel backends': a reference may synchronise (torch_ref's Tikhonov is an SVD)
         if device == "cuda" and backend != hub.registry.spec(op).reference_backend:
             out += [Check("no host sync", op, backend, device), Check("CUDA graph replay", op, backend, device)]
     return out
+
+
+def check_weighted(op: str, backend: str, device: str = "cpu") -> None:
+    """For an impl that fuses a weighted handle's weights (`Impl.weighted`), on every small sample it accepts in each
+    dtype it takes: ``forward(*args, weights=w)`` is the 0-d ``(forward(*args) * w).sum()`` (weighed in float64) and
+    ``backward(grad, *args, needs=..., weights=w)`` its ``backward(conj(w) * grad, *args, needs=...)``, within the
+    op's tolerances (its plain functions are checked against the reference by the parity checks); the weights
+    positive, so no cancellation makes a small sum's relative error meaningless."""
+    spec = _spec(op)
+    registry = get_hub().registry
+    impl = registry.impls(op)[backend]
+    reason = registry.unavailable_reason(backend)  # loads the backend (a library, a build) where it can
+    assert reason is None, f"{op} on {backend}: the backend is unavailable: {reason}"
+    ran = 0
+    for dtype in [d for d in spec.dtypes if d in impl.dtypes]:
+        for sample in supported(op, backend, samples(op, "small", dtype, device)):
+            args = sample.args
+            tol = spec.tolerances.get(dtype) or parity.call_tolerance(spec, args)
+            out = impl.forward(*args)
+            gen = torch.Generator().manual_seed(7)
+            w = (torch.rand(out.shape, generator=gen, dtype=out.real.dtype) + 0.5).to(out.dtype).to(out.device)
+            grad = torch.tensor(0.75, dtype=out.dtype, device=out.device)
+            needs = [True] * len(spec.differentiable)
+            got = impl.forward(*args, weights=w)
+            meta = (got.shape, got.dtype, got.device) if isinstance(got, torch.Tensor) else type(got).__name__
+            assert meta == ((), out.dtype, out.device), \
+                f"{op} on {backend} [{sample.name}]: weighted forward returned {meta}, not a 0-d {out.dtype}"
+            err = parity_error(got, (out.to(torch.complex128 if out.is_complex() else torch.float64)
+                                              * w.to(torch.complex128 if w.is_complex() else torch.float64)).sum())
+            assert err <= tol.forward, f"{op} on {backend} [{sample.name}]: weighted forward error {err:.3g}"
+            got_grads = impl.backward(grad, *args, needs=needs, weights=w)
+            want_grads = impl.backward(w.conj() * grad, *args, needs=needs)
+            for g, want in zip(got_grads, want_grads, strict=True):
+                for a, b in zip(tensors_of(g) or (), tensors_of(want) or (), strict=True):
+                    err = parity_error(a, b)
+                    assert err <= tol.backward, f"{op} on {backend} [{sample.name}]: weighted backward error {err:.3g}"
+            ran += 1
+    assert ran, f"{op} on {backend}: no small sample to check its weights on {device}"
 
 
 # -- CUDA safety: what a real program does with a GPU kernel ---------------------------------------------------

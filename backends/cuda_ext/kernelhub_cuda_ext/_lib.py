@@ -63,11 +63,12 @@ def _register_fakes() -> None:
     def like(t, shape=None, dtype=None):
         return t.new_empty(t.shape if shape is None else shape, dtype=dtype)  # new_empty: contiguous
 
-    def tv_out(x, mode):
-        return like(x, (3,) if mode == 0 else (), torch.float64 if x.dtype == torch.float64 else torch.float32)
+    def tv_out(x, mode, weights):  # with weights: their weighted sum, 0-d
+        return like(x, (3,) if mode == 0 and weights is None else (),
+                    torch.float64 if x.dtype == torch.float64 else torch.float32)
 
-    torch.library.register_fake(f"{NAME}::tv_forward")(lambda x, mode, eps: tv_out(x, mode))
-    torch.library.register_fake(f"{NAME}::tv_backward")(lambda grad, x, mode, eps: like(x))
+    torch.library.register_fake(f"{NAME}::tv_forward")(lambda x, mode, eps, weights=None: tv_out(x, mode, weights))
+    torch.library.register_fake(f"{NAME}::tv_backward")(lambda grad, x, mode, eps, weights=None: like(x))
     torch.library.register_fake(f"{NAME}::trilinear_forward")(
         lambda feats, points: like(feats, (feats.shape[0], feats.shape[2])))
     torch.library.register_fake(f"{NAME}::trilinear_backward")(

@@ -24,34 +24,35 @@ def _batched(volume: torch.Tensor) -> torch.Tensor:
     return volume.contiguous().view(math.prod(volume.shape[:-3]), *volume.shape[-3:])
 
 
-def _tv_backward(grad, volume, mode, eps, needs) -> list:
+def _tv_backward(grad, volume, mode, eps, needs, weights) -> list:
     if not needs[0]:
         return [None]
-    return [_lib().tv_backward(grad, _batched(volume), mode, eps).view(volume.shape)]
+    return [_lib().tv_backward(grad, _batched(volume), mode, eps, weights).view(volume.shape)]
 
 
-def l1_forward(volume):
-    return _lib().tv_forward(_batched(volume), L1, 0.0)
+# weights (the plugin registers these impls as `weighted`): the op's output weighted and summed in the kernels
+def l1_forward(volume, weights=None):
+    return _lib().tv_forward(_batched(volume), L1, 0.0, weights)
 
 
-def l1_backward(grad, volume, needs):
-    return _tv_backward(grad, volume, L1, 0.0, needs)
+def l1_backward(grad, volume, needs, weights=None):
+    return _tv_backward(grad, volume, L1, 0.0, needs, weights)
 
 
-def sq_forward(volume):
-    return _lib().tv_forward(_batched(volume), SQ, 0.0)
+def sq_forward(volume, weights=None):
+    return _lib().tv_forward(_batched(volume), SQ, 0.0, weights)
 
 
-def sq_backward(grad, volume, needs):
-    return _tv_backward(grad, volume, SQ, 0.0, needs)
+def sq_backward(grad, volume, needs, weights=None):
+    return _tv_backward(grad, volume, SQ, 0.0, needs, weights)
 
 
-def iso_forward(volume, eps):
-    return _lib().tv_forward(_batched(volume), ISO, eps)
+def iso_forward(volume, eps, weights=None):
+    return _lib().tv_forward(_batched(volume), ISO, eps, weights)
 
 
-def iso_backward(grad, volume, eps, needs):
-    return _tv_backward(grad, volume, ISO, eps, needs)
+def iso_backward(grad, volume, eps, needs, weights=None):
+    return _tv_backward(grad, volume, ISO, eps, needs, weights)
 
 
 def _kplanes_backward(grad, pts, rotations, planes, taps, h, needs) -> list:

@@ -38,6 +38,8 @@ IMPLS = {
 # the planes gradient (semiconv on CUDA: img and kernel gradients) is added with atomics: its sums may differ
 # in the last bits from run to run
 NOT_DETERMINISTIC = set(KPLANES_OPS) | {"semiconv"}
+# their functions take a weighted handle's weights (`Impl.weighted`): the weighted sum in the kernels
+WEIGHTED = {"tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d"}
 
 
 def unavailable_reason() -> str | None:
@@ -76,5 +78,5 @@ def kernelhub_register_impls(registry) -> None:
         forward, backward = getattr(ops, fwd), getattr(ops, bwd)
         registry.add_impl(Impl(op=op, backend=NAME, forward=forward, backward=backward, dtypes=dtypes,
                                devices=devices, not_supported_reasons=REASONS.get(op, _cuda_built),
-                               deterministic=op not in NOT_DETERMINISTIC,
+                               deterministic=op not in NOT_DETERMINISTIC, weighted=op in WEIGHTED,
                                inline=autograd_inline(registry.spec(op), forward, backward)))

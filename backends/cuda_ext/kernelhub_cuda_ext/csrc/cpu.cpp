@@ -111,9 +111,10 @@ void tv_forward_rows(const T* x, int64_t D, int64_t H, int64_t W, int64_t r0, in
 
 int64_t tv_chunk_rows(int64_t W) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(W, 1)); }
 
-at::Tensor tv_forward_cpu(const at::Tensor& x_, int64_t mode, double eps) {
+at::Tensor tv_forward_cpu(const at::Tensor& x_, int64_t mode, double eps, const std::optional<at::Tensor>& weights) {
   TORCH_CHECK(x_.dim() == 4, "kernelhub_cuda_ext::tv_forward: argument 'x' must be [B, D, H, W], got ", x_.sizes());
   TORCH_CHECK(mode >= 0 && mode <= 2, "kernelhub_cuda_ext::tv_forward: argument 'mode' must be 0, 1 or 2");
+  check_tv_weights("tv_forward", x_, mode, weights);
   const at::Tensor x = x_.contiguous();
   const int64_t B = x.size(0), D = x.size(1), H = x.size(2), W = x.size(3);
   const int64_t rows = W > 0 ? B * D * H : 0;  // rows of no voxels have nothing to walk (and no last column)
@@ -137,11 +138,16 @@ at::Tensor tv_forward_cpu(const at::Tensor& x_, int64_t mode, double eps) {
   for (int64_t c = 0; c < chunks; ++c)
     for (int k = 0; k < 3; ++k) s[k] += partial[c * 3 + k];
   const auto opts = x.options().dtype(acc_dtype(x));
-  if (mode == TV_L1) return at::tensor({s[0], s[1], s[2]}, opts.dtype(at::kDouble)).to(opts.dtype());
+  if (mode == TV_L1 && !weights) return at::tensor({s[0], s[1], s[2]}, opts.dtype(at::kDouble)).to(opts.dtype());
   double total = s[0] + s[1] + s[2];
   if (mode == TV_ISO) {
     const double corners = static_cast<double>(B) * (D - 1) * (H - 1) * (W - 1);
     total = corners > 0 ? s[0] / corners : 0.0;
+  }
+  if (weights) {  // the weighted sum of the op's output, in double
+    const at::Tensor w = weights->to(at::kDouble).contiguous();
+    const double* wp = w.data_ptr<double>();
+    total = mode == TV_L1 ? wp[0] * s[0] + wp[1] * s[1] + wp[2] * s[2] : wp[0] * total;
   }
   return at::scalar_tensor(total, opts.dtype(at::kDouble)).to(opts.dtype());
 }
@@ -270,22 +276,30 @@ void tv_backward_rows(const T* x, T* out, int64_t D, int64_t H, int64_t W, int64
   }
 }
 
-at::Tensor tv_backward_cpu(const at::Tensor& grad, const at::Tensor& x_, int64_t mode, double eps) {
+at::Tensor tv_backward_cpu(const at::Tensor& grad, const at::Tensor& x_, int64_t mode, double eps,
+                           const std::optional<at::Tensor>& weights) {
   TORCH_CHECK(x_.dim() == 4, "kernelhub_cuda_ext::tv_backward: argument 'x' must be [B, D, H, W], got ", x_.sizes());
-  TORCH_CHECK(grad.numel() == (mode == TV_L1 ? 3 : 1),
-              "kernelhub_cuda_ext::tv_backward: argument 'grad' must have 3 elements for L1 and 1 otherwise");
+  TORCH_CHECK(grad.numel() == (mode == TV_L1 && !weights ? 3 : 1),
+              "kernelhub_cuda_ext::tv_backward: argument 'grad' must have 3 elements for L1 and 1 otherwise "
+              "(1 with weights)");
+  check_tv_weights("tv_backward", x_, mode, weights);
   const at::Tensor x = x_.contiguous();
   at::Tensor out = at::empty_like(x);
   const int64_t B = x.size(0), D = x.size(1), H = x.size(2), W = x.size(3);
   if (x.numel() == 0) return out;
   const at::Tensor gd = grad.to(at::kDouble).contiguous().view({-1});
   double g[3] = {gd[0].item<double>(), 0, 0};
-  if (mode == TV_L1) {
+  if (weights) {  // the upstream gradient of each output element: its weight times the weighted sum's
+    const at::Tensor w = weights->to(at::kDouble).contiguous();
+    const double* wp = w.data_ptr<double>();
+    for (int k = mode == TV_L1 ? 2 : 0; k >= 0; --k) g[k] = wp[k] * g[0];
+  } else if (mode == TV_L1) {
     g[1] = gd[1].item<double>();
     g[2] = gd[2].item<double>();
-  } else if (mode == TV_SQ) {
+  }
+  if (mode == TV_SQ) {
     g[0] *= 2;
-  } else {
+  } else if (mode == TV_ISO) {
     const double corners = static_cast<double>(B) * (D - 1) * (H - 1) * (W - 1);
     if (corners <= 0) return out.zero_();
     g[0] /= corners;
@@ -533,8 +547,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> kplanes_backward_cpu(
 }  // namespace
 
 TORCH_LIBRARY(kernelhub_cuda_ext, m) {
-  m.def("tv_forward(Tensor x, int mode, float eps) -> Tensor");
-  m.def("tv_backward(Tensor grad, Tensor x, int mode, float eps) -> Tensor");
+  m.def("tv_forward(Tensor x, int mode, float eps, Tensor? weights=None) -> Tensor");
+  m.def("tv_backward(Tensor grad, Tensor x, int mode, float eps, Tensor? weights=None) -> Tensor");
   m.def("trilinear_forward(Tensor feats, Tensor points) -> Tensor");
   m.def("trilinear_backward(Tensor grad, Tensor feats, Tensor points, bool need_feats, bool need_points) -> (Tensor, Tensor)");
   // pts [B, 3], rotations [T, 3, 3], planes [3T, C, H, W]; taps 1 or 4 -> [taps, B, T*C]

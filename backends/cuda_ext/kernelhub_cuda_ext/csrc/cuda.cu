@@ -63,8 +63,9 @@ Layout layout(const at::Tensor& x) {
 template <int MODE, typename T>
 __global__ void __launch_bounds__(THREADS, (blocks_per_sm<T, MODE != TV_ISO>()))
     tv_forward_kernel(const T* __restrict__ x, typename at::opmath_type<T>* __restrict__ partial,
-                      typename at::opmath_type<T>* __restrict__ out, int* __restrict__ counter, int64_t D, int64_t H,
-                      int64_t W, Layout l, double eps, double corners) {
+                      typename at::opmath_type<T>* __restrict__ out, int* __restrict__ counter,
+                      const typename at::opmath_type<T>* __restrict__ wt, int64_t D, int64_t H, int64_t W, Layout l,
+                      double eps, double corners) {
   using A = at::opmath_type<T>;
   const int64_t blk = blockIdx.x, tile = blk % l.tiles, chunk = blk / l.tiles;
   const int64_t per_item = l.tiles_w * ((H + TH - 1) / TH);
@@ -134,14 +135,16 @@ __global__ void __launch_bounds__(THREADS, (blocks_per_sm<T, MODE != TV_ISO>()))
     __syncthreads();
   }
   if (tid == 0) {
-    if constexpr (MODE == TV_L1) {
-      out[0] = red[0][0];
-      out[1] = red[1][0];
-      out[2] = red[2][0];
-    } else if constexpr (MODE == TV_SQ) {
-      out[0] = red[0][0];
-    } else {  // the mean over the corners; 0 where there are none
-      out[0] = corners > 0 ? red[0][0] / A(corners) : A(0);
+    // the op's output (iso: the mean over the corners, 0 where there are none), or with weights its weighted sum
+    const A r0 = MODE != TV_ISO ? red[0][0] : corners > 0 ? red[0][0] / A(corners) : A(0);
+    if (wt != nullptr) {
+      out[0] = MODE == TV_L1 ? wt[0] * r0 + wt[1] * red[1][0] + wt[2] * red[2][0] : wt[0] * r0;
+    } else {
+      out[0] = r0;
+      if constexpr (MODE == TV_L1) {
+        out[1] = red[1][0];
+        out[2] = red[2][0];
+      }
     }
     *counter = 0;  // for the next launch on this stream
   }
@@ -157,8 +160,8 @@ __device__ __forceinline__ A rnorm(A dd, A dh, A dw, A eps) { return rsqrt_of(dd
 // SQ cur - prv, iso the D component of corner (d - 1, h, w).
 template <int MODE, typename T>
 __global__ void tv_backward_kernel(const T* __restrict__ x, const typename at::opmath_type<T>* __restrict__ g,
-                                   int64_t gs, T* __restrict__ out, int64_t D, int64_t H, int64_t W, Layout l,
-                                   double scale, double eps) {
+                                   int64_t gs, const typename at::opmath_type<T>* __restrict__ wt, T* __restrict__ out,
+                                   int64_t D, int64_t H, int64_t W, Layout l, double scale, double eps) {
   using A = at::opmath_type<T>;
   const int64_t blk = blockIdx.x, tile = blk % l.tiles, chunk = blk / l.tiles;
   const int64_t per_item = l.tiles_w * ((H + TH - 1) / TH);
@@ -167,8 +170,12 @@ __global__ void tv_backward_kernel(const T* __restrict__ x, const typename at::o
   if (w >= W || h >= H) return;
   const int64_t plane = H * W, d0 = chunk * l.d_chunk, d1 = std::min<int64_t>(D, d0 + l.d_chunk);
   const int64_t last = std::min<int64_t>(d1, D - 1);
-  // the upstream gradient, read here (stride gs): [3] for L1, [] otherwise (times 2 for SQ, 1 / corners for iso)
-  const A g0 = A(double(g[0]) * scale), g1 = MODE == TV_L1 ? g[gs] : A(0), g2 = MODE == TV_L1 ? g[2 * gs] : A(0);
+  // the upstream gradient, read here (stride gs): [3] for L1, [] otherwise (times 2 for SQ, 1 / corners for iso);
+  // with weights wt, the weighted sum's 0-d gradient times each output element's weight
+  const A gu = g[0];
+  const A g0 = A(double(wt != nullptr ? wt[0] * gu : gu) * scale);
+  const A g1 = MODE == TV_L1 ? (wt != nullptr ? wt[1] * gu : g[gs]) : A(0);
+  const A g2 = MODE == TV_L1 ? (wt != nullptr ? wt[2] * gu : g[2 * gs]) : A(0);
   const A e = A(eps);
   const bool hm = h >= 1, hp = h + 1 < H, wm = w >= 1, wp = w + 1 < W;
   const T* p = x + (b * D + d0) * plane + h * W + w;
@@ -249,15 +256,17 @@ std::pair<at::Tensor, at::Tensor> tv_buffers(const at::Tensor& x, int64_t numel,
   return kept_pair;
 }
 
-at::Tensor tv_forward_cuda(const at::Tensor& x_, int64_t mode, double eps) {
+at::Tensor tv_forward_cuda(const at::Tensor& x_, int64_t mode, double eps, const std::optional<at::Tensor>& weights) {
   TORCH_CHECK(x_.dim() == 4, "kernelhub_cuda_ext::tv_forward: argument 'x' must be [B, D, H, W], got ", x_.sizes());
   TORCH_CHECK(mode >= 0 && mode <= 2, "kernelhub_cuda_ext::tv_forward: argument 'mode' must be 0, 1 or 2");
+  check_tv_weights("tv_forward", x_, mode, weights);
   c10::cuda::CUDAGuard guard(x_.device());
   const at::Tensor x = x_.contiguous();
   const int64_t B = x.size(0), D = x.size(1), H = x.size(2), W = x.size(3);
   const auto out_dtype = acc_dtype(x);
-  at::Tensor out = mode == TV_L1 ? at::empty({3}, x.options().dtype(out_dtype))
-                                 : at::empty({}, x.options().dtype(out_dtype));
+  const at::Tensor w = weights ? weights->to(out_dtype).contiguous() : at::Tensor();  // as given: no launch
+  at::Tensor out = mode == TV_L1 && !weights ? at::empty({3}, x.options().dtype(out_dtype))
+                                             : at::empty({}, x.options().dtype(out_dtype));
   if (x.numel() == 0) return out.zero_();
   const Layout l = layout(x);
   const int64_t blocks = l.blocks();
@@ -270,22 +279,26 @@ at::Tensor tv_forward_cuda(const at::Tensor& x_, int64_t mode, double eps) {
     A* q = buffers.first.data_ptr<A>();
     A* o = out.data_ptr<A>();
     int* c = buffers.second.data_ptr<int>();
+    const A* wp = w.defined() ? w.data_ptr<A>() : nullptr;
     const dim3 grid(static_cast<unsigned>(blocks)), block(TW, TH);
     if (mode == TV_L1)
-      tv_forward_kernel<TV_L1, scalar_t><<<grid, block, 0, stream>>>(p, q, o, c, D, H, W, l, eps, corners);
+      tv_forward_kernel<TV_L1, scalar_t><<<grid, block, 0, stream>>>(p, q, o, c, wp, D, H, W, l, eps, corners);
     else if (mode == TV_SQ)
-      tv_forward_kernel<TV_SQ, scalar_t><<<grid, block, 0, stream>>>(p, q, o, c, D, H, W, l, eps, corners);
+      tv_forward_kernel<TV_SQ, scalar_t><<<grid, block, 0, stream>>>(p, q, o, c, wp, D, H, W, l, eps, corners);
     else
-      tv_forward_kernel<TV_ISO, scalar_t><<<grid, block, 0, stream>>>(p, q, o, c, D, H, W, l, eps, corners);
+      tv_forward_kernel<TV_ISO, scalar_t><<<grid, block, 0, stream>>>(p, q, o, c, wp, D, H, W, l, eps, corners);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;
 }
 
-at::Tensor tv_backward_cuda(const at::Tensor& grad, const at::Tensor& x_, int64_t mode, double eps) {
+at::Tensor tv_backward_cuda(const at::Tensor& grad, const at::Tensor& x_, int64_t mode, double eps,
+                            const std::optional<at::Tensor>& weights) {
   TORCH_CHECK(x_.dim() == 4, "kernelhub_cuda_ext::tv_backward: argument 'x' must be [B, D, H, W], got ", x_.sizes());
-  TORCH_CHECK(grad.numel() == (mode == TV_L1 ? 3 : 1),
-              "kernelhub_cuda_ext::tv_backward: argument 'grad' must have 3 elements for L1 and 1 otherwise");
+  TORCH_CHECK(grad.numel() == (mode == TV_L1 && !weights ? 3 : 1),
+              "kernelhub_cuda_ext::tv_backward: argument 'grad' must have 3 elements for L1 and 1 otherwise "
+              "(1 with weights)");
+  check_tv_weights("tv_backward", x_, mode, weights);
   TORCH_CHECK(grad.device() == x_.device() && grad.dim() <= 1,
               "kernelhub_cuda_ext::tv_backward: argument 'grad' must be on x's device, [3] or []");
   c10::cuda::CUDAGuard guard(x_.device());
@@ -299,6 +312,7 @@ at::Tensor tv_backward_cuda(const at::Tensor& grad, const at::Tensor& x_, int64_
   // read on the device (no host read) in its strides; the op's output dtype (what autograd hands back) as it is
   const at::Tensor g = grad.to(acc_dtype(x));
   const int64_t gs = g.dim() == 1 ? g.stride(0) : 0;
+  const at::Tensor w = weights ? weights->to(acc_dtype(x)).contiguous() : at::Tensor();
   const Layout l = layout(x);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "tv_backward_cuda", [&] {
     using A = at::opmath_type<scalar_t>;
@@ -306,13 +320,14 @@ at::Tensor tv_backward_cuda(const at::Tensor& grad, const at::Tensor& x_, int64_
     const scalar_t* p = x.data_ptr<scalar_t>();
     scalar_t* q = out.data_ptr<scalar_t>();
     const A* gp = g.data_ptr<A>();
+    const A* wp = w.defined() ? w.data_ptr<A>() : nullptr;
     const dim3 grid(static_cast<unsigned>(l.blocks())), block(TW, TH);
     if (mode == TV_L1)
-      tv_backward_kernel<TV_L1, scalar_t><<<grid, block, 0, stream>>>(p, gp, gs, q, D, H, W, l, scale, eps);
+      tv_backward_kernel<TV_L1, scalar_t><<<grid, block, 0, stream>>>(p, gp, gs, wp, q, D, H, W, l, scale, eps);
     else if (mode == TV_SQ)
-      tv_backward_kernel<TV_SQ, scalar_t><<<grid, block, 0, stream>>>(p, gp, gs, q, D, H, W, l, scale, eps);
+      tv_backward_kernel<TV_SQ, scalar_t><<<grid, block, 0, stream>>>(p, gp, gs, wp, q, D, H, W, l, scale, eps);
     else
-      tv_backward_kernel<TV_ISO, scalar_t><<<grid, block, 0, stream>>>(p, gp, gs, q, D, H, W, l, scale, eps);
+      tv_backward_kernel<TV_ISO, scalar_t><<<grid, block, 0, stream>>>(p, gp, gs, wp, q, D, H, W, l, scale, eps);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;

@@ -1,7 +1,8 @@
 // kernelhub_cuda_ext: the operator schemas shared by the CPU and CUDA kernels.
 //
 // The Python side (ops.py) flattens the leading dims and makes inputs contiguous:
-//   TV        x [B, D, H, W];   mode 0 = L1 (output [3]), 1 = SQ ([]), 2 = iso ([], the mean)
+//   TV        x [B, D, H, W];   mode 0 = L1 (output [3]), 1 = SQ ([]), 2 = iso ([], the mean); optional
+//             weights of that output's shape: the output's weighted sum instead ([])
 //   trilinear feats [N, 8, F], points [N, 3]
 //   K-Planes  pts [B, 3], rotations [T, 3, 3], planes [3T, C, H, W]; taps 1 or 4
 //   Tikhonov  M [P, 2, Z], real or complex
@@ -17,6 +18,16 @@ constexpr int64_t TV_L1 = 0, TV_SQ = 1, TV_ISO = 2;
 // the accumulation dtype (and the TV losses' output dtype): double for double, float otherwise
 inline at::ScalarType acc_dtype(const at::Tensor& x) {
   return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// TV's optional weights (a weighted handle's, kernelhub's OpHandle.weighted): the op's output shape ([3] for L1,
+// [] otherwise) on x's device; with them the op returns the 0-d weighted sum of its output and its backward takes
+// that sum's 0-d upstream gradient
+inline void check_tv_weights(const char* fn, const at::Tensor& x, int64_t mode,
+                             const std::optional<at::Tensor>& weights) {
+  TORCH_CHECK(!weights || (weights->device() == x.device() && weights->numel() == (mode == TV_L1 ? 3 : 1) &&
+                           weights->dim() == (mode == TV_L1 ? 1 : 0)),
+              "kernelhub_cuda_ext::", fn, ": argument 'weights' must be on x's device, [3] for L1 and [] otherwise");
 }
 
 // K-Planes inputs checked and laid out for the kernels (kplanes_point.h): pts and rotations contiguous,

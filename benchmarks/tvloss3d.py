@@ -4,12 +4,13 @@ Per call, on ptycho_tv's ``--benchmark`` volumes (two stacked ``[8, 512, 512]``)
 the device synchronised around each call (what the example reports; median of ``--n``) and host time per call with
 no synchronisation (median over rounds of 10 calls back to back, then one synchronisation); the variants
 interleaved, 10 calls of each in turn. Variants: the bare op with ``backward(ones)``;
-``TVLoss3d`` (a weighted handle: ``S . c`` inside the op's autograd node) given its upstream gradient as the bare
+``TVLoss3d`` (a weighted handle: ``S . c`` inside the op's autograd node, and inside the kernels where the backend
+fuses it, `Impl.weighted`) given its upstream gradient as the bare
 op is, and with ``backward()`` (torch fills the scalar's upstream one: a launch that a step pays once for its whole
 loss, not per term); the same weighting spelled ``torch.dot(S, c)``, ``(S * c).sum()`` and ``torch.mv`` (one
 cuBLAS gemv each way) by hand, each its own autograd node after the op's.
 
-Usage: python benchmarks/tvloss3d.py [--device cuda] [--json PATH]
+Usage: python benchmarks/tvloss3d.py [--device cuda] [--backend B] [--json PATH]
 """
 
 from __future__ import annotations
@@ -30,14 +31,15 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json")
     p.add_argument("--n", type=int, default=200)
+    p.add_argument("--backend", default=None, help="force this backend (the op and TVLoss3d alike)")
     args = p.parse_args()
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    op = kernelhub.op("tv_loss_l1_3d")
+    op = kernelhub.op("tv_loss_l1_3d", backend=args.backend)
     results = []
     for shape in ((2, 8, 512, 512), (4, 64, 64, 64)):
         vol = torch.randn(shape, device=dev)
-        tv = khnn.TVLoss3d("l1", (0.5, 1.0, 1.0))
+        tv = khnn.TVLoss3d("l1", (0.5, 1.0, 1.0), backend=args.backend)
         c = tv._handle(vol).weights  # the coefficients TVLoss3d keeps per volume size
         ones, one = torch.ones(3, device=dev), torch.ones((), device=dev)
 
@@ -77,7 +79,7 @@ def main() -> None:
             results.append({"shape": list(shape), "variant": name, "wall_us": statistics.median(walls[name]),
                             "host_us": statistics.median(hosts[name])})
         base = next(r for r in results if r["shape"] == list(shape) and r["variant"].startswith("bare"))
-        print(f"{list(shape)} on {dev} ({kernelhub.explain('tv_loss_l1_3d', vol).chosen}):")
+        print(f"{list(shape)} on {dev} ({args.backend or kernelhub.explain('tv_loss_l1_3d', vol).chosen}):")
         for r in results:
             if r["shape"] == list(shape):
                 print(f"  {r['variant']:26s} wall {r['wall_us']:7.1f} µs ({r['wall_us'] / base['wall_us']:.2f}x)  "

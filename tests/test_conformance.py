@@ -77,6 +77,8 @@ def _check_tiered(check):
         reason = "inductor: a compile per sample"
     elif check.kind in ("opcheck", "gradcheck") and interpreted:
         reason = "the Triton interpreter: every small float64 sample, several runs each"
+    elif check.kind == "weighted" and interpreted:
+        reason = "the Triton interpreter: four runs of each small sample in each dtype (20 s a check)"
     elif check.kind == "gradcheck" and FAST:  # one random projection of the Jacobian; the full tier: all of it
         check = dataclasses.replace(check, fast_mode=True)
     return pytest.param(check, marks=[pytest.mark.full(reason)] if reason else [], id=str(check))

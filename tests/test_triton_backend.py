@@ -261,7 +261,10 @@ def test_each_triton_launcher_keeps_one_bound_kernel_per_layout():
     one per call would be a new key per call, and every launch would take Triton's own path)."""
     from kernelhub_triton import kplanes, semiconv, tikhonov, trilinear, tv
 
-    assert tv._layout((1, 8, 8, 8), 4, 0, torch.float32)[1] is tv._layout((1, 8, 8, 8), 4, 0, torch.float32)[1]
+    assert tv._layout((1, 8, 8, 8), 4, 0, torch.float32, False)[1] is \
+        tv._layout((1, 8, 8, 8), 4, 0, torch.float32, False)[1]
+    assert tv._layout((1, 8, 8, 8), 4, 0, torch.float32, True)[1] is not \
+        tv._layout((1, 8, 8, 8), 4, 0, torch.float32, False)[1]  # the weighted kernels: a layout of their own
     assert trilinear._forward_kernel(8, torch.float32, True) is trilinear._forward_kernel(8, torch.float32, True)
     assert trilinear._backward_kernel(8, torch.float32, True, False, False) is \
         trilinear._backward_kernel(8, torch.float32, True, False, False)

@@ -38,6 +38,8 @@ IMPLS = {
 # the planes gradient (semiconv: img and kernel gradients) is added with atomics: its sums may differ in the
 # last bits from run to run
 NOT_DETERMINISTIC = set(KPLANES_OPS) | {"semiconv"}
+# their functions take a weighted handle's weights (`Impl.weighted`): the weighted sum in the kernels
+WEIGHTED = {"tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d"}
 
 
 def interpret_mode() -> bool:
@@ -83,4 +85,5 @@ def kernelhub_register_impls(registry) -> None:
             deterministic=op not in NOT_DETERMINISTIC,
             forced_only="TRITON_INTERPRET=1 runs Triton's interpreter, for tests only" if interpreted else "",
             inline=inline,
+            weighted=op in WEIGHTED,
         ))

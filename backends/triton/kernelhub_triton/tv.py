@@ -84,8 +84,9 @@ def _plane(x_ptr, b, d, D, plane, hw, inside, last, zero, ACC: tl.constexpr):
 def _tv_forward_kernel(
     x_ptr,      # [B, D, H, W] contiguous volume
     part_ptr,   # [programs, NOUT] partial sums, one row per program
-    out_ptr,    # [NOUT] the result: the partials' sum / div64
+    out_ptr,    # [NOUT] the result: the partials' sum / div64 (WEIGHTED: [], their sum weighted by w_ptr's)
     cnt_ptr,    # int32 counter, 0 at launch; the last program resets it
+    w_ptr,      # WEIGHTED: [NOUT] a weighted handle's weights (else not read)
     div64: tl.float64,  # ISO: the corners, which the sum is divided by (1 otherwise), in ACC
     eps64: tl.float64,  # ISO: added under the square root (floats go positionally: `_launch._key`)
     D, H, W,    # volume dims
@@ -94,7 +95,7 @@ def _tv_forward_kernel(
     chunks,     # D chunks per batch item
     d_chunk,    # planes per chunk
     MODE: tl.constexpr, NOUT: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr,
-    FINISH: tl.constexpr,
+    FINISH: tl.constexpr, WEIGHTED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b, d0, d1, hw, inside, has_h, has_w, _, _ = _tile(pid, tiles, chunks, H, W, d_chunk, D, BH, BW)
@@ -136,12 +137,19 @@ def _tv_forward_kernel(
     # order and resets the counter for the next launch
     programs = tl.num_programs(0)
     if tl.atomic_add(cnt_ptr, 1, sem="acq_rel") == programs - 1:
+        weighted = tl.zeros([], ACC)
         for k in tl.static_range(NOUT):
             total = tl.zeros([FINISH], ACC)
             for start in range(0, programs, FINISH):
                 i = start + tl.arange(0, FINISH)
                 total += tl.load(part_ptr + i * NOUT + k, mask=i < programs, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + k, tl.sum(total, axis=0) / tl.full([], div64, ACC))
+            result = tl.sum(total, axis=0) / tl.full([], div64, ACC)
+            if WEIGHTED:
+                weighted += result * tl.load(w_ptr + k).to(ACC)
+            else:
+                tl.store(out_ptr + k, result)
+        if WEIGHTED:
+            tl.store(out_ptr, weighted)
         tl.store(cnt_ptr, 0)
 
 
@@ -158,22 +166,30 @@ def _iso_term(x, xd, xh, xw, mask, eps, ACC: tl.constexpr):
 @triton.jit
 def _tv_backward_kernel(
     x_ptr,      # [B, D, H, W] contiguous volume
-    g_ptr,      # upstream gradient: [3] for L1, [] otherwise
+    g_ptr,      # upstream gradient: [3] for L1, [] otherwise (WEIGHTED: [], the weighted sum's)
+    w_ptr,      # WEIGHTED: [3] for L1, [] otherwise, a weighted handle's weights (else not read)
     out_ptr,    # [B, D, H, W] gradient, the volume's dtype
     eps64: tl.float64,    # ISO: added under the square root (floats go positionally: `_launch._key`)
     scale64: tl.float64,  # SQ: 2; ISO: 1 / number of corners
     D, H, W, plane, tiles, chunks, d_chunk,  # as in the forward
-    MODE: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr,
+    MODE: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr, WEIGHTED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b, d0, d1, hw, inside, has_h, has_w, has_hm, has_wm = _tile(pid, tiles, chunks, H, W, d_chunk, D, BH, BW)
     zero = tl.zeros([BH, BW], tl.int32)  # see the forward
     eps = tl.full([], eps64, ACC)
-    g0 = tl.load(g_ptr).to(ACC)
-    if MODE == 0:
-        g1 = tl.load(g_ptr + 1).to(ACC)
-        g2 = tl.load(g_ptr + 2).to(ACC)
+    gu = tl.load(g_ptr).to(ACC)
+    if WEIGHTED:  # each output element's upstream gradient: its weight times the weighted sum's
+        g0 = gu * tl.load(w_ptr).to(ACC)
+        if MODE == 0:
+            g1 = gu * tl.load(w_ptr + 1).to(ACC)
+            g2 = gu * tl.load(w_ptr + 2).to(ACC)
     else:
+        g0 = gu
+        if MODE == 0:
+            g1 = tl.load(g_ptr + 1).to(ACC)
+            g2 = tl.load(g_ptr + 2).to(ACC)
+    if MODE != 0:
         g0 = g0 * tl.full([], scale64, ACC)
     last = tl.minimum(d1, D - 1)  # as in the forward: plane d + 2 is requested a step ahead
     p0 = x_ptr + (b * D + d0) * plane + hw
@@ -235,10 +251,10 @@ def _tv_backward_kernel(
 # -- launchers ---------------------------------------------------------------------------
 
 @layout_cache(maxsize=256)
-def _layout(shape: tuple, sms: int, mode: int, dtype: torch.dtype) -> tuple[int, Bound, Bound, int]:
+def _layout(shape: tuple, sms: int, mode: int, dtype: torch.dtype, weighted: bool) -> tuple[int, Bound, Bound, int]:
     """Programs, the forward's and the backward's kernels bound to the sizes (tile shape, D chunking) and
     constants, and the corners (the iso mean's divisor) for ``dtype`` volumes of ``shape`` ``[..., D, H, W]``
-    (the leading dims one batch)."""
+    (the leading dims one batch); ``weighted``: the kernels that take a weighted handle's weights."""
     D, H, W = shape[-3:]
     B = math.prod(shape[:-3])
     bw = min(next_power_of_2(W), 256)
@@ -248,58 +264,64 @@ def _layout(shape: tuple, sms: int, mode: int, dtype: torch.dtype) -> tuple[int,
     d_chunk = cdiv(D, chunks)
     chunks = cdiv(D, d_chunk)
     sizes = dict(D=D, H=H, W=W, plane=H * W, tiles=tiles, chunks=chunks, d_chunk=d_chunk, MODE=mode, BH=bh, BW=bw,
-                 ACC=acc_type(dtype), num_warps=NUM_WARPS)
+                 ACC=acc_type(dtype), WEIGHTED=weighted, num_warps=NUM_WARPS)
     return (B * tiles * chunks, Bound(_tv_forward_kernel, NOUT=3 if mode == L1 else 1, FINISH=FINISH, **sizes),
             Bound(_tv_backward_kernel, **sizes), B * (D - 1) * (H - 1) * (W - 1))
 
 
-def _forward(volume: torch.Tensor, mode: int, eps: float = 0.0) -> torch.Tensor:
+def _forward(volume: torch.Tensor, mode: int, eps: float = 0.0, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """The op's output; with ``weights`` (a weighted handle's, `Impl.weighted`) its weighted sum, 0-d."""
     x = volume.contiguous()  # the kernel indexes it as [B, D, H, W] from its pointer: no batched view needed
     dtype = accumulation_dtype(volume.dtype)  # the specs' output dtype
-    out = torch.empty((3,) if mode == L1 else (), dtype=dtype, device=volume.device)
+    out = torch.empty((3,) if mode == L1 and weights is None else (), dtype=dtype, device=volume.device)
     if x.numel() == 0 or (mode == ISO and min(x.shape[-3:]) < 2):
         return out.zero_()
-    programs, kernel, _, corners = _layout(tuple(x.shape), sm_count(x), mode, x.dtype)
-    partial, count = reduction(x, programs * out.numel(), dtype)  # [programs, NOUT], summed by the last program
-    launch(kernel, (programs,), x, partial, out, count, float(corners) if mode == ISO else 1.0, float(eps))
+    programs, kernel, _, corners = _layout(tuple(x.shape), sm_count(x), mode, x.dtype, weights is not None)
+    partial, count = reduction(x, programs * (3 if mode == L1 else 1), dtype)  # [programs, NOUT]: the last sums
+    launch(kernel, (programs,), x, partial, out, count, out if weights is None else weights.contiguous(),
+           float(corners) if mode == ISO else 1.0, float(eps))
     return out
 
 
-def _backward(grad: torch.Tensor, volume: torch.Tensor, mode: int, eps: float = 0.0) -> torch.Tensor:
+def _backward(grad: torch.Tensor, volume: torch.Tensor, mode: int, eps: float = 0.0,
+              weights: torch.Tensor | None = None) -> torch.Tensor:
+    """The volume's gradient; with ``weights``, for the weighted sum's 0-d upstream gradient ``grad``."""
     x = volume.contiguous()
     out = torch.empty_like(x)
     if x.numel() == 0 or (mode == ISO and min(x.shape[-3:]) < 2):
         return out.zero_()
-    programs, _, kernel, corners = _layout(tuple(x.shape), sm_count(x), mode, x.dtype)
+    programs, _, kernel, corners = _layout(tuple(x.shape), sm_count(x), mode, x.dtype, weights is not None)
     scale = 1.0 / corners if mode == ISO else 2.0 if mode == SQ else 1.0
-    launch(kernel, (programs,), x, grad.contiguous(), out, float(eps), scale)
+    launch(kernel, (programs,), x, grad.contiguous(), grad if weights is None else weights.contiguous(), out,
+           float(eps), scale)
     return out
 
 
 # -- what the plugin registers -----------------------------------------------------------
 
-def l1_forward(volume: torch.Tensor) -> torch.Tensor:
-    return _forward(volume, L1)
+def l1_forward(volume: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    return _forward(volume, L1, 0.0, weights)
 
 
-def l1_backward(grad: torch.Tensor, volume: torch.Tensor, needs) -> list:
-    return [_backward(grad, volume, L1) if needs[0] else None]
+def l1_backward(grad: torch.Tensor, volume: torch.Tensor, needs, weights: torch.Tensor | None = None) -> list:
+    return [_backward(grad, volume, L1, 0.0, weights) if needs[0] else None]
 
 
-def sq_forward(volume: torch.Tensor) -> torch.Tensor:
-    return _forward(volume, SQ)
+def sq_forward(volume: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    return _forward(volume, SQ, 0.0, weights)
 
 
-def sq_backward(grad: torch.Tensor, volume: torch.Tensor, needs) -> list:
-    return [_backward(grad, volume, SQ) if needs[0] else None]
+def sq_backward(grad: torch.Tensor, volume: torch.Tensor, needs, weights: torch.Tensor | None = None) -> list:
+    return [_backward(grad, volume, SQ, 0.0, weights) if needs[0] else None]
 
 
-def iso_forward(volume: torch.Tensor, eps: float) -> torch.Tensor:
-    return _forward(volume, ISO, eps)
+def iso_forward(volume: torch.Tensor, eps: float, weights: torch.Tensor | None = None) -> torch.Tensor:
+    return _forward(volume, ISO, eps, weights)
 
 
-def iso_backward(grad: torch.Tensor, volume: torch.Tensor, eps: float, needs) -> list:
-    return [_backward(grad, volume, ISO, eps) if needs[0] else None]
+def iso_backward(grad: torch.Tensor, volume: torch.Tensor, eps: float, needs,
+                 weights: torch.Tensor | None = None) -> list:
+    return [_backward(grad, volume, ISO, eps, weights) if needs[0] else None]
 
 
 def not_supported_reasons(args) -> list[str]:

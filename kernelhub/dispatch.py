@@ -494,10 +494,10 @@ class OpHandle:
         one such handle per volume size). On the eager fast path the weighting is inside the op's autograd node:
         one node, no multiplication node and its backward around it (`KernelhubFunction`; `TVLoss3d` l1 at 1x16³
         on the 2-core CPU: 1.25x -> 1.18x the bare op's forward + backward, docs/lab/benchmarks-history.md),
-        and in the impl's own kernels where its backend fuses it (`Impl.weighted`: cuda_ext's TV ops), so no
-        launch is added either way. Where ``weights`` requires grad, and where the operators serve the call, it is
-        that product and sum in torch ops, which autograd differentiates. The same selection, checks and fallback
-        as the plain handle."""
+        and in the impl's own kernels where its backend fuses it (`Impl.weighted`: cuda_ext's and triton's TV
+        ops), so no launch is added either way. Where ``weights`` requires grad, and where the operators serve the
+        call, it is that product and sum in torch ops, which autograd differentiates. The same selection, checks
+        and fallback as the plain handle."""
         if not isinstance(weights, torch.Tensor):
             raise TypeError(f"kernelhub.{self.spec.name}: argument 'weights' must be a tensor, got "
                             f"{type(weights).__name__}")

@@ -52,7 +52,7 @@ class TVLoss3d(nn.Module):
     Its forward and backward are one hub forward and one hub backward, with the weighting inside the op's
     autograd node (`OpHandle.weighted`: one node; per volume size one weighted handle, its coefficients a tensor
     kept on the device; no host synchronisation, no copy per step), and inside the kernels where the backend
-    fuses it (cuda_ext: one kernel each way). ``backend`` forces one, as in
+    fuses it (cuda_ext and triton: one kernel each way). ``backend`` forces one, as in
     ``kernelhub.op(name, backend=...)``. Modules serialise (``torch.save``, ``copy.deepcopy``) through their handles.
     """
 

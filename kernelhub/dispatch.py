@@ -394,7 +394,8 @@ class KernelhubFunction(torch.autograd.Function):
     runs on the hub that ran the forward, with the backend of the forward's decision (no second selection).
     ``weights`` (a weighted handle's, `OpHandle.weighted`, checked against the output; else None): the node's
     output is the op's output weighted and summed, and its backward gives the op's backward ``conj(weights) *
-    grad``: in the impl's own kernels where it fuses them (`Impl.weighted`), else in torch ops (`_weigh`)."""
+    grad``: in the impl's own kernels where it fuses them (`Impl.weighted`), else in torch ops (`Hub.forward`,
+    `Hub.backward_grads`)."""
 
     @staticmethod
     def forward(ctx, call: tuple, *tensors: torch.Tensor) -> torch.Tensor:
@@ -402,7 +403,7 @@ class KernelhubFunction(torch.autograd.Function):
         ctx.save_for_backward(*tensors)
         decision, out = hub.forward(handle.spec.name, args, handle.backend, decision, weights)
         ctx.call = (handle, hub, decision, plan, weights)
-        return out if weights is None or decision.eligible[0].weighted else _weighted_sum(out, weights)
+        return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -411,15 +412,15 @@ class KernelhubFunction(torch.autograd.Function):
         saved = ctx.saved_tensors  # read once: each read unpacks them (a saved-tensor hook's copy back, say)
         args, needs = put_back(plan, saved, needs_input)
         create_graph = torch.is_grad_enabled()  # torch.autograd.grad / .backward() with create_graph=True
-        if _legacy_batched(grad):  # torch.autograd.grad(..., is_grads_batched=True): sample by sample
-            if weights is not None:  # d(sum(out * w)) / d out
-                grad = weights.conj() * grad
+        legacy = _legacy_batched(grad)  # torch.autograd.grad(..., is_grads_batched=True)
+        wrapped = not legacy and _wrapped(grad)  # torch.func.vmap over the upstream gradients
+        if weights is not None and (legacy or wrapped):  # these take the op's upstream gradient: d(sum(out * w))/d out
+            grad, weights = weights.conj() * grad, None
+        if legacy:  # sample by sample
             with torch.no_grad():
                 grads = _per_grad_sample(grad, lambda g: hub.backward_grads(handle.spec.name, g, args, needs,
                                                                             handle.backend, decision))
-        elif _wrapped(grad):  # torch.func.vmap over the upstream gradients: the backward operator's vmap rule
-            if weights is not None:
-                grad = weights.conj() * grad
+        elif wrapped:  # the backward operator's vmap rule
             with torch.no_grad():
                 grads = unflatten_grads(handle.spec, args, needs, _DEFINED[handle.spec.name][1](
                     grad, *args, needs, handle.backend, handle.hub))
@@ -455,10 +456,10 @@ def _weigh(op: str, out: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """``(out * weights).sum()`` in one kernel (`OpHandle.weighted`), after checking that ``weights`` has the
     output's shape, dtype and device."""
     _check_weights(op, weights, (out.shape, out.dtype, out.device))
-    return _weighted_sum(out, weights)
+    return weighted_sum(out, weights)
 
 
-def _weighted_sum(out: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def weighted_sum(out: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """``(out * weights).sum()`` in one kernel, ``weights`` checked already."""
     dim = out.dim()
     if dim == 1:
@@ -559,19 +560,18 @@ class OpHandle:
     def _run(self, hub: Any, decision: Any, args: tuple, tensors: list[torch.Tensor], plan: tuple) -> torch.Tensor:
         """The eager fast path: ``decision`` run on ``hub`` through `KernelhubFunction` where an input requires
         grad, else the hub's forward alone (no autograd node)."""
-        weights = fused = self.weights
+        weights = inner = self.weights  # inner: the weights the hub applies (in the impl's kernels where it can)
         if weights is not None:
             _check_weights(self.spec.name, weights, decision.output)
             if weights.requires_grad and torch.is_grad_enabled():  # autograd weighs: the weights' gradient
-                fused = None
+                inner = None
         if torch.is_grad_enabled():
             for t in tensors:
                 if t.requires_grad:
-                    out = _apply((self, hub, decision, plan, args, fused), *tensors)
-                    return out if fused is weights else _weighted_sum(out, weights)
-        decision, out = hub.forward(self.spec.name, args, self.backend, decision, fused)
-        return out if weights is None or (fused is not None and decision.eligible[0].weighted) \
-            else _weighted_sum(out, weights)
+                    out = _apply((self, hub, decision, plan, args, inner), *tensors)
+                    return out if inner is weights else weighted_sum(out, weights)
+        out = hub.forward(self.spec.name, args, self.backend, decision, inner)[1]
+        return out if inner is weights else weighted_sum(out, weights)
 
     def __reduce__(self) -> tuple:
         """Serialised (``torch.save`` of a model holding `kernelhub.nn` modules, ``copy.deepcopy``, multiprocessing)

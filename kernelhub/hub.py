@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from kernelhub.config import Config, load_config
-from kernelhub.dispatch import OpHandle, define_ops, flatten_grads
+from kernelhub.dispatch import OpHandle, define_ops, flatten_grads, weighted_sum
 from kernelhub.errors import NoImplementationError, WrongOutputError
 from kernelhub.registry import CONTAINED, Registry, declared_backend_names
 from kernelhub.select import Decision, Selector
@@ -93,8 +93,8 @@ class Hub:
         (the selector's for the call where not given), falling back past each that raises or returns a wrong
         output (`_next`). Every eager call runs this loop; it is written out (no closure, no wrapper per call)
         because its cost is the hub's per-call cost. ``weights`` (a weighted handle's, checked against the
-        output by the caller): an impl that fuses them (`Impl.weighted`) returns the 0-d weighted sum instead,
-        which the served decision's first eligible tells the caller; the others the plain output."""
+        output by the caller): the output's 0-d weighted sum instead, the impl's own where it fuses them
+        (`Impl.weighted`), else the checked output weighed in torch ops."""
         spec = self.registry.spec(op)
         if decision is None:
             decision = self.selector.decide(op, args, forced)
@@ -107,6 +107,8 @@ class Hub:
                 else:
                     out = impl.forward(*args)
                     _check_output(spec, impl.backend, out, decision.output, args)
+                    if weights is not None:
+                        return decision, weighted_sum(out, weights)
                 # outputs are contiguous, as the fake implementations promise torch.compile
                 return decision, out.contiguous()
             except CONTAINED as exc:

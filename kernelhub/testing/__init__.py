@@ -488,8 +488,8 @@ def check_weighted(op: str, backend: str, device: str = "cpu") -> None:
             meta = (got.shape, got.dtype, got.device) if isinstance(got, torch.Tensor) else type(got).__name__
             assert meta == ((), out.dtype, out.device), \
                 f"{op} on {backend} [{sample.name}]: weighted forward returned {meta}, not a 0-d {out.dtype}"
-            err = parity_error(got, (out.to(torch.complex128 if out.is_complex() else torch.float64)
-                                              * w.to(torch.complex128 if w.is_complex() else torch.float64)).sum())
+            wide_out, wide_w = to_dtype((out, w), torch.float64)
+            err = parity_error(got, (wide_out * wide_w).sum())
             assert err <= tol.forward, f"{op} on {backend} [{sample.name}]: weighted forward error {err:.3g}"
             got_grads = impl.backward(grad, *args, needs=needs, weights=w)
             want_grads = impl.backward(w.conj() * grad, *args, needs=needs)

@@ -3,6 +3,7 @@ failures, permissions), gradients, determinism."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -387,7 +388,9 @@ def test_trilinear_corner_order_and_points_gradient(backend, device):
 # Calls semiconv.cu's tiled max/min kernels take (2-D, unit stride and dilation, padding below the kernel size):
 # images spanning several 64-wide tiles, kernel widths 1, 2 and 4-7 (3x3 calls are the conformance cases'),
 # heights past 7, asymmetric padding, a channel multiplier (two outputs per input channel), group broadcasting,
-# and one call with two channels per group (the forward tiled, the backward the window walk).
+# and one call with two channels per group (the forward tiled, the backward the window walk). The backward's block
+# shape is the one with fewer threads over the image (semiconv.cu's tt_plan): 256 threads for (64 - k + 1)-wide
+# image tiles in the first, third and last calls, the wide shape (image tiles of at least 64) in the others (WIDE).
 # (img shape, kernel shape, semifield, padding, groups, kind, bcast)
 TILED = [
     ((2, 3, 130, 70), (3, 1, 5, 5), "tropical_max", "same", 3, "conv", False),
@@ -396,7 +399,9 @@ TILED = [
     ((2, 2, 65, 9), (2, 1, 2, 6), "tropical_min", [1, 1, 5, 0], 2, "conv", False),
     ((1, 4, 64, 61), (2, 2, 4, 2), "tropical_max", 1, 2, "conv", False),
     ((1, 1, 40, 50), (1, 1, 11, 4), "tropical_max", "same", 1, "corr", False),
+    ((1, 2, 128, 64), (2, 1, 5, 5), "tropical_max", "same", 2, "conv", False),
 ]
+WIDE = {1, 3, 6}  # positions in TILED
 
 
 def _tiled_call(case, dtype, device, gen, values):
@@ -439,4 +444,8 @@ def test_semiconv_tiled_kernels_equal_the_reference(case, dtype, values):
     torch.testing.assert_close(got_k, want_k, **exact)
     assert any("tt_forward_kernel" in k for k in kernels), sorted(kernels)
     one_channel = case[1][1] == 1
-    assert any("tt_backward_kernel" in k for k in kernels) == one_channel, sorted(kernels)
+    backward = [k for k in kernels if "tt_backward_kernel" in k]
+    assert bool(backward) == one_channel, sorted(kernels)
+    if one_channel:  # the kernel's name holds its WIDE template argument
+        wide = all(re.search(r"tt_backward_kernel<\d+, \d+, (true|\(bool\)1)", k) for k in backward)
+        assert wide == (TILED.index(case) in WIDE), backward

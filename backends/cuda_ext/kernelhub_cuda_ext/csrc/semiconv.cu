@@ -172,13 +172,14 @@ __global__ void __launch_bounds__(SC_THREADS) semiconv_backward_kernel(
 // and their masks per output. Here a block loads a 64x64 tile of the image (plus the window's halo, the
 // semifield's zero outside the image) into shared memory once, and each thread computes a 4x4 block of outputs
 // from registers: per kernel row and output row it reads one row segment (4 + KW - 1 values, vector loads) and
-// does the 4 x KW products and max/min from it, so a tap costs an add and a max (a comparison and two selects
-// more in the backward). KW is a compile-time constant (1-7: the segment lives in registers), KH is not.
+// does the 4 x KW products and max/min from it, so a tap costs an add and a max (a compare-to-value and a
+// multiply-add more in the backward, tt_winners). KW is a compile-time constant (1-7: the segment lives in
+// registers), KH is not.
 //
 // The backward gathers instead of scattering: a block owns a tile of the image's gradient and recomputes the
 // winners of every output whose window reaches into it (the tile plus KH - 1 rows and KW - 1 columns of outputs:
-// 64x64 outputs for a (64 - KH + 1) x (64 - KW + 1) tile), adds their upstream gradients in shared memory and
-// writes the tile once (no zero fill, no global atomics). The kernel's gradient is summed per window index and
+// 64x64 outputs for a (64 - KH + 1) x (64 - KW + 1) tile, or 68x68 for a 64x64 one at 5x5: tt_backward_kernel),
+// adds their upstream gradients in shared memory and writes the tile once (no zero fill, no global atomics). The kernel's gradient is summed per window index and
 // lane in shared memory from the outputs the block owns (the first tile-size rows and columns of what it computes, all
 // of them in the last tile of a row or column), one global atomic per index and block. The backward takes
 // depthwise-like calls (one input channel per output channel, Cg == 1); the forward any Cg.
@@ -214,15 +215,16 @@ __device__ __forceinline__ A tt_pick(A a, A b) {
 }
 
 // rows [y0, y0 + rows) and columns [x0, x0 + RW) of one H x W channel into shared memory (pitch P), `zero`
-// outside the channel. A warp takes rows (warp, warp + 8, ...), its lanes the columns (no division per element),
+// outside the channel. Of W whole warps, a warp takes rows (warp, warp + W, ...), its lanes the columns (no division per element),
 // two rows at a time with every load issued before the stores (a few memory latencies per tile, not one per
 // element). Returns whether this thread loaded a NaN.
 template <int RW, int P, typename T, typename A>
 __device__ __forceinline__ bool tt_load(A* __restrict__ s, const T* __restrict__ xc, int y0, int x0, int rows, int H,
                                         int W, A zero) {
-  constexpr int WARPS = TT_THREADS / 32, ROWS = 2, COLS = (RW + 31) / 32;
-  const int lane = threadIdx.x % 32;
+  constexpr int ROWS = 2, COLS = (RW + 31) / 32;
+  const int WARPS = int(blockDim.x) / 32, lane = threadIdx.x % 32;  // whole warps (a last partial one waits)
   bool nan = false;
+  if (int(threadIdx.x) >= WARPS * 32) return false;
   for (int r0 = threadIdx.x / 32; r0 < rows; r0 += ROWS * WARPS) {
     A v[ROWS][COLS];
 #pragma unroll
@@ -264,12 +266,12 @@ __device__ __forceinline__ void tt_segment_load(A (&v)[N], const A* p) {
 }
 
 // f(r, c, t, a) for every product a = x (*) k of a thread's 4x4 outputs (row r, column c of its block), each output's
-// window taps t in window order; ks is one channel's kernel in window order, the tile's rows start at the outputs'
-// first window row
-template <int SF, int KW, typename A, typename F>
+// window taps t in window order; ks is one channel's kernel in window order, the tile (pitch P) starts at the
+// outputs' first window row and column
+template <int SF, int KW, int P, typename A, typename F>
 __device__ __forceinline__ void tt_products(const A* __restrict__ xs, const A* __restrict__ ks, int KH, int tx, int ty,
                                             F&& f) {
-  constexpr int P = tt_pitch<KW, A>(), N = tt_segment<KW, A>();
+  constexpr int N = tt_segment<KW, A>();
   for (int kh = 0; kh < KH; ++kh) {
     A kv[KW];
 #pragma unroll
@@ -317,7 +319,7 @@ __global__ void __launch_bounds__(TT_THREADS) tt_forward_kernel(const T* __restr
     tt_load<TT_SIDE + KW - 1, P>(xs, x + (b * g.C + grp * g.Cg + c) * H * W, oh0 - int(g.p[1]), ow0 - int(g.p[2]),
                                  TT_SIDE + KH - 1, H, W, zero);
     __syncthreads();
-    tt_products<SF, KW>(xs, ks + c * taps, KH, tx, ty, [&](int r, int cc, int, A a) {
+    tt_products<SF, KW, P>(xs, ks + c * taps, KH, tx, ty, [&](int r, int cc, int, A a) {
       acc[r][cc] = tt_pick<SF>(acc[r][cc], a);
     });
   }
@@ -341,20 +343,20 @@ __global__ void __launch_bounds__(TT_THREADS) tt_forward_kernel(const T* __restr
   }
 }
 
-// the first winner (window tap index, in window order) of each of a thread's 4x4 outputs, and where CHECK_NAN: whether a
-// NaN was in the window (without CHECK_NAN, the caller knows none can be: no NaN in the tile, a finite kernel)
-template <int SF, int KW, bool CHECK_NAN, typename A>
-__device__ __forceinline__ void tt_winners(const A* __restrict__ xs, const A* __restrict__ ks, int KH, int tx, int ty,
-                                           int (&win)[TT_PER][TT_PER], bool (&nan)[TT_PER][TT_PER]) {
+// the first winner (window tap index, in window order) of each of a thread's 4x4 outputs, and whether a NaN was in
+// the window: the strict comparison keeps the first winner (a window of the semifield's zero keeps tap 0), the
+// max/min with NaN propagation marks a NaN
+template <int SF, int KW, int P, typename A>
+__device__ __forceinline__ void tt_winners_nan(const A* __restrict__ xs, const A* __restrict__ ks, int KH, int tx,
+                                               int ty, int (&win)[TT_PER][TT_PER], bool (&nan)[TT_PER][TT_PER]) {
   const A zero = SF == SC_MAX ? A(-INFINITY) : A(INFINITY);
   A best[TT_PER][TT_PER], m[TT_PER][TT_PER];
 #pragma unroll
   for (int r = 0; r < TT_PER; ++r)
 #pragma unroll
-    for (int c = 0; c < TT_PER; ++c) { best[r][c] = zero; win[r][c] = 0; if constexpr (CHECK_NAN) m[r][c] = zero; }
-  tt_products<SF, KW>(xs, ks, KH, tx, ty, [&](int r, int c, int t, A a) {
-    // a strict comparison keeps the first winner (a window of the semifield's zero keeps tap 0)
-    if constexpr (CHECK_NAN) m[r][c] = tt_pick<SF>(m[r][c], a);
+    for (int c = 0; c < TT_PER; ++c) { best[r][c] = zero; win[r][c] = 0; m[r][c] = zero; }
+  tt_products<SF, KW, P>(xs, ks, KH, tx, ty, [&](int r, int c, int t, A a) {
+    m[r][c] = tt_pick<SF>(m[r][c], a);
     const bool better = SF == SC_MAX ? a > best[r][c] : a < best[r][c];
     best[r][c] = better ? a : best[r][c];
     win[r][c] = better ? t : win[r][c];
@@ -362,79 +364,117 @@ __device__ __forceinline__ void tt_winners(const A* __restrict__ xs, const A* __
 #pragma unroll
   for (int r = 0; r < TT_PER; ++r)
 #pragma unroll
-    for (int c = 0; c < TT_PER; ++c) nan[r][c] = CHECK_NAN && m[r][c] != m[r][c];
+    for (int c = 0; c < TT_PER; ++c) nan[r][c] = m[r][c] != m[r][c];
 }
 
-template <int SF, int KW, typename T>
-__global__ void __launch_bounds__(TT_THREADS, 3) tt_backward_kernel(const T* __restrict__ go, const T* __restrict__ x,
-                                                                    const T* __restrict__ k, T* __restrict__ gx,
-                                                                    at::opmath_type<T>* __restrict__ gk, ScGeo g,
-                                                                    int tiles_h, int tiles_w) {
+// the same where no NaN can occur (no NaN in the tile, a finite kernel), with no predicate per tap: `better` as
+// 1 or 0 (one compare-to-value), the best by a max/min, and the winner's index kept as a value of A moved by a
+// multiply-add (exact: small integers), so a tap is two ALU instructions and three on the FMA pipe instead of
+// three ALU ones (a compare to a predicate and two selects; the ALU pipe has half the FMA pipe's lanes)
+template <int SF, int KW, int P, typename A>
+__device__ __forceinline__ void tt_winners(const A* __restrict__ xs, const A* __restrict__ ks, int KH, int tx, int ty,
+                                           int (&win)[TT_PER][TT_PER]) {
+  const A zero = SF == SC_MAX ? A(-INFINITY) : A(INFINITY);
+  A best[TT_PER][TT_PER], w[TT_PER][TT_PER];
+#pragma unroll
+  for (int r = 0; r < TT_PER; ++r)
+#pragma unroll
+    for (int c = 0; c < TT_PER; ++c) { best[r][c] = zero; w[r][c] = A(0); }
+  tt_products<SF, KW, P>(xs, ks, KH, tx, ty, [&](int r, int c, int t, A a) {
+    const A better = (SF == SC_MAX ? a > best[r][c] : a < best[r][c]) ? A(1) : A(0);
+    best[r][c] = SF == SC_MAX ? fmax(best[r][c], a) : fmin(best[r][c], a);
+    w[r][c] = fma(better, A(t) - w[r][c], w[r][c]);
+  });
+#pragma unroll
+  for (int r = 0; r < TT_PER; ++r)
+#pragma unroll
+    for (int c = 0; c < TT_PER; ++c) win[r][c] = int(w[r][c]);
+}
+
+// The backward's block computes the winners of 4LX x 4LY outputs (LX threads across, a compile-time constant; LY
+// down), whose windows cover a footprint of FH = 4LY + KH - 1 rows and 4LX + KW - 1 columns of the image: xs holds
+// the image there and gs its gradient, both on pitch P, so output (lr, lc)'s winner t adds at gs[lr * P + lc +
+// toff[t]] with no bounds check. The block owns the image tile at footprint rows [KH - 1, KH - 1 + TH), columns
+// [KW - 1, KW - 1 + TW) (TH = 4LY - KH + 1, TW = 4LX - KW + 1): every output whose window reaches into it is
+// computed here. Two shapes (tt_plan picks the one with fewer threads in all): LX = LY = 16 (256 threads, tiles of
+// 64 - k + 1), and WIDE: image tiles of at least 64 (LX = tt_wide_lanes(KW), LY likewise: 289 threads at 5x5),
+// which cover a power-of-two image evenly.
+constexpr int TT_WIDE_THREADS = 18 * 20;  // LX * LY of the wide shape at KW = 7, KH = 16
+constexpr int tt_wide_lanes(int k) { return (TT_SIDE + k - 1 + TT_PER - 1) / TT_PER; }
+template <int KW, int LX, typename A>
+constexpr int tt_bpitch() { return (TT_PER * LX + KW - 1 + tt_vec<A>() - 1) / tt_vec<A>() * tt_vec<A>(); }
+
+template <int SF, int KW, bool WIDE, typename T, int LX = WIDE ? tt_wide_lanes(KW) : TT_LANES>
+__global__ void __launch_bounds__(WIDE ? TT_WIDE_THREADS : TT_THREADS, WIDE ? 3 : 4)
+tt_backward_kernel(const T* __restrict__ go, const T* __restrict__ x, const T* __restrict__ k, T* __restrict__ gx,
+                   at::opmath_type<T>* __restrict__ gk, ScGeo g, int tiles_h, int tiles_w, int LY) {
   using A = at::opmath_type<T>;
-  constexpr int P = tt_pitch<KW, A>();
+  constexpr int CW = TT_PER * LX, TW = CW - KW + 1, P = tt_bpitch<KW, LX, A>();
   extern __shared__ __align__(16) unsigned char smem[];
   const int KH = int(g.KH), taps = KH * KW, H = int(g.H), W = int(g.W), OH = int(g.OH), OW = int(g.OW);
-  const int TH = TT_SIDE - (KH - 1), TW = TT_SIDE - (KW - 1);  // the image gradient's tile
-  A* xs = reinterpret_cast<A*>(smem);       // image rows [i0 - KH + 1, i0 + 64), columns likewise
-  A* gos = xs + (TT_SIDE + KH - 1) * P;     // the upstream gradient of the 64 x 64 outputs computed (0 outside)
-  A* gs = gos + TT_SIDE * TT_SIDE;          // the image gradient's tile, TH x TW of a TT_SIDE x TT_SIDE array
-  A* ks = gs + TT_SIDE * TT_SIDE;           // the kernel of the current oc in window order
+  const int CH = TT_PER * LY, TH = CH - KH + 1, FH = CH + KH - 1;
+  A* xs = reinterpret_cast<A*>(smem);       // the footprint's image, FH rows of P
+  A* gs = xs + FH * P;                      // its gradient
+  A* gos = gs + FH * P;                     // the upstream gradient of the CH x CW outputs computed (0 outside)
+  A* ks = gos + CH * CW;                    // the kernel of the current oc in window order
   A* bins = ks + taps;                      // its gradient per window index and lane, [taps][32]: a warp's lanes
                                             // never share an address (shared float atomics are compare-and-swap
                                             // loops: 32 lanes on one address serialise, and one tap often wins most
                                             // windows)
-  int64_t blk = blockIdx.x;
+  int* toff = reinterpret_cast<int*>(bins + taps * 32);  // window tap t's offset in the footprint
+  const int64_t blk = blockIdx.x;
   const int tw = int(blk % tiles_w), th = int(blk / tiles_w % tiles_h);
   const int64_t bc = blk / tiles_w / tiles_h, b = bc / g.C, ch = bc % g.C;  // Cg == 1: the channel is the group
-  const int tx = threadIdx.x % TT_LANES, ty = threadIdx.x / TT_LANES;
+  const int tx = threadIdx.x % LX, ty = threadIdx.x / LX, lane = threadIdx.x % 32;
   const int i0 = th * TH, j0 = tw * TW;
   const int oh_s = i0 + int(g.p[1]) - (KH - 1), ow_s = j0 + int(g.p[2]) - (KW - 1);  // the outputs computed
   const bool last_h = th == tiles_h - 1, last_w = tw == tiles_w - 1;
   const A zero = SF == SC_MAX ? A(-INFINITY) : A(INFINITY);
-  const bool x_nan = tt_load<TT_SIDE + KW - 1, P>(xs, x + bc * H * W, i0 - (KH - 1), j0 - (KW - 1),
-                                                  TT_SIDE + KH - 1, H, W, zero);
+  const bool x_nan = tt_load<CW + KW - 1, P>(xs, x + bc * H * W, i0 - (KH - 1), j0 - (KW - 1), FH, H, W, zero);
+  for (int i = threadIdx.x; i < taps; i += blockDim.x) toff[i] = (i / KW) * P + i % KW;
   if (gx != nullptr)
-    for (int i = threadIdx.x; i < TT_SIDE * TT_SIDE; i += TT_THREADS) gs[i] = A(0);
+    for (int i = threadIdx.x; i < FH * P; i += blockDim.x) gs[i] = A(0);
+  bool col_ok[TT_PER], own_c[TT_PER];  // this thread's output columns: inside the output; counted for the kernel
+#pragma unroll
+  for (int cc = 0; cc < TT_PER; ++cc) {
+    const int lc = tx * TT_PER + cc, ow = ow_s + lc;
+    col_ok[cc] = ow >= 0 && ow < OW;
+    own_c[cc] = lc < TW || last_w;
+  }
   for (int64_t og = 0; og < g.Og; ++og) {
     const int64_t oc = ch * g.Og + og, bo = b * g.O + oc;
     if (og > 0) __syncthreads();  // the previous oc's upstream gradient, kernel and bins are read
-    tt_load<TT_SIDE, TT_SIDE>(gos, go + bo * OH * OW, oh_s, ow_s, TT_SIDE, OH, OW, A(0));
+    tt_load<CW, CW>(gos, go + bo * OH * OW, oh_s, ow_s, CH, OH, OW, A(0));
     bool k_special = false;
-    for (int i = threadIdx.x; i < taps; i += TT_THREADS) {
+    for (int i = threadIdx.x; i < taps; i += blockDim.x) {
       ks[i] = static_cast<A>(k[oc * taps + g.ktap(i)]);
       k_special |= !::isfinite(ks[i]);
     }
     if (gk != nullptr)
-      for (int i = threadIdx.x; i < taps * 32; i += TT_THREADS) bins[i] = A(0);
+      for (int i = threadIdx.x; i < taps * 32; i += blockDim.x) bins[i] = A(0);
     // a NaN product needs a NaN in the tile or a kernel entry that is NaN or infinite (inf + -inf)
     const bool special = __syncthreads_or(x_nan || k_special);
     int win[TT_PER][TT_PER];
-    bool nan[TT_PER][TT_PER];
-    if (special) tt_winners<SF, KW, true>(xs, ks, KH, tx, ty, win, nan);
-    else tt_winners<SF, KW, false>(xs, ks, KH, tx, ty, win, nan);
+    bool nan[TT_PER][TT_PER] = {};
+    if (special) tt_winners_nan<SF, KW, P>(xs, ks, KH, tx, ty, win, nan);
+    else tt_winners<SF, KW, P>(xs, ks, KH, tx, ty, win);
 #pragma unroll
     for (int r = 0; r < TT_PER; ++r) {
       const int lr = ty * TT_PER + r, oh = oh_s + lr;
+      const bool row_ok = oh >= 0 && oh < OH, own_r = lr < TH || last_h;
       A gv[TT_PER];
-      tt_segment_load(gv, gos + lr * TT_SIDE + tx * TT_PER);
+      tt_segment_load(gv, gos + lr * CW + tx * TT_PER);
 #pragma unroll
       for (int cc = 0; cc < TT_PER; ++cc) {
-        const int lc = tx * TT_PER + cc, ow = ow_s + lc;
-        // outside the output, or a NaN in the window: no gradient
-        if (oh < 0 || oh >= OH || ow < 0 || ow >= OW || nan[r][cc]) continue;
+        if (!row_ok || !col_ok[cc] || nan[r][cc]) continue;  // outside the output, or a NaN in the window
         const int t = win[r][cc];
-        if (gx != nullptr) {
-          const int iy = oh - int(g.p[1]) + t / KW, ix = ow - int(g.p[2]) + t % KW;
-          if (iy >= i0 && iy < i0 + TH && iy < H && ix >= j0 && ix < j0 + TW && ix < W)
-            atomicAdd(gs + (iy - i0) * TT_SIDE + (ix - j0), gv[cc]);
-        }
-        if (gk != nullptr && (lr < TH || last_h) && (lc < TW || last_w))
-          atomicAdd(bins + t * 32 + threadIdx.x % 32, SF == SC_MIN ? -gv[cc] : gv[cc]);
+        if (gx != nullptr) atomicAdd(gs + lr * P + tx * TT_PER + cc + toff[t], gv[cc]);
+        if (gk != nullptr && own_r && own_c[cc]) atomicAdd(bins + t * 32 + lane, SF == SC_MIN ? -gv[cc] : gv[cc]);
       }
     }
     __syncthreads();
     if (gk != nullptr)
-      for (int i = threadIdx.x; i < taps; i += TT_THREADS) {
+      for (int i = threadIdx.x; i < taps; i += blockDim.x) {
         A sum = 0;
         for (int l = 0; l < 32; ++l) sum += bins[i * 32 + l];
         atomicAdd(gk + oc * taps + g.ktap(i), sum);
@@ -442,21 +482,22 @@ __global__ void __launch_bounds__(TT_THREADS, 3) tt_backward_kernel(const T* __r
   }
   __syncthreads();
   if (gx != nullptr)
-    for (int i = threadIdx.x; i < TT_SIDE * TT_SIDE; i += TT_THREADS) {
-      const int ly = i / TT_SIDE, lx = i % TT_SIDE, iy = i0 + ly, ix = j0 + lx;
-      if (ly < TH && lx < TW && iy < H && ix < W) gx[bc * H * W + iy * W + ix] = static_cast<T>(gs[i]);
+    for (int i = threadIdx.x; i < TH * TW; i += blockDim.x) {
+      const int ly = i / TW, lx = i % TW, iy = i0 + ly, ix = j0 + lx;
+      if (iy < H && ix < W) gx[bc * H * W + iy * W + ix] = static_cast<T>(gs[(ly + KH - 1) * P + lx + KW - 1]);
     }
 }
 
-// tiles of `side` along a dim of n elements (the forward's output tiles are TT_SIDE, the backward's image tiles
-// TT_SIDE - k + 1)
+// tiles of `side` along a dim of n elements
 inline int64_t tt_tiles(int64_t n, int64_t side) { return (n + side - 1) / side; }
 
-// how the tiled kernels take a call: their dynamic shared memory and grid of tiles, or bytes 0 where they do not
-// take it; `backward` asks for the backward's, `elem` is the accumulation type's size
+// how the tiled kernels take a call: their dynamic shared memory, grid of tiles and (backward) shape, or bytes 0
+// where they do not take it; `backward` asks for the backward's, `elem` is the accumulation type's size
 struct TtPlan {
   int64_t bytes = 0;
   int tiles_h = 0, tiles_w = 0;
+  bool wide = false;  // the backward's wide shape (image tiles of at least 64)
+  int lx = TT_LANES, ly = TT_LANES;  // the backward's threads across and down
 };
 
 TtPlan tt_plan(const ScGeo& g, int64_t sf, bool backward, int64_t elem) {
@@ -465,19 +506,34 @@ TtPlan tt_plan(const ScGeo& g, int64_t sf, bool backward, int64_t elem) {
   // every window holds an image pixel: padding below the kernel size on each side
   if (g.p[1] > g.KH - 1 || g.p[2] > g.KW - 1 || g.OH > g.H + g.p[1] || g.OW > g.W + g.p[2]) return {};
   if (backward && g.Cg != 1) return {};
-  // the forward's tiles are of outputs, TT_SIDE a side; the backward's of the image gradient, TT_SIDE - k + 1
-  const int64_t tiles_h = backward ? tt_tiles(g.H, TT_SIDE - g.KH + 1) : tt_tiles(g.OH, TT_SIDE);
-  const int64_t tiles_w = backward ? tt_tiles(g.W, TT_SIDE - g.KW + 1) : tt_tiles(g.OW, TT_SIDE);
-  if ((backward ? g.B * g.C : g.B * g.O) * tiles_h * tiles_w >= (int64_t(1) << 31)) return {};  // one grid dim
-  const int64_t vec = 16 / elem, pitch = (TT_SIDE + g.KW - 1 + vec - 1) / vec * vec, taps = g.KH * g.KW;
-  const int64_t bytes = elem * ((TT_SIDE + g.KH - 1) * pitch +
-                                (backward ? 2 * TT_SIDE * TT_SIDE + 33 * taps
-                                          : g.Cg * taps));
+  const int64_t vec = 16 / elem, taps = g.KH * g.KW;
+  TtPlan plan;
+  if (backward) {
+    // the shape with fewer threads in all (whole warps counted) over the image: at 256 x 256 and 5x5, 5 x 5 tiles
+    // of 60 (256 threads each) or 4 x 4 of 64 (289, ten warps)
+    const int64_t wx = tt_wide_lanes(int(g.KW)), wy = tt_wide_lanes(int(g.KH));
+    const auto tiles = [&](int64_t lx, int64_t ly) {
+      return tt_tiles(g.H, TT_PER * ly - g.KH + 1) * tt_tiles(g.W, TT_PER * lx - g.KW + 1);
+    };
+    plan.wide = tiles(wx, wy) * ((wx * wy + 31) / 32) < tiles(TT_LANES, TT_LANES) * (TT_THREADS / 32);
+    if (plan.wide) plan = TtPlan{0, 0, 0, true, int(wx), int(wy)};
+    plan.tiles_h = int(tt_tiles(g.H, TT_PER * plan.ly - g.KH + 1));
+    plan.tiles_w = int(tt_tiles(g.W, TT_PER * plan.lx - g.KW + 1));
+    const int64_t fh = TT_PER * plan.ly + g.KH - 1, cw = TT_PER * plan.lx;
+    const int64_t pitch = (cw + g.KW - 1 + vec - 1) / vec * vec;
+    plan.bytes = elem * (2 * fh * pitch + TT_PER * plan.ly * cw + 33 * taps) + int64_t(sizeof(int)) * taps;
+  } else {
+    plan.tiles_h = int(tt_tiles(g.OH, TT_SIDE));
+    plan.tiles_w = int(tt_tiles(g.OW, TT_SIDE));
+    const int64_t pitch = (TT_SIDE + g.KW - 1 + vec - 1) / vec * vec;
+    plan.bytes = elem * ((TT_SIDE + g.KH - 1) * pitch + g.Cg * taps);
+  }
+  if ((backward ? g.B * g.C : g.B * g.O) * plan.tiles_h * plan.tiles_w >= (int64_t(1) << 31)) return {};  // one grid dim
   int device = 0, optin = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  if (bytes > optin) return {};
-  return {bytes, int(tiles_h), int(tiles_w)};
+  if (plan.bytes > optin) return {};
+  return plan;
 }
 
 // a launch of `kernel` with `bytes` of dynamic shared memory: past the default, the kernel opts in (on the
@@ -568,13 +624,15 @@ std::tuple<at::Tensor, at::Tensor> semiconv_backward_cuda(const at::Tensor& grad
         constexpr int sfv = decltype(SF)::value;
         if constexpr (sfv == SC_MAX || sfv == SC_MIN) {
           tt_dispatch_kw(g.KW, [&](auto KW) {
-            const auto kernel = tt_backward_kernel<sfv, decltype(KW)::value, scalar_t>;
+            constexpr int kw = decltype(KW)::value;
+            const auto kernel = plan.wide ? tt_backward_kernel<sfv, kw, true, scalar_t>
+                                          : tt_backward_kernel<sfv, kw, false, scalar_t>;
             tt_allow_shared(kernel, plan.bytes);
-            kernel<<<static_cast<unsigned>(g.B * g.C * plan.tiles_h * plan.tiles_w), TT_THREADS, plan.bytes,
+            kernel<<<static_cast<unsigned>(g.B * g.C * plan.tiles_h * plan.tiles_w), plan.lx * plan.ly, plan.bytes,
                      c10::cuda::getCurrentCUDAStream()>>>(
                 grad.data_ptr<scalar_t>(), img.data_ptr<scalar_t>(), ker.data_ptr<scalar_t>(),
                 need_img ? gx.data_ptr<scalar_t>() : nullptr, need_kernel ? gk.data_ptr<A>() : nullptr, g,
-                plan.tiles_h, plan.tiles_w);
+                plan.tiles_h, plan.tiles_w, plan.ly);
             C10_CUDA_KERNEL_LAUNCH_CHECK();
           });
         }

@@ -30,11 +30,11 @@ from kernelhub import nn as khnn
 B, C, H, W, K = 16, 32, 256, 256, 5
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json")
     p.add_argument("--paths", help="time only the paths whose name contains this (and the hub's choice)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     import pytorch_nd_semiconv as pnds
 
     dev = torch.device("cuda")

@@ -6,8 +6,8 @@
 #   bench  - benchmarks/kernels.py: every kernel backend against eager and compiled torch_ref
 #   tune   - kernelhub tune (benchmark shapes, every backend), kernelhub list, kernelhub bench --plot
 #   examples - examples/ptycho_tv.py and examples/phase_2d.py (EXAMPLES narrows) at their --benchmark sizes (PNGs and JSON under $OUT)
-#   nn     - benchmarks/nd_semiconv.py: kernelhub.nn.SemiConv against pytorch_nd_semiconv (wheels in .whl/nd; its
-#            Numba path again under the numpy in .whl/numpy, if any), and benchmarks/tvloss3d.py
+#   nn     - benchmarks/nd_semiconv.py: kernelhub.nn.SemiConv against pytorch_nd_semiconv (wheels in .whl/nd; under
+#            the numpy in .whl/numpy, if any), recorded as $OUT/h200_nn.json for docs/results/; and benchmarks/tvloss3d.py
 #            (what kernelhub.nn.TVLoss3d costs over the bare op)
 #   host   - benchmarks/host_overhead.py: per-call wall time of the hub against minimal glue (HOST_ARGS narrows it),
 #            recorded as $OUT/h200_host.json (HOST_RECORD: another file) for docs/results/; and
@@ -90,15 +90,14 @@ if has ddp; then
     | tail -3
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
-if has nn; then
-  timeout -k 10 "${NN_TIMEOUT:-300}" python3 benchmarks/nd_semiconv.py --json "$OUT/nd_semiconv.json" 2>&1 \
-    | tee "$OUT/nd_semiconv.txt" | grep -v "^  \|^Traceback\|^$" || rc=1
-  if ls .whl/numpy/*.whl >/dev/null 2>&1; then  # pytorch_nd_semiconv's Numba path needs np.row_stack (numpy < 2.4)
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/np .whl/numpy/*.whl
-    PYTHONPATH=/tmp/np${PYTHONPATH:+:$PYTHONPATH} timeout -k 10 "${NN_TIMEOUT:-300}" python3 benchmarks/nd_semiconv.py \
-      --paths SelectSemifield --json "$OUT/nd_semiconv_numpy.json" 2>&1 | tee "$OUT/nd_semiconv_numpy.txt" \
-      | grep -v "^  \|^Traceback\|^$" || rc=1
+if has nn; then  # recorded for docs/results/ as $OUT/h200_nn.json (pytorch_nd_semiconv's Numba path calls
+  # np.row_stack, gone from numpy 2.4: the run takes the numpy in .whl/numpy where there is one)
+  np_path=""
+  if ls .whl/numpy/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/np .whl/numpy/*.whl && np_path=/tmp/np
   fi
+  PYTHONPATH=$np_path${PYTHONPATH:+:$PYTHONPATH} timeout -k 10 "${NN_TIMEOUT:-300}" python3 scripts/bench_report.py \
+    record-nn --out "$OUT/h200_nn.json" 2>&1 | tee "$OUT/nd_semiconv.txt" | grep -v "^  \|^Traceback\|^$" || rc=1
   python3 benchmarks/tvloss3d.py --json "$OUT/tvloss3d.json" 2>&1 | tee "$OUT/tvloss3d.txt" || rc=1
 fi
 if has examples; then

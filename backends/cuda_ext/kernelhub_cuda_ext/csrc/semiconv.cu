@@ -179,9 +179,10 @@ __global__ void __launch_bounds__(SC_THREADS) semiconv_backward_kernel(
 // The backward gathers instead of scattering: a block owns a tile of the image's gradient and recomputes the
 // winners of every output whose window reaches into it (the tile plus KH - 1 rows and KW - 1 columns of outputs:
 // 64x64 outputs for a (64 - KH + 1) x (64 - KW + 1) tile, or 68x68 for a 64x64 one at 5x5: tt_backward_kernel),
-// adds their upstream gradients in shared memory and writes the tile once (no zero fill, no global atomics). The kernel's gradient is summed per window index and
-// lane in shared memory from the outputs the block owns (the first tile-size rows and columns of what it computes, all
-// of them in the last tile of a row or column), one global atomic per index and block. The backward takes
+// adds their upstream gradients in shared memory and writes the tile once (no zero fill, no global atomics). The
+// kernel's gradient is summed per window index and lane in shared memory from the outputs the block owns (the first
+// tile-size rows and columns of what it computes, all of them in the last tile of a row or column), one global
+// atomic per index and block. The backward takes
 // depthwise-like calls (one input channel per output channel, Cg == 1); the forward any Cg.
 // Taken when every window holds an image pixel (padding below the kernel size on each side), so every output
 // lies in a tile's span.
@@ -528,7 +529,7 @@ TtPlan tt_plan(const ScGeo& g, int64_t sf, bool backward, int64_t elem) {
     const int64_t pitch = (TT_SIDE + g.KW - 1 + vec - 1) / vec * vec;
     plan.bytes = elem * ((TT_SIDE + g.KH - 1) * pitch + g.Cg * taps);
   }
-  if ((backward ? g.B * g.C : g.B * g.O) * plan.tiles_h * plan.tiles_w >= (int64_t(1) << 31)) return {};  // one grid dim
+  if ((backward ? g.B * g.C : g.B * g.O) * plan.tiles_h * plan.tiles_w >= (int64_t(1) << 31)) return {};  // 1 grid dim
   int device = 0, optin = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));

@@ -216,14 +216,15 @@ __device__ __forceinline__ A tt_pick(A a, A b) {
 }
 
 // rows [y0, y0 + rows) and columns [x0, x0 + RW) of one H x W channel into shared memory (pitch P), `zero`
-// outside the channel. Of W whole warps, a warp takes rows (warp, warp + W, ...), its lanes the columns (no division per element),
-// two rows at a time with every load issued before the stores (a few memory latencies per tile, not one per
-// element). Returns whether this thread loaded a NaN.
+// outside the channel. Of the block's WARPS whole warps (a last partial one loads nothing), a warp takes rows (warp,
+// warp + WARPS, ...), its lanes the columns (no division per element), two rows at a time with every load issued
+// before the stores (a few memory latencies per tile, not one per element). Returns whether this thread loaded a
+// NaN.
 template <int RW, int P, typename T, typename A>
 __device__ __forceinline__ bool tt_load(A* __restrict__ s, const T* __restrict__ xc, int y0, int x0, int rows, int H,
                                         int W, A zero) {
   constexpr int ROWS = 2, COLS = (RW + 31) / 32;
-  const int WARPS = int(blockDim.x) / 32, lane = threadIdx.x % 32;  // whole warps (a last partial one waits)
+  const int WARPS = int(blockDim.x) / 32, lane = threadIdx.x % 32;
   bool nan = false;
   if (int(threadIdx.x) >= WARPS * 32) return false;
   for (int r0 = threadIdx.x / 32; r0 < rows; r0 += ROWS * WARPS) {
@@ -292,10 +293,12 @@ __device__ __forceinline__ void tt_products(const A* __restrict__ xs, const A* _
 template <typename T>
 struct alignas(TT_PER * sizeof(T)) TtQuad { T v[TT_PER]; };
 
+// six blocks a multiprocessor where the accumulation type is 4 bytes (40 registers: 8-13% less time at 3x3 and 5x5
+// than four blocks of 60, docs/lab/benchmarks-history.md); double keeps the registers it needs
 template <int SF, int KW, typename T>
-__global__ void __launch_bounds__(TT_THREADS) tt_forward_kernel(const T* __restrict__ x, const T* __restrict__ k,
-                                                                T* __restrict__ out, ScGeo g, int tiles_h,
-                                                                int tiles_w) {
+__global__ void __launch_bounds__(TT_THREADS, sizeof(at::opmath_type<T>) == 4 ? 6 : 1)
+tt_forward_kernel(const T* __restrict__ x, const T* __restrict__ k, T* __restrict__ out, ScGeo g, int tiles_h,
+                  int tiles_w) {
   using A = at::opmath_type<T>;
   constexpr int P = tt_pitch<KW, A>();
   extern __shared__ __align__(16) unsigned char smem[];

@@ -12,8 +12,8 @@ older than its files). ``record-host`` runs benchmarks/host_overhead.py (the hub
 around the same kernels) with the arguments after ``--`` and records it the same way; a second run into the
 same file (for example ``-- --compiled-steps``) adds its rows. ``record-nn`` runs benchmarks/nd_semiconv.py
 (`kernelhub.nn.SemiConv` against pytorch_nd_semiconv's paths) and records it the same way. ``render`` reads every
-``docs/results/*.json`` and rewrites docs/benchmarks.md and the tables between the README's markers (the winners, the host cost);
-tests/test_docs.py fails if any differs from what it renders. Older measurements and studies are in docs/lab/.
+``docs/results/*.json`` and rewrites docs/benchmarks.md and the tables between the README's markers (the winners,
+the host cost); tests/test_docs.py fails if any differs from what it renders. Older measurements and studies are in docs/lab/.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def nn_report(data: dict) -> list[str]:
              "| path | ms | x floor | speed-up over pytorch_nd_semiconv's fastest path |", "|---|---:|---:|---:|"]
     for r in data["rows"]:
         if "ms" not in r:
-            lines.append(f"| {r['path']} | failed: {r['error'][:80]} | | |")
+            lines.append(f"| {r['path']} | failed: {r['error'][:80].replace('|', '/')} | | |")
             continue
         factor = f"{best / r['ms']:.2f}x" if best and not r["path"].startswith("pnds") else ""
         lines.append(f"| {r['path']} | {r['ms']:.3f} | {r['ms'] / data['floor_ms']:.1f} | {factor} |")

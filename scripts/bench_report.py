@@ -28,6 +28,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -381,34 +382,37 @@ def _between(text: str, begin: str, end: str, new: str) -> str:
     return text[:start] + "\n" + new + "\n" + text[stop:]
 
 
+def _section(title: str, records: list[dict], lines_of: Callable[[dict], list[str]], intro: str) -> str:
+    """A docs/benchmarks.md section after the kernel tables: its title, what it measures, and each record's lines
+    (`host_report`, `nn_report`); nothing where no record is there."""
+    if not records:
+        return ""
+    return "\n".join(["", f"## {title}", "", intro, ""] + [line for d in records for line in lines_of(d)])
+
+
 def render(check: bool = False) -> list[str]:
     """Write (or with ``check``, compare) docs/benchmarks.md and the README's tables; the files that differ."""
     records = _records()
     hosts = _records(HOST_FORMAT)
     text = report(records)
-    if hosts:
-        text += "\n".join(["", "## Per-call host cost", "",
-                           "What a call costs the host: wall µs per call, calls back to back with one synchronisation "
-                           "per round, median of the rounds (`benchmarks/host_overhead.py`), forward \\| forward + "
-                           "backward. `hub`: the hub's own choice; `min:B`: backend B's forward and backward "
-                           "functions in a minimal `torch.autograd.Function` (the floor for Python glue around B's "
-                           "kernels; the kernels are the same, the difference is host code). Without grad the hub "
-                           "calls the backend's forward with no autograd glue, so its forward can beat that floor. "
-                           "Semiconv: tropical max, depthwise. Ratios within one run only: hosts differ by up to 2x. "
-                           "The hub against the minimal Function (`hub / min:pick`, `hub:B / min:B`) is the median "
-                           "of the rounds' ratios (each round times every row, in a new order), which a drift of the "
-                           "host's speed between rounds leaves alone; rows recorded before that statistic show the "
-                           "ratio of the medians.",
-                           ""] + [line for d in hosts for line in host_report(d)])
-    nns = _records(NN_FORMAT)
-    if nns:
-        text += "\n".join(["", "## kernelhub.nn against pytorch_nd_semiconv", "",
-                           "`kernelhub.nn.SemiConv` (each backend forced, and the hub's own choice) against "
-                           "pytorch_nd_semiconv's `GenericConv` paths on the same inputs and kernel parameters, "
-                           "forward + backward, median ms of `do_bench` (`benchmarks/nd_semiconv.py`). Every path is "
-                           "first checked against kernelhub's float64 reference (output, image gradient and the "
-                           "kernel parameter's gradient); one that fails or is wrong is listed as failed.",
-                           ""] + [line for d in nns for line in nn_report(d)])
+    text += _section("Per-call host cost", hosts, host_report,
+                     "What a call costs the host: wall µs per call, calls back to back with one synchronisation "
+                     "per round, median of the rounds (`benchmarks/host_overhead.py`), forward \\| forward + "
+                     "backward. `hub`: the hub's own choice; `min:B`: backend B's forward and backward "
+                     "functions in a minimal `torch.autograd.Function` (the floor for Python glue around B's "
+                     "kernels; the kernels are the same, the difference is host code). Without grad the hub "
+                     "calls the backend's forward with no autograd glue, so its forward can beat that floor. "
+                     "Semiconv: tropical max, depthwise. Ratios within one run only: hosts differ by up to 2x. "
+                     "The hub against the minimal Function (`hub / min:pick`, `hub:B / min:B`) is the median "
+                     "of the rounds' ratios (each round times every row, in a new order), which a drift of the "
+                     "host's speed between rounds leaves alone; rows recorded before that statistic show the "
+                     "ratio of the medians.")
+    text += _section("kernelhub.nn against pytorch_nd_semiconv", _records(NN_FORMAT), nn_report,
+                     "`kernelhub.nn.SemiConv` (each backend forced, and the hub's own choice) against "
+                     "pytorch_nd_semiconv's `GenericConv` paths on the same inputs and kernel parameters, "
+                     "forward + backward, median ms of `do_bench` (`benchmarks/nd_semiconv.py`). Every path is "
+                     "first checked against kernelhub's float64 reference (output, image gradient and the "
+                     "kernel parameter's gradient); one that fails or is wrong is listed as failed.")
     readme = _between(README.read_text(), BEGIN, END, winners_table(records))
     new_readme = _between(readme, HOST_BEGIN, HOST_END, host_table(hosts))
     stale = [str(p.relative_to(REPO)) for p, new in ((REPORT, text), (README, new_readme))

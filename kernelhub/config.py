@@ -9,7 +9,10 @@ each was measured among them. A user's file is looked up in this order, first fo
 3. ``$XDG_CONFIG_HOME/kernelhub/kernelhub.toml`` (default ``~/.config/kernelhub/kernelhub.toml``).
 
 Its keys replace the shipped file's; ``[tune]`` and each ``[ops.<op>]`` table are merged key by key (a user's
-``[ops.semiconv] pin`` keeps the shipped priority for semiconv, a user's ``priority`` there replaces it).
+``[ops.semiconv] pin`` keeps the shipped priority for semiconv, a user's ``priority`` there replaces it). An op's
+``cases`` (``[ops.<op>.cases.<case>] priority``: the order for the calls of one of the op's `kernelhub.spec.Case`s,
+tried before the op's own) merge case by case; a user's op ``priority`` without ``cases`` drops the shipped file's
+cases of that op too, so the user's order holds for every call of it.
 
 Environment overrides, applied on top of the file:
 
@@ -58,8 +61,12 @@ def make_private_dirs(path: Path) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class OpConfig:
+    """One ``[ops.<op>]`` table: its priority, pin, and each case's priority (case name -> backends)."""
+
     priority: tuple[str, ...] = ()
     pin: str = ""
+    cases: Mapping[str, tuple[str, ...]] = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({}), hash=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,11 +100,13 @@ class Config:
     def op(self, name: str) -> OpConfig:
         return self.ops.get(name) or OpConfig()
 
-    def priority_for(self, op: str, backends: list[str], reference: str) -> list[str]:
-        """Order ``backends``: the op's priority, then the global one; backends named in neither go
-        alphabetically just before the op's ``reference`` backend (so installing a backend puts it to use), the
-        reference last unless a list places it elsewhere."""
-        order = list(self.op(op).priority) + [b for b in self.priority if b not in self.op(op).priority]
+    def priority_for(self, op: str, backends: list[str], reference: str, case: str = "") -> list[str]:
+        """Order ``backends``: the priority of the call's ``case`` of the op (if configured), then the op's, then
+        the global one; backends named in none go alphabetically just before the op's ``reference`` backend (so
+        installing a backend puts it to use), the reference last unless a list places it elsewhere."""
+        order: list[str] = []
+        for names in (self.op(op).cases.get(case, ()), self.op(op).priority, self.priority):
+            order += [b for b in names if b not in order]
         unlisted = sorted(b for b in backends if b not in order and b != reference)
         at = order.index(reference) if reference in order else len(order)
         order[at:at] = unlisted
@@ -106,9 +115,16 @@ class Config:
         return [b for b in order if b in backends]
 
     def check_ops(self, known_ops: Mapping) -> None:
-        for name in self.ops:
+        """Raise ConfigError for an ``[ops.<op>]`` table of an op not in ``known_ops`` (name -> spec) or a case the
+        op's spec does not define."""
+        for name, table in self.ops.items():
             if name not in known_ops:
                 raise ConfigError(f"{self.source}: [ops.{name}]: unknown op; known ops: {sorted(known_ops)}")
+            known_cases = [c.name for c in known_ops[name].cases]
+            for case in table.cases:
+                if case not in known_cases:
+                    raise ConfigError(f"{self.source}: [ops.{name}.cases.{case}]: unknown case; the cases of {name}: "
+                                      f"{known_cases}")
 
     def as_dict(self) -> dict:
         return {
@@ -118,13 +134,15 @@ class Config:
             "strict": self.strict,
             "disabled": sorted(self.disabled),
             "priority": list(self.priority),
-            "ops": {k: {"priority": list(v.priority), "pin": v.pin} for k, v in self.ops.items()},
+            "ops": {k: {"priority": list(v.priority), "pin": v.pin,
+                        "cases": {c: {"priority": list(p)} for c, p in v.cases.items()}} for k, v in self.ops.items()},
             "tune": {"mode": self.tune.mode, "cache": self.tune.cache, "cache_path": str(self.tune.cache_path())},
         }
 
 
 _TOP_KEYS = {"kill_switch": bool, "strict": bool, "disabled": list, "priority": list, "ops": dict, "tune": dict}
-_OP_KEYS = {"priority": list, "pin": str}
+_OP_KEYS = {"priority": list, "pin": str, "cases": dict}
+_CASE_KEYS = {"priority": list}
 _TUNE_KEYS = {"mode": str, "cache": str}
 
 
@@ -164,6 +182,13 @@ def _check_keys(table: Mapping, allowed: Mapping[str, type], where: str) -> None
             raise ConfigError(f"{name}: expected {kind}, got {type(value).__name__} {value!r}")
 
 
+def _check_table(table: object, allowed: Mapping[str, type], where: str) -> None:
+    """`_check_keys` for a value that must be a table (an ``[ops.<op>]`` or a case's)."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a table with keys {sorted(allowed)}")
+    _check_keys(table, allowed, where)
+
+
 def _over_shipped(data: Mapping) -> dict:
     """A user's data over the shipped file's: top-level keys replaced, [tune] and each [ops.<op>] merged key by key
     (a value that is not a table replaces the shipped one, and the checks then name it)."""
@@ -174,7 +199,12 @@ def _over_shipped(data: Mapping) -> dict:
     if isinstance(data.get("ops"), dict):
         for name, table in data["ops"].items():
             if isinstance(table, dict) and name in SHIPPED_DATA.get("ops", {}):
-                merged["ops"][name] = {**SHIPPED_DATA["ops"][name], **table}
+                shipped = SHIPPED_DATA["ops"][name]
+                merged["ops"][name] = {**shipped, **table}
+                if "priority" in table and "cases" not in table:
+                    merged["ops"][name].pop("cases", None)  # the user's order holds for every call of the op
+                elif isinstance(table.get("cases"), dict):
+                    merged["ops"][name]["cases"] = {**shipped.get("cases", {}), **table["cases"]}
     return merged
 
 
@@ -185,13 +215,17 @@ def parse_config(data: Mapping, source: str, known_backends: frozenset[str]) -> 
     ops = {}
     for name, table in data.get("ops", {}).items():
         where = f"{source}: [ops.{name}]"
-        if not isinstance(table, dict):
-            raise ConfigError(f"{where}: expected a table with keys {sorted(_OP_KEYS)}")
-        _check_keys(table, _OP_KEYS, where)
+        _check_table(table, _OP_KEYS, where)
         pin = table.get("pin", "")
         if pin and pin not in known_backends:
             raise ConfigError(f"{where}.pin: unknown backend {pin!r}; allowed: {sorted(known_backends)}")
-        ops[name] = OpConfig(priority=_names(table.get("priority", []), f"{where}.priority", known_backends), pin=pin)
+        cases = {}
+        for case, case_table in table.get("cases", {}).items():
+            case_where = f"{source}: [ops.{name}.cases.{case}]"
+            _check_table(case_table, _CASE_KEYS, case_where)
+            cases[case] = _names(case_table.get("priority", []), f"{case_where}.priority", known_backends)
+        ops[name] = OpConfig(priority=_names(table.get("priority", []), f"{where}.priority", known_backends), pin=pin,
+                             cases=types.MappingProxyType(cases))
     tune = data.get("tune", {})
     _check_keys(tune, _TUNE_KEYS, f"{source}: [tune]")
     if tune.get("mode", "cached") not in TUNE_MODES:

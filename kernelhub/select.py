@@ -10,7 +10,8 @@ impls the order is: a forced backend (``kernelhub.op(name, backend=...)``), else
 the op's pin from the config, else the tuned winner for the call's shape bucket
 (kernelhub/tune.py; a backend that failed parity there is rejected, and a winner read from the file is
 checked against the reference once per process first), else the
-priority order of the config. With ``[tune].mode = "online"`` a bucket without a
+priority order of the config (first the order of the call's case, where the op's spec has a `kernelhub.spec.Case`
+the call belongs to and the config orders that case). With ``[tune].mode = "online"`` a bucket without a
 valid winner is tuned at its first call, except while torch.compile traces or a
 CUDA graph is captured: that call uses the priority order and its decision is not
 cached, so a later call tunes.
@@ -154,10 +155,11 @@ class Selector:
 
     def _decide(self, op: str, args: Sequence[Any], forced: str, key: tuple, tuned: bool) -> tuple[Decision, bool]:
         """The decision, and whether it may be cached: five stages, each a method below."""
-        impls = self.registry.impls(op)
+        impls, spec = self.registry.impls(op), self.registry.spec(op)
         rejected = self._rejected(op, args, forced, key)
-        ordered = self.config.priority_for(op, [n for n in impls if n not in rejected],
-                                           self.registry.spec(op).reference_backend)
+        case = spec.case_of(args) if self.config.op(op).cases else ""  # a case the config orders on its own
+        case = case if case in self.config.op(op).cases else ""
+        ordered = self.config.priority_for(op, [n for n in impls if n not in rejected], spec.reference_backend, case)
         pin = self.config.op(op).pin
         whys: dict[str, str] = {}
         note, cacheable, winner = "", True, None
@@ -166,8 +168,9 @@ class Selector:
             ordered, whys, winner, note, cacheable = self._tuned_order(op, args, ordered, rejected)
         if tuned:
             self._drop_tuned_only(op, ordered, rejected, keep={forced, pin, winner})
-        ordered, why = self._forced_or_pinned(op, args, ordered, rejected, forced, pin,
-                                              ("priority order " + " > ".join(ordered) if ordered else "") + note)
+        order = ("priority order " + " > ".join(ordered) + (f" (case {case} of {op})" if case else "")
+                 if ordered else "")
+        ordered, why = self._forced_or_pinned(op, args, ordered, rejected, forced, pin, order + note)
         return self._decision(op, args, ordered, rejected, whys, why, forced), cacheable
 
     def _rejected(self, op: str, args: Sequence[Any], forced: str, key: tuple) -> dict[str, list[str]]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Arg", "Tolerance", "SampleInput", "SampleSpace", "OpSpec", "Backend", "Impl", "ARG_KINDS", "lazy",
+__all__ = ["Arg", "Tolerance", "SampleInput", "SampleSpace", "Case", "OpSpec", "Backend", "Impl", "ARG_KINDS", "lazy",
            "layout_cache", "autograd_inline", "plan_call", "put_back", "to_slots"]
 
 # Argument kinds and their torch.library schema types. "tensors" is a list of tensors.
@@ -87,6 +87,23 @@ class SampleSpace:
 
 
 @dataclasses.dataclass(frozen=True)
+class Case:
+    """A named class of an op's calls, for the configuration to give its own priority (``[ops.<op>.cases.<name>]
+    priority``, docs/backends.md): where backends trade places within one op (a kernel that wins on one kind of
+    call and loses on the others), a per-op priority cannot say so. ``applies(*canonical)`` says whether a
+    canonical call belongs to the case; it is asked once per call layout (decisions are cached), only for ops
+    whose configuration names a case."""
+
+    name: str
+    doc: str
+    applies: Callable[..., bool]
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"Case name must be an identifier, got {self.name!r}")
+
+
+@dataclasses.dataclass(frozen=True)
 class OpSpec:
     """The contract of one op. Backends implement it; the selector and testing kit read it.
 
@@ -99,7 +116,8 @@ class OpSpec:
     the message must contain)`` for the conformance kit. ``tolerances`` maps dtype to
     `Tolerance`, measured as documented in kernelhub/testing/tolerances.py; a dtype left out is
     `unmeasured`. ``space``, where given, is the op's `SampleSpace`: the kit draws calls from it until a partial
-    impl's checks have reached each tag it requires; without one, the kit's calls are the samples.
+    impl's checks have reached each tag it requires; without one, the kit's calls are the samples. ``cases``:
+    the `Case`s the configuration may give their own priority.
     """
 
     name: str
@@ -113,6 +131,7 @@ class OpSpec:
     bad_inputs: Callable[[], list[tuple[tuple, dict, type, str]]]
     reference_backend: str = "torch_ref"
     space: SampleSpace | None = None
+    cases: tuple[Case, ...] = ()
 
     SAMPLE_SIZES = ("small", "medium", "edge", "benchmark")
 
@@ -127,6 +146,13 @@ class OpSpec:
             raise ValueError(f"OpSpec {self.name!r}: tolerances for dtypes it does not take: {extra}")
         if not any(a.differentiable for a in self.args):
             raise ValueError(f"OpSpec {self.name!r}: at least one argument must be differentiable")
+        cases = [c.name for c in self.cases]
+        if len(set(cases)) != len(cases):
+            raise ValueError(f"OpSpec {self.name!r}: case names must be unique, got {cases}")
+
+    def case_of(self, args: Sequence[Any]) -> str:
+        """The name of the first of ``cases`` that a canonical call belongs to, or ''."""
+        return next((c.name for c in self.cases if c.applies(*args)), "")
 
     def canonical(self, *args: Any, **kwargs: Any) -> tuple:
         """``normalize(*args, **kwargs)``, where a call that does not fit the signature (an unknown keyword, a

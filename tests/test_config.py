@@ -75,6 +75,38 @@ def test_a_files_own_op_priority_replaces_the_built_in_one_and_a_pin_alone_keeps
         ["triton", "cuda_ext", "torch_ref"]
 
 
+def test_a_case_priority_merges_case_by_case_and_an_op_priority_alone_drops_the_shipped_cases(tmp_path):
+    """The shipped file orders semiconv's tropical_2d_depthwise case on its own. A user's [ops.semiconv] pin keeps
+    it, a user's case table replaces that case's, and a user's op priority without cases drops the shipped cases:
+    the user's order then holds for every call of the op."""
+    shipped = load_config(KNOWN).op("semiconv")
+    assert shipped.cases == {"tropical_2d_depthwise": ("cuda_ext", "triton")}
+    assert load_config(KNOWN).priority_for("semiconv", ["torch_ref", "triton", "cuda_ext"], "torch_ref",
+                                           "tropical_2d_depthwise") == ["cuda_ext", "triton", "torch_ref"]
+    assert load_config(KNOWN).priority_for("semiconv", ["torch_ref", "triton", "cuda_ext"], "torch_ref") == \
+        ["triton", "cuda_ext", "torch_ref"]
+    pinned = load_config(KNOWN, write(tmp_path / "a.toml", "[ops.semiconv]\npin = 'torch_ref'\n")).op("semiconv")
+    assert pinned.cases == shipped.cases and pinned.priority == ("triton",)
+    case = load_config(KNOWN, write(tmp_path / "b.toml", """
+        [ops.semiconv.cases.tropical_2d_depthwise]
+        priority = ["torch_ref"]
+        """)).op("semiconv")
+    assert case.cases == {"tropical_2d_depthwise": ("torch_ref",)} and case.priority == ("triton",)
+    own = load_config(KNOWN, write(tmp_path / "c.toml", "[ops.semiconv]\npriority = ['cuda_ext']\n")).op("semiconv")
+    assert own.cases == {} and own.priority == ("cuda_ext",)
+
+
+def test_an_unknown_case_is_an_error_naming_the_op_and_its_cases(tmp_path):
+    write(tmp_path / "kernelhub.toml", "[ops.semiconv.cases.depthwise]\npriority = ['cuda_ext']\n")
+    with pytest.raises(ConfigError, match=r"\[ops.semiconv.cases.depthwise\]: unknown case; the cases of semiconv: "
+                                          r"\['tropical_2d_depthwise'\]"):
+        kernelhub.reload()
+    write(tmp_path / "kernelhub.toml", "[ops.tv_loss_l1_3d.cases.small]\npriority = ['cuda_ext']\n")
+    with pytest.raises(ConfigError, match=r"\[ops.tv_loss_l1_3d.cases.small\]: unknown case; the cases of "
+                                          r"tv_loss_l1_3d: \[\]"):
+        kernelhub.reload()
+
+
 def test_lookup_order(tmp_path, monkeypatch):
     user = write(tmp_path / "xdg" / "kernelhub" / "kernelhub.toml", "strict = true\n")
     assert load_config(KNOWN).source == str(user)
@@ -97,11 +129,18 @@ def test_lookup_order(tmp_path, monkeypatch):
     ("priority = ['trition']", "priority: unknown backend 'trition'; allowed: \\["),
     ("disabled = 'triton'", "disabled: expected list"),
     ("[ops.tv_loss_l1_3d]\npin = 'nope'", "\\[ops.tv_loss_l1_3d\\].pin: unknown backend 'nope'"),
-    ("[ops.tv_loss_l1_3d]\npinned = 'triton'", "unknown key 'pinned'; allowed keys: \\['pin', 'priority'\\]"),
+    ("[ops.tv_loss_l1_3d]\npinned = 'triton'", "unknown key 'pinned'; allowed keys: \\['cases', 'pin', 'priority'\\]"),
     ("kill_switch = ", "not valid TOML"),
     ("ops = 3", "kernelhub.toml: ops: expected a table, got int 3"),  # not "kernelhub.toml.ops"
     ("priority = ['triton', 'torch_ref', 'triton']", "priority: backend 'triton' is listed twice"),
     ("[ops.semiconv]\npriority = ['cuda_ext', 'cuda_ext']", "priority: backend 'cuda_ext' is listed twice"),
+    ("[ops.semiconv.cases.tropical_2d_depthwise]\npriority = ['cuda']",
+     "\\[ops.semiconv.cases.tropical_2d_depthwise\\].priority: unknown backend 'cuda'"),
+    ("[ops.semiconv.cases.tropical_2d_depthwise]\npin = 'cuda_ext'",
+     "\\[ops.semiconv.cases.tropical_2d_depthwise\\]: unknown key 'pin'; allowed keys: \\['priority'\\]"),
+    ("[ops.semiconv]\ncases = 3", "\\[ops.semiconv\\].cases: expected a table, got int 3"),
+    ("[ops.semiconv.cases]\ntropical_2d_depthwise = 3",
+     "\\[ops.semiconv.cases.tropical_2d_depthwise\\]: expected a table with keys \\['priority'\\]"),
 ])
 def test_schema_errors_name_file_key_and_allowed_values(tmp_path, text, message):
     path = write(tmp_path / "kernelhub.toml", text + "\n")

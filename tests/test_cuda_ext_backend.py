@@ -449,3 +449,24 @@ def test_semiconv_tiled_kernels_equal_the_reference(case, dtype, values):
     if one_channel:  # the kernel's name holds its WIDE template argument
         wide = all(re.search(r"tt_backward_kernel<\d+, \d+, (true|\(bool\)1)", k) for k in backward)
         assert wide == (TILED.index(case) in WIDE), backward
+    # the op's case that the shipped configuration gives to cuda_ext is these calls
+    spec = kernelhub.get_hub().registry.spec("semiconv")
+    assert (spec.case_of(spec.canonical(*args)) == "tropical_2d_depthwise") == one_channel
+
+
+@built
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="triton serves CUDA tensors")
+def test_the_shipped_priority_gives_the_tiled_calls_to_cuda_ext_and_the_others_to_triton():
+    """kernelhub/kernelhub.toml: semiconv's tropical_2d_depthwise case (the calls both tiled kernels serve) runs on
+    cuda_ext, its other calls on triton."""
+    if kernelhub.get_hub().registry.unavailable_reason("triton"):
+        pytest.skip("triton is unavailable here")
+    gen = torch.Generator().manual_seed(0)
+    for case in TILED:
+        d = kernelhub.explain("semiconv", *_tiled_call(case, torch.float32, "cuda", gen, "random"))
+        assert d.chosen == ("cuda_ext" if case[1][1] == 1 else "triton"), str(d)
+    img = torch.randn(1, 2, 40, 40, device="cuda")
+    for kernel, stride, semifield in [(torch.randn(2, 1, 3, 3), 2, "tropical_max"),
+                                      (torch.randn(2, 1, 3, 3), 1, "log:1"), (torch.randn(2, 1, 9, 9), 1, "tropical_max")]:
+        d = kernelhub.explain("semiconv", img, kernel.cuda(), semifield, stride, "same" if stride == 1 else 1, 1, 2)
+        assert d.chosen == "triton", str(d)

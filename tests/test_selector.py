@@ -108,6 +108,32 @@ def kernelhub_register_impls(registry):
 '''
 
 
+# A test backend for semiconv: torch_ref's functions, counting its calls.
+MORPH = '''
+import torch
+from kernelhub import hookimpl
+from kernelhub.spec import Backend, Impl
+from kernelhub_torch_ref import plugin
+
+CALLS = {"forward": 0, "backward": 0}
+_backward = plugin.vjp_backward(plugin.FORWARDS["semiconv"], (0, 1))
+
+def forward(*args):
+    CALLS["forward"] += 1
+    return plugin.FORWARDS["semiconv"](*args)
+
+def backward(*args, **kwargs):
+    CALLS["backward"] += 1
+    return _backward(*args, **kwargs)
+
+@hookimpl
+def kernelhub_register_impls(registry):
+    registry.add_backend(Backend("morph", "0.1"))
+    registry.add_impl(Impl(op="semiconv", backend="morph", forward=forward, backward=backward,
+                           dtypes=(torch.float32,)))
+'''
+
+
 def fast(install, name="fast", devices=("cpu",), unavailable=None):
     mod = install(name, FAST, devices=devices, unavailable=unavailable)
     return mod
@@ -213,6 +239,35 @@ def test_per_op_priority_and_pin(install, tmp_path, path):
     config(tmp_path, 'strict = true\n[ops.tv_loss_l1_3d]\npin = "fast"')
     with pytest.raises(StrictModeError, match="pinned backend"):
         kernelhub.op("tv_loss_l1_3d")(v.double())
+
+
+def test_a_case_of_an_op_takes_its_own_priority_before_the_ops(install, tmp_path, path):
+    """``[ops.semiconv.cases.tropical_2d_depthwise] priority`` orders the calls of that case (kernelhub/ops/semiconv.py
+    defines it), before ``[ops.semiconv] priority``; the op's other calls keep the op's order; explain names the
+    case; the backend chosen runs the forward and the backward."""
+    mod = install("morph", MORPH)
+    config(tmp_path, """
+        [ops.semiconv]
+        priority = ["torch_ref", "morph"]
+        [ops.semiconv.cases.tropical_2d_depthwise]
+        priority = ["morph"]
+    """)
+    img = torch.randn(2, 4, 9, 8, requires_grad=True)
+    depthwise, dense = torch.randn(4, 1, 3, 3), torch.randn(4, 4, 3, 3)
+    d = kernelhub.explain("semiconv", img, depthwise, "tropical_min", padding="same", groups=4)
+    assert d.chosen == "morph" and "priority order morph > torch_ref (case tropical_2d_depthwise of semiconv)" in str(d)
+    others = [(img, dense, "tropical_max", 1, "same"),           # dense
+              (img, depthwise, "tropical_max", 2, "same"),       # strided
+              (img, depthwise, "linear", 1, "same"),             # not max/min
+              (img, depthwise, "tropical_max", 1, [3, 3, 1, 1])]  # padding as large as the kernel
+    for x, k, sf, stride, padding in others:
+        d = kernelhub.explain("semiconv", x, k, sf, stride=stride, padding=padding, groups=x.shape[1] // k.shape[1])
+        assert d.chosen == "torch_ref" and "case" not in str(d), (sf, stride, padding)
+    calls = sys.modules[mod].CALLS
+    kernelhub.op("semiconv")(img, depthwise, "tropical_max", padding="same", groups=4).sum().backward()
+    assert calls == {"forward": 1, "backward": 1}
+    kernelhub.op("semiconv")(img, dense, "tropical_max", padding="same").sum().backward()
+    assert calls == {"forward": 1, "backward": 1}
 
 
 def test_forced_backend(install, tmp_path, path):

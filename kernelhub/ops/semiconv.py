@@ -14,7 +14,7 @@ import torch
 
 from kernelhub.ops import _checks as c
 from kernelhub.ops.tolerances import MEASURED_ERRORS, tolerances_from
-from kernelhub.spec import Arg, OpSpec, SampleInput, SampleSpace, layout_cache
+from kernelhub.spec import Arg, Case, OpSpec, SampleInput, SampleSpace, layout_cache
 
 __all__ = ["SEMICONV", "parse_semifield", "zero_of", "output_size", "Lifted", "lift_3d", "lift_plan",
            "fold_broadcast", "out_channels"]
@@ -453,6 +453,22 @@ def _bad_inputs():
     ]
 
 
+def _tropical_2d_depthwise(img, kernel, semifield, stride, padding, dilation, groups, kind,
+                           group_broadcasting=False) -> bool:
+    """`TROPICAL_2D_DEPTHWISE`'s test."""
+    if semifield not in ("tropical_max", "tropical_min") or img.ndim != 4 or kernel.shape[1] != 1:
+        return False
+    kh, kw = kernel.shape[2:]
+    return (all(s == 1 for s in stride) and all(d == 1 for d in dilation) and kh <= 16 and kw <= 7
+            and max(padding[0:2]) < kh and max(padding[2:4]) < kw)
+
+
+TROPICAL_2D_DEPTHWISE = Case(
+    "tropical_2d_depthwise",
+    "max/min on 2-D images, one input channel per group, unit stride and dilation, kernels up to 16 x 7 and "
+    "padding below the kernel's size on each side: the calls cuda_ext's tiled kernels serve (docs/ops.md)",
+    _tropical_2d_depthwise)
+
 SEMICONV = OpSpec(
     name=OP,
     args=(Arg("img", "tensor", differentiable=True, doc="[B, C, *S], 1-3 spatial dims"),
@@ -469,4 +485,5 @@ SEMICONV = OpSpec(
     samples=_samples,
     bad_inputs=_bad_inputs,
     space=SampleSpace(tags=_tags, required=_REQUIRED, draw=_draw),
+    cases=(TROPICAL_2D_DEPTHWISE,),
 )

@@ -1,0 +1,71 @@
+"""triton against cuda_ext on semiconv's ``tropical_2d_depthwise`` case (kernelhub/ops/semiconv.py), the
+measurement behind the case's shipped priority (kernelhub/kernelhub.toml), and on calls just outside it.
+
+Forward + backward of each call with each backend forced, median ms of ``triton.testing.do_bench`` (after
+warm-up; random inputs, not zeros). The large calls' images (128 MiB) are larger than L2; the small and medium
+ones are host-bound, as most calls of that size are. Also prints which backend the hub picks for each call.
+
+Usage (a GPU machine with both backends): python benchmarks/semiconv_cases.py [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+
+import torch
+import triton
+from triton.testing import do_bench
+
+import kernelhub
+
+# (name, image shape, kernel height, kernel width, semifield, groups: 0 for depthwise)
+CALLS = [
+    ("1x4x32² 3x3 max", (1, 4, 32, 32), 3, 3, "tropical_max", 0),
+    ("8x16x128² 5x5 max", (8, 16, 128, 128), 5, 5, "tropical_max", 0),
+    ("16x32x256² 3x3 max", (16, 32, 256, 256), 3, 3, "tropical_max", 0),
+    ("16x32x256² 5x5 max", (16, 32, 256, 256), 5, 5, "tropical_max", 0),
+    ("16x32x256² 5x5 min", (16, 32, 256, 256), 5, 5, "tropical_min", 0),
+    ("16x32x256² 7x7 max", (16, 32, 256, 256), 7, 7, "tropical_max", 0),
+    ("16x32x256² 11x5 max", (16, 32, 256, 256), 11, 5, "tropical_max", 0),
+    ("16x32x256² 9x9 max (outside: wider than 7)", (16, 32, 256, 256), 9, 9, "tropical_max", 0),
+    ("4x32x256² 3x3 max (outside: dense)", (4, 32, 256, 256), 3, 3, "tropical_max", 1),
+]
+BACKENDS = ("triton", "cuda_ext")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    dev = torch.device("cuda")
+    gen = torch.Generator(dev).manual_seed(0)
+    rows = []
+    print(f"{'call':44s} {'hub picks':10s} " + " ".join(f"{b:>10s}" for b in BACKENDS) + "   (fwd+bwd ms)")
+    for name, shape, kh, kw, semifield, groups in CALLS:
+        c = shape[1]
+        groups = groups or c
+        img = torch.randn(shape, device=dev, generator=gen).requires_grad_()
+        kernel = torch.randn((c, c // groups, kh, kw), device=dev, generator=gen).requires_grad_()
+        grad = torch.randn(shape, device=dev, generator=gen)
+        call = (img, kernel, semifield, 1, "same", 1, groups)
+        picked = kernelhub.explain("semiconv", *call).chosen
+        times = {}
+        for backend in BACKENDS:
+            op = kernelhub.op("semiconv", backend=backend)
+
+            def step():
+                img.grad = kernel.grad = None
+                op(*call).backward(grad)
+            times[backend] = do_bench(step, warmup=50, rep=300, return_mode="median")
+        rows.append({"call": name, "hub": picked, "ms": times})
+        print(f"{name:44s} {picked:10s} " + " ".join(f"{times[b]:10.3f}" for b in BACKENDS), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            versions = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__}
+            json.dump({"device": torch.cuda.get_device_name(), "versions": versions, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -12,6 +12,8 @@
 #   host   - benchmarks/host_overhead.py: per-call wall time of the hub against minimal glue (HOST_ARGS narrows it),
 #            recorded as $OUT/h200_host.json (HOST_RECORD: another file) for docs/results/; and
 #            benchmarks/cuda_graph_step.py (a small hub step eager against a CUDA graph replay of it)
+#   cases  - benchmarks/semiconv_cases.py: triton and cuda_ext on semiconv's kinds of call, recorded as
+#            $OUT/h200_cases.json for docs/results/
 #   report - scripts/bench_report.py record: kernelhub bench of every op at its benchmark shapes, recorded as
 #            $OUT/h200.json for docs/results/ (REPORT_OPS narrows it)
 #   ddp    - two GPUs: examples/ddp_step.py under torchrun (NCCL) and the second-GPU tests
@@ -99,6 +101,10 @@ if has nn; then  # recorded for docs/results/ as $OUT/h200_nn.json (pytorch_nd_s
   PYTHONPATH=$np_path${PYTHONPATH:+:$PYTHONPATH} timeout -k 10 "${NN_TIMEOUT:-300}" python3 scripts/bench_report.py \
     record-nn --out "$OUT/h200_nn.json" 2>&1 | tee "$OUT/nd_semiconv.txt" | grep -v "^  \|^Traceback\|^$" || rc=1
   python3 benchmarks/tvloss3d.py --json "$OUT/tvloss3d.json" 2>&1 | tee "$OUT/tvloss3d.txt" || rc=1
+fi
+if has cases; then  # recorded for docs/results/ as $OUT/h200_cases.json
+  timeout -k 10 "${CASES_TIMEOUT:-240}" python3 scripts/bench_report.py record-cases --out "$OUT/h200_cases.json" 2>&1 \
+    | tee "$OUT/semiconv_cases.txt" || rc=1
 fi
 if has examples; then
   for ex in ${EXAMPLES:-ptycho_tv phase_2d}; do

@@ -44,8 +44,8 @@ def _bench_report():
 
 
 def test_the_readme_is_short_and_the_benchmarks_page_is_what_its_script_renders():
-    """README.md stays a page (<= 120 lines); docs/benchmarks.md (<= 32 KB: two CPU records, four GPU ones and a
-    kernelhub.nn one) and the README's tables (winners, host cost) are generated from the recorded results by
+    """README.md stays a page (<= 120 lines); docs/benchmarks.md (<= 32 KB: two CPU records, four GPU ones, the
+    kernelhub.nn ones and a semiconv-cases one) and the README's tables (winners, host cost) are generated from the recorded results by
     scripts/bench_report.py, never edited by hand; code and docs cite docs/ops.md, not design notes outside the
     repository."""
     bench_report = _bench_report()
@@ -126,7 +126,8 @@ def test_a_record_names_the_tree_that_ran_and_the_commit_it_is(tmp_path, monkeyp
     assert where["commit"] == "abc1234" and where["tree"] == changed
 
     runs = [r for d in bench_report._records(bench_report.HOST_FORMAT) for r in d["runs"]]
-    runs += bench_report._records()
+    runs += bench_report._records() + bench_report._records(bench_report.NN_FORMAT)
+    runs += bench_report._records(bench_report.CASES_FORMAT)
     for run in runs:
         commit = run.get("commit", "")
         if "tree" not in run or not re.fullmatch(r"[0-9a-f]{7,40}", commit):

@@ -149,6 +149,12 @@ def test_quadratic_iso_kernel_is_minus_squared_distance_over_variance():
         assert var.min() >= 1 - 1e-5 and var.max() <= 16 + 1e-4, init
     ss = khnn.QuadraticKernelIso2D(2, 2, 5).log_std.detach().mul(2).exp().flatten().sort().values
     torch.testing.assert_close(ss, torch.linspace(1, 8, 4))  # scale-space: evenly spaced in [1, 2 (K//2)^2]
+    # the squared distances it keeps follow a state dict's grid, as the formula on the loaded grid does
+    state = k.state_dict()
+    state["_pos_grid"] = state["_pos_grid"] * 2
+    k.load_state_dict(state)
+    torch.testing.assert_close(k()[1, 0], -4 * (y * y + x * x) / 3.0)
+    assert set(state) == {"log_std", "_pos_grid"}
 
 
 def test_anisotropic_quadratic_kernels_are_minus_the_mahalanobis_distance():

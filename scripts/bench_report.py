@@ -135,12 +135,12 @@ def cases_report(data: dict) -> list[str]:
     v = ", ".join(f"{n} {data['versions'][n]}" for n in sorted(data["versions"]))
     backends = list(data["rows"][0]["ms"]) if data["rows"] else []
     lines = [f"### {data['device']}", "", f"float32, `padding=\"same\"`. {v}. {data['date']}, commit {data['commit']}: "
-             f"`{data['command']}`.", "", "| call | case | hub picks | " + " | ".join(backends) + " |",
+             f"`{data['command']}`.", "", "| call | in the case | hub picks | " + " | ".join(backends) + " |",
              "|---|---|---|" + "---:|" * len(backends)]
     for r in data["rows"]:
         best = min(r["ms"].values())
         cells = [f"**{ms:.3f}**" if ms == best else f"{ms:.3f}" for ms in r["ms"].values()]
-        lines.append(f"| {r['call']} | {r['case'] or '-'} | {r['hub']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r['call']} | {'yes' if r['case'] else '-'} | {r['hub']} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 
@@ -434,11 +434,9 @@ def render(check: bool = False) -> list[str]:
                      "first checked against kernelhub's float64 reference (output, image gradient and the "
                      "kernel parameter's gradient); one that fails or is wrong is listed as failed.")
     text += _section("semiconv: triton and cuda_ext by kind of call", _records(CASES_FORMAT), cases_report,
-                     "Forward + backward ms (median of `do_bench`) of semiconv calls, tropical max unless named, "
-                     "one input channel per group unless dense, with each backend forced "
-                     "(`benchmarks/semiconv_cases.py`): the measurement behind the shipped priority of semiconv's "
-                     "`tropical_2d_depthwise` case (kernelhub/ops/semiconv.py: cuda_ext's tiled kernels first, "
-                     "triton for the op's other calls). The small calls are host-bound.")
+                     "Forward + backward ms (`do_bench` median), each backend forced, depthwise unless dense "
+                     "(`benchmarks/semiconv_cases.py`): why the shipped priority of semiconv's "
+                     "`tropical_2d_depthwise` case puts cuda_ext first. The small calls are host-bound.")
     readme = _between(README.read_text(), BEGIN, END, winners_table(records))
     new_readme = _between(readme, HOST_BEGIN, HOST_END, host_table(hosts))
     stale = [str(p.relative_to(REPO)) for p, new in ((REPORT, text), (README, new_readme))

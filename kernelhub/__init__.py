@@ -17,12 +17,12 @@ from kernelhub.hookspecs import hookimpl
 from kernelhub.hub import get_hub, reload
 from kernelhub.ops._checks import accumulation_dtype
 from kernelhub.select import Decision
-from kernelhub.spec import Arg, Backend, Impl, OpSpec, SampleInput, Tolerance
+from kernelhub.spec import Arg, Backend, Case, Impl, OpSpec, SampleInput, Tolerance
 
 __version__ = "0.1.0"
 __all__ = [
     "op", "explain", "op_names", "reload", "get_hub", "hookimpl", "accumulation_dtype",
-    "OpSpec", "Impl", "Backend", "Arg", "SampleInput", "Tolerance", "Decision",
+    "OpSpec", "Impl", "Backend", "Arg", "Case", "SampleInput", "Tolerance", "Decision",
     "KernelhubError", "PluginValidationError", "ConfigError", "NoImplementationError", "StrictModeError",
     "WrongOutputError",
 ]

@@ -35,7 +35,7 @@ import torch
 from kernelhub.config import Config
 from kernelhub.errors import NoImplementationError, StrictModeError
 from kernelhub.registry import CONTAINED, Registry
-from kernelhub.spec import Impl
+from kernelhub.spec import Impl, OpSpec
 from kernelhub.args import arg_key, describe_args, first_tensor
 from kernelhub.tune import Tuning, may_tune_now
 
@@ -157,8 +157,7 @@ class Selector:
         """The decision, and whether it may be cached: five stages, each a method below."""
         impls, spec = self.registry.impls(op), self.registry.spec(op)
         rejected = self._rejected(op, args, forced, key)
-        case = spec.case_of(args) if self.config.op(op).cases else ""  # a case the config orders on its own
-        case = case if case in self.config.op(op).cases else ""
+        case = self._case(op, spec, args) if self.config.op(op).cases else ""  # one the config orders on its own
         ordered = self.config.priority_for(op, [n for n in impls if n not in rejected], spec.reference_backend, case)
         pin = self.config.op(op).pin
         whys: dict[str, str] = {}
@@ -172,6 +171,20 @@ class Selector:
                  if ordered else "")
         ordered, why = self._forced_or_pinned(op, args, ordered, rejected, forced, pin, order + note)
         return self._decision(op, args, ordered, rejected, whys, why, forced), cacheable
+
+    def _case(self, op: str, spec: OpSpec, args: Sequence[Any]) -> str:
+        """The call's case of the op where the config orders it, else ''. A spec's test that raises (a plugin's)
+        leaves the call in no case, with one warning (an error in strict mode)."""
+        try:
+            case = spec.case_of(args)
+        except CONTAINED as exc:
+            message = f"{op}: the spec's case test raised {type(exc).__name__}: {exc}; the op's priority decides"
+            self.strict_check(message)
+            if (op, "case") not in self._warned:
+                self._warned.add((op, "case"))
+                warnings.warn(f"kernelhub: {message}", RuntimeWarning, stacklevel=6)
+            return ""
+        return case if case in self.config.op(op).cases else ""
 
     def _rejected(self, op: str, args: Sequence[Any], forced: str, key: tuple) -> dict[str, list[str]]:
         """Stage 1: why each impl that cannot serve this call cannot (availability, the kill switch, the config,

@@ -270,6 +270,24 @@ def test_a_case_of_an_op_takes_its_own_priority_before_the_ops(install, tmp_path
     assert calls == {"forward": 1, "backward": 1}
 
 
+def test_a_case_test_that_raises_leaves_the_call_to_the_ops_priority(install, tmp_path, monkeypatch):
+    """A spec's case test is a plugin's code: one that raises is contained (one warning; strict mode raises)."""
+    install("morph", MORPH)
+    config(tmp_path, '[ops.semiconv]\npriority = ["torch_ref", "morph"]\n[ops.semiconv.cases.tropical_2d_depthwise]\n'
+                     'priority = ["morph"]')
+
+    def broken(spec, args):
+        raise ValueError("no such shape")
+    monkeypatch.setattr(kernelhub.spec.OpSpec, "case_of", broken)
+    img, kernel = torch.randn(1, 2, 8, 8), torch.randn(2, 1, 3, 3)
+    with pytest.warns(RuntimeWarning, match="semiconv: the spec's case test raised ValueError: no such shape"):
+        assert kernelhub.explain("semiconv", img, kernel, "tropical_max", padding="same", groups=2).chosen == \
+            "torch_ref"
+    config(tmp_path, 'strict = true\n[ops.semiconv.cases.tropical_2d_depthwise]\npriority = ["morph"]')
+    with pytest.raises(StrictModeError, match="case test raised"):
+        kernelhub.explain("semiconv", img, kernel, "tropical_max", padding="same", groups=2)
+
+
 def test_forced_backend(install, tmp_path, path):
     fast(install)
     kernelhub.reload()

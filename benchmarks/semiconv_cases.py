@@ -5,17 +5,16 @@ Forward + backward of each call with each backend forced, median ms of ``triton.
 warm-up; random inputs, not zeros). The large calls' images (128 MiB) are larger than L2; the small and medium
 ones are host-bound, as most calls of that size are. Also prints which backend the hub picks for each call.
 
-Usage (a GPU machine with both backends): python benchmarks/semiconv_cases.py [--json PATH]
+Usage (a GPU machine with both backends): python benchmarks/semiconv_cases.py [--json PATH]; recorded with where
+and how it ran (versions, commit, command) by ``python scripts/bench_report.py record-cases``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 
 import torch
-import triton
 from triton.testing import do_bench
 
 import kernelhub
@@ -65,8 +64,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:44s} {picked:10s} " + " ".join(f"{times[b]:10.3f}" for b in BACKENDS), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            versions = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__}
-            json.dump({"device": torch.cuda.get_device_name(), "versions": versions, "rows": rows}, f, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ same file (for example ``-- --compiled-steps``) adds its rows. ``record-nn`` run
 (`kernelhub.nn.SemiConv` against pytorch_nd_semiconv's paths), ``record-cases`` benchmarks/semiconv_cases.py
 (triton and cuda_ext on semiconv's kinds of call), each recorded the same way. ``render`` reads every
 ``docs/results/*.json`` and rewrites docs/benchmarks.md and the tables between the README's markers (the winners,
-the host cost); tests/test_docs.py fails if any differs from what it renders. Older measurements and studies are in docs/lab/.
+the host cost); tests/test_docs.py fails if any differs from what it renders. Older measurements and studies are
+in docs/lab/.
 """
 
 from __future__ import annotations
@@ -113,13 +114,12 @@ def nn_report(data: dict) -> list[str]:
     working path of pytorch_nd_semiconv."""
     b, c, h, w = data["shape"]
     k = data["kernel"]
-    v = ", ".join(f"{n} {data['versions'][n]}" for n in sorted(data["versions"]))
     theirs = [r["ms"] for r in data["rows"] if r["path"].startswith("pnds") and "ms" in r]
     best = min(theirs) if theirs else None
     lines = [f"### {data['device']}", "",
              f"`QuadraticKernelIso2D` {k}x{k}, tropical max, depthwise, `[{b}, {c}, {h}, {w}]` float32, "
-             f"`padding=\"same\"`; copy {data['copy_GBps']:.0f} GB/s, floor {data['floor_ms']:.3f} ms. {v}. "
-             f"{data['date']}, commit {data['commit']}: `{data['command']}`.", "",
+             f"`padding=\"same\"`; copy {data['copy_GBps']:.0f} GB/s, floor {data['floor_ms']:.3f} ms. "
+             f"{_provenance(data)}", "",
              "| path | ms | x floor | speed-up over pytorch_nd_semiconv's fastest path |", "|---|---:|---:|---:|"]
     for r in data["rows"]:
         if "ms" not in r:
@@ -130,12 +130,17 @@ def nn_report(data: dict) -> list[str]:
     return lines + [""]
 
 
+def _provenance(data: dict) -> str:
+    """A script record's versions, date, commit and command, as its section states them."""
+    versions = ", ".join(f"{n} {data['versions'][n]}" for n in sorted(data["versions"]))
+    return f"{versions}. {data['date']}, commit {data['commit']}: `{data['command']}`."
+
+
 def cases_report(data: dict) -> list[str]:
     """One recorded run of benchmarks/semiconv_cases.py: triton and cuda_ext on each call, and the hub's pick."""
-    v = ", ".join(f"{n} {data['versions'][n]}" for n in sorted(data["versions"]))
     backends = list(data["rows"][0]["ms"]) if data["rows"] else []
-    lines = [f"### {data['device']}", "", f"float32, `padding=\"same\"`. {v}. {data['date']}, commit {data['commit']}: "
-             f"`{data['command']}`.", "", "| call | in the case | hub picks | " + " | ".join(backends) + " |",
+    lines = [f"### {data['device']}", "", f"float32, `padding=\"same\"`. {_provenance(data)}", "",
+             "| call | in the case | hub picks | " + " | ".join(backends) + " |",
              "|---|---|---|" + "---:|" * len(backends)]
     for r in data["rows"]:
         best = min(r["ms"].values())

@@ -195,8 +195,11 @@ constexpr int64_t TT_DEFAULT_SHARED = 48 * 1024;   // dynamic shared memory a ke
 
 template <typename A>
 constexpr int tt_vec() { return 16 / int(sizeof(A)); }  // values per 16-byte shared load
+// a shared row of `cols` values, rounded up to whole 16-byte vectors
+template <typename A>
+constexpr int tt_round_pitch(int cols) { return (cols + tt_vec<A>() - 1) / tt_vec<A>() * tt_vec<A>(); }
 template <int KW, typename A>
-constexpr int tt_pitch() { return (TT_SIDE + KW - 1 + tt_vec<A>() - 1) / tt_vec<A>() * tt_vec<A>(); }
+constexpr int tt_pitch() { return tt_round_pitch<A>(TT_SIDE + KW - 1); }
 template <int KW, typename A>
 constexpr int tt_segment() { return (TT_PER + KW - 1 + tt_vec<A>() - 1) / tt_vec<A>() * tt_vec<A>(); }
 
@@ -406,7 +409,7 @@ __device__ __forceinline__ void tt_winners(const A* __restrict__ xs, const A* __
 constexpr int TT_WIDE_THREADS = 18 * 20;  // LX * LY of the wide shape at KW = 7, KH = 16
 constexpr int tt_wide_lanes(int k) { return (TT_SIDE + k - 1 + TT_PER - 1) / TT_PER; }
 template <int KW, int LX, typename A>
-constexpr int tt_bpitch() { return (TT_PER * LX + KW - 1 + tt_vec<A>() - 1) / tt_vec<A>() * tt_vec<A>(); }
+constexpr int tt_bpitch() { return tt_round_pitch<A>(TT_PER * LX + KW - 1); }
 
 template <int SF, int KW, bool WIDE, typename T, int LX = WIDE ? tt_wide_lanes(KW) : TT_LANES>
 __global__ void __launch_bounds__(WIDE ? TT_WIDE_THREADS : TT_THREADS, WIDE ? 3 : 4)
@@ -511,6 +514,7 @@ TtPlan tt_plan(const ScGeo& g, int64_t sf, bool backward, int64_t elem) {
   if (g.p[1] > g.KH - 1 || g.p[2] > g.KW - 1 || g.OH > g.H + g.p[1] || g.OW > g.W + g.p[2]) return {};
   if (backward && g.Cg != 1) return {};
   const int64_t vec = 16 / elem, taps = g.KH * g.KW;
+  const auto pitch_of = [&](int64_t cols) { return (cols + vec - 1) / vec * vec; };  // tt_round_pitch's
   TtPlan plan;
   if (backward) {
     // the shape with fewer threads in all (whole warps counted) over the image: at 256 x 256 and 5x5, 5 x 5 tiles
@@ -524,13 +528,12 @@ TtPlan tt_plan(const ScGeo& g, int64_t sf, bool backward, int64_t elem) {
     plan.tiles_h = int(tt_tiles(g.H, TT_PER * plan.ly - g.KH + 1));
     plan.tiles_w = int(tt_tiles(g.W, TT_PER * plan.lx - g.KW + 1));
     const int64_t fh = TT_PER * plan.ly + g.KH - 1, cw = TT_PER * plan.lx;
-    const int64_t pitch = (cw + g.KW - 1 + vec - 1) / vec * vec;
-    plan.bytes = elem * (2 * fh * pitch + TT_PER * plan.ly * cw + 33 * taps) + int64_t(sizeof(int)) * taps;
+    plan.bytes = elem * (2 * fh * pitch_of(cw + g.KW - 1) + TT_PER * plan.ly * cw + 33 * taps) +
+                 int64_t(sizeof(int)) * taps;
   } else {
     plan.tiles_h = int(tt_tiles(g.OH, TT_SIDE));
     plan.tiles_w = int(tt_tiles(g.OW, TT_SIDE));
-    const int64_t pitch = (TT_SIDE + g.KW - 1 + vec - 1) / vec * vec;
-    plan.bytes = elem * ((TT_SIDE + g.KH - 1) * pitch + g.Cg * taps);
+    plan.bytes = elem * ((TT_SIDE + g.KH - 1) * pitch_of(TT_SIDE + g.KW - 1) + g.Cg * taps);
   }
   if ((backward ? g.B * g.C : g.B * g.O) * plan.tiles_h * plan.tiles_w >= (int64_t(1) << 31)) return {};  // 1 grid dim
   int device = 0, optin = 0;

@@ -20,7 +20,11 @@
 #   all    - tests and bench (the default)
 # Several steps in one call: scripts/gpu_check.sh tests host examples
 # CUDA_EXT=0 leaves cuda_ext (and its build) out. PYTEST_ARGS (default: tests), PYTEST_K (a -k expression) and BENCH_ARGS narrow the steps; PYTEST_TIMEOUT
-# (seconds) stops pytest itself, so its log is complete up to there even when the device call's limit is near.
+# (seconds) stops pytest itself, so its log is complete up to there even when the device call's limit is near;
+# PYTEST_END (seconds after this script started, the install included, which takes minutes on a fresh machine)
+# stops it at that time instead. A stopped run lists the selected tests that did not finish in
+# $OUT/not_finished.txt (scripts/unfinished_tests.py); with that file in the tree sent, PYTEST_ARGS=@FILE
+# (pytest >= 8.2 reads arguments from it, ids with spaces whole) runs them next.
 # Prints a short summary last and exits non-zero if a step failed. Logs go under $OUT if set.
 # The records (steps report, host) name the commit git reads here, and the tree of the files that ran: where this
 # machine's .git is older than the tree sent, name the commit with KERNELHUB_RECORD_COMMIT=<its hash>; tests/test_docs.py
@@ -69,8 +73,22 @@ if has tests || has all; then
     workers="-n ${PYTEST_WORKERS:-8} --dist loadgroup"
   fi
   echo "pytest: tier $KERNELHUB_TEST_TIER, ${workers:-one process}"
-  timeout -s INT -k 30 "${PYTEST_TIMEOUT:-0}" python3 -m pytest -q -p no:cacheprovider -rfE --tb=short --durations=15 $workers ${PYTEST_ARGS:-tests} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest_cuda.txt" | grep -E "FAILED|ERROR|passed|failed" | tail -30
+  rm -f "$OUT/pytest_cuda.xml" "$OUT/not_finished.txt"
+  limit="${PYTEST_TIMEOUT:-0}"
+  if [ -n "${PYTEST_END:-}" ]; then
+    left=$(( PYTEST_END - SECONDS )); [ "$left" -lt 30 ] && left=30
+    { [ "$limit" = 0 ] || [ "$left" -lt "$limit" ]; } && limit=$left
+  fi
+  echo "pytest stops after ${limit} s (0: never)"
+  timeout -s INT -k 30 "$limit" python3 -m pytest -q -p no:cacheprovider -rfE --tb=short --durations=15 \
+    --junitxml "$OUT/pytest_cuda.xml" $workers ${PYTEST_ARGS:-tests} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 \
+    | tee "$OUT/pytest_cuda.txt" | grep -E "FAILED|ERROR|passed|failed" | tail -30
   rc=${PIPESTATUS[0]}
+  if [ "$rc" = 124 ] || grep -q "KeyboardInterrupt" "$OUT/pytest_cuda.txt"; then
+    [ "$rc" = 0 ] && rc=1
+    python3 scripts/unfinished_tests.py --xml "$OUT/pytest_cuda.xml" --out "$OUT/not_finished.txt" -- \
+      ${PYTEST_ARGS:-tests} ${PYTEST_K:+-k "$PYTEST_K"}
+  fi
 fi
 if has bench || has all; then
   python3 benchmarks/kernels.py ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | grep -v "^sweep" \
@@ -128,4 +146,6 @@ fi
 echo "== summary =="
 cat "$OUT/device.txt"
 [ -f "$OUT/pytest_cuda.txt" ] && grep -E "passed|failed|error" "$OUT/pytest_cuda.txt" | tail -1
+[ -s "$OUT/not_finished.txt" ] \
+  && echo "stopped: $(wc -l < "$OUT/not_finished.txt") selected tests did not finish ($OUT/not_finished.txt)"
 exit "$rc"

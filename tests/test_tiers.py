@@ -1,6 +1,8 @@
 """The two tiers stay two: the fast tier (the README's test command, CI) never collects what only the full tier
 (KERNELHUB_TEST_TIER=full) runs, and it still covers every op x backend."""
 
+from pathlib import Path
+
 import pytest
 
 import test_conformance as conformance
@@ -44,3 +46,32 @@ def test_the_fast_tier_leaves_the_costly_cases_of_the_matrix_out():
     for p in conformance.CASES:
         for mark in p.marks:
             assert mark.name == "full" and mark.args and mark.args[0], p
+
+
+def test_a_stopped_runs_unfinished_tests_are_named_for_the_next_run(tmp_path):
+    """scripts/unfinished_tests.py (what scripts/gpu_check.sh runs after a stopped run) names exactly the selected
+    tests without a result in the run's JUnit XML: ids with spaces, parameters and classes included."""
+    import subprocess
+    import sys
+
+    (tmp_path / "test_x.py").write_text(
+        "import pytest\n"
+        "@pytest.mark.parametrize('p', ['a plane', 'b'])\n"
+        "def test_p(p): pass\n"
+        "class TestC:\n"
+        "    def test_m(self): pass\n"
+        "def test_z(): pass\n")
+    xml = tmp_path / "run.xml"
+    run = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)]
+    done = subprocess.run([*run, f"--junitxml={xml}", "-k", "plane or TestC", str(tmp_path)], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = tmp_path / "left.txt"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "unfinished_tests.py"
+    named = subprocess.run([sys.executable, str(script), "--xml", str(xml), "--out", str(out), "--", "--rootdir",
+                            str(tmp_path), str(tmp_path)], cwd=tmp_path, capture_output=True, text=True)
+    assert named.returncode == 0, named.stdout + named.stderr
+    assert out.read_text().splitlines() == ["test_x.py::test_p[b]", "test_x.py::test_z"]
+    assert "tests with a result: 2 of 4 selected; not finished: 2" in named.stdout
+    again = subprocess.run([*run, f"@{out}"], cwd=tmp_path, capture_output=True, text=True)  # the next run's way
+    assert "2 passed" in again.stdout, again.stdout + again.stderr

@@ -84,7 +84,7 @@ if has tests || has all; then
     --junitxml "$OUT/pytest_cuda.xml" $workers ${PYTEST_ARGS:-tests} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 \
     | tee "$OUT/pytest_cuda.txt" | grep -E "FAILED|ERROR|passed|failed" | tail -30
   rc=${PIPESTATUS[0]}
-  if [ "$rc" = 124 ] || grep -q "KeyboardInterrupt" "$OUT/pytest_cuda.txt"; then
+  if [ "$rc" = 124 ] || grep -q "^!!*  *KeyboardInterrupt  *!!*$" "$OUT/pytest_cuda.txt"; then
     [ "$rc" = 0 ] && rc=1
     python3 scripts/unfinished_tests.py --xml "$OUT/pytest_cuda.xml" --out "$OUT/not_finished.txt" -- \
       ${PYTEST_ARGS:-tests} ${PYTEST_K:+-k "$PYTEST_K"}

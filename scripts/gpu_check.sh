@@ -80,14 +80,13 @@ if has tests || has all; then
     { [ "$limit" = 0 ] || [ "$left" -lt "$limit" ]; } && limit=$left
   fi
   echo "pytest stops after ${limit} s (0: never)"
+  selection=(${PYTEST_ARGS:-tests} ${PYTEST_K:+-k "$PYTEST_K"})  # the run's, and the unfinished tests' collection
   timeout -s INT -k 30 "$limit" python3 -m pytest -q -p no:cacheprovider -rfE --tb=short --durations=15 \
-    --junitxml "$OUT/pytest_cuda.xml" $workers ${PYTEST_ARGS:-tests} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 \
+    --junitxml "$OUT/pytest_cuda.xml" $workers "${selection[@]}" 2>&1 \
     | tee "$OUT/pytest_cuda.txt" | grep -E "FAILED|ERROR|passed|failed" | tail -30
-  rc=${PIPESTATUS[0]}
+  rc=${PIPESTATUS[0]}  # a stop by the limit: 124; by an interrupt: pytest's 2, with its banner in the log
   if [ "$rc" = 124 ] || grep -q "^!!*  *KeyboardInterrupt  *!!*$" "$OUT/pytest_cuda.txt"; then
-    [ "$rc" = 0 ] && rc=1
-    python3 scripts/unfinished_tests.py --xml "$OUT/pytest_cuda.xml" --out "$OUT/not_finished.txt" -- \
-      ${PYTEST_ARGS:-tests} ${PYTEST_K:+-k "$PYTEST_K"}
+    python3 scripts/unfinished_tests.py --xml "$OUT/pytest_cuda.xml" --out "$OUT/not_finished.txt" -- "${selection[@]}"
   fi
 fi
 if has bench || has all; then

@@ -1,6 +1,8 @@
 """The two tiers stay two: the fast tier (the README's test command, CI) never collects what only the full tier
 (KERNELHUB_TEST_TIER=full) runs, and it still covers every op x backend."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,9 +53,6 @@ def test_the_fast_tier_leaves_the_costly_cases_of_the_matrix_out():
 def test_a_stopped_runs_unfinished_tests_are_named_for_the_next_run(tmp_path):
     """scripts/unfinished_tests.py (what scripts/gpu_check.sh runs after a stopped run) names exactly the selected
     tests without a result in the run's JUnit XML: ids with spaces, parameters and classes included."""
-    import subprocess
-    import sys
-
     (tmp_path / "test_x.py").write_text(
         "import pytest\n"
         "@pytest.mark.parametrize('p', ['a plane', 'b'])\n"

@@ -439,7 +439,8 @@ COMMANDS = {
     "tune": (cmd_tune, render_tune, "time every eligible backend per op and shape bucket; keep the fastest correct one"),
     "bench": (cmd_bench, render_bench, "each backend against torch_ref, torch.compile of it, and the memory floor"),
     "check": (cmd_check, render_check, "a backend's conformance: parity, non-contiguous inputs, opcheck, gradcheck, "
-                                       "bad inputs, and on CUDA no host sync and graph replay; exits 1 on a failure "
+                                       "bad inputs, fused weights and saved tensors where declared, and on CUDA no "
+                                       "host sync and graph replay; exits 1 on a failure "
                                        "or a part of an op's space no accepted call reached ('not covered')"),
 }
 

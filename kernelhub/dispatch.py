@@ -401,13 +401,14 @@ class KernelhubFunction(torch.autograd.Function):
     def forward(ctx, call: tuple, *tensors: torch.Tensor) -> torch.Tensor:
         handle, hub, decision, plan, args, weights = call
         ctx.save_for_backward(*tensors)
-        decision, out = hub.forward(handle.spec.name, args, handle.backend, decision, weights)
-        ctx.call = (handle, hub, decision, plan, weights)
+        keep: list = []  # what an impl that saves for its backward saved (`Impl.saves`), held by this node
+        decision, out = hub.forward(handle.spec.name, args, handle.backend, decision, weights, keep)
+        ctx.call = (handle, hub, decision, plan, weights, keep[0] if keep else None)
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        handle, hub, decision, plan, weights = ctx.call
+        handle, hub, decision, plan, weights, kept = ctx.call
         needs_input = ctx.needs_input_grad
         saved = ctx.saved_tensors  # read once: each read unpacks them (a saved-tensor hook's copy back, say)
         args, needs = put_back(plan, saved, needs_input)
@@ -426,9 +427,10 @@ class KernelhubFunction(torch.autograd.Function):
                     grad, *args, needs, handle.backend, handle.hub))
         elif create_graph:
             with torch.no_grad():
-                grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision, weights)
+                grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision, weights,
+                                           kept)
         else:
-            grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision, weights)
+            grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision, weights, kept)
         out = to_slots(plan, needs, grads, needs_input)
         if not create_graph:
             return out

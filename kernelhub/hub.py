@@ -88,13 +88,15 @@ class Hub:
         return self.forward(op, args, forced)[1]
 
     def forward(self, op: str, args: Sequence[Any], forced: str, decision: Decision | None = None,
-                weights: torch.Tensor | None = None) -> tuple[Decision, torch.Tensor]:
+                weights: torch.Tensor | None = None, keep: list | None = None) -> tuple[Decision, torch.Tensor]:
         """The decision that served the call, and the checked output: the first eligible impl's of ``decision``
         (the selector's for the call where not given), falling back past each that raises or returns a wrong
         output (`_next`). Every eager call runs this loop; it is written out (no closure, no wrapper per call)
         because its cost is the hub's per-call cost. ``weights`` (a weighted handle's, checked against the
         output by the caller): the output's 0-d weighted sum instead, the impl's own where it fuses them
-        (`Impl.weighted`), else the checked output weighed in torch ops."""
+        (`Impl.weighted`), else the checked output weighed in torch ops. ``keep`` (a list, for a call whose
+        backward follows): an impl that saves for its backward (`Impl.saves`) is called so, and (impl, saved)
+        appended once its output passed the check, for `backward_grads`."""
         spec = self.registry.spec(op)
         if decision is None:
             decision = self.selector.decide(op, args, forced)
@@ -105,8 +107,14 @@ class Hub:
                     out = impl.forward(*args, weights=weights)
                     _check_output(spec, impl.backend, out, (_SCALAR, *decision.output[1:]), args)
                 else:
-                    out = impl.forward(*args)
-                    _check_output(spec, impl.backend, out, decision.output, args)
+                    if keep is not None and impl.saves:
+                        out, saved = impl.forward(*args, saving=True)
+                        _check_output(spec, impl.backend, out, decision.output, args)
+                        if saved is not None:
+                            keep.append((impl, saved))
+                    else:
+                        out = impl.forward(*args)
+                        _check_output(spec, impl.backend, out, decision.output, args)
                     if weights is not None:
                         return decision, weighted_sum(out, weights)
                 # outputs are contiguous, as the fake implementations promise torch.compile
@@ -121,24 +129,27 @@ class Hub:
 
     def backward_grads(self, op: str, grad: torch.Tensor, args: Sequence[Any], needs: Sequence[bool],
                        forced: str, decision: Decision | None = None,
-                       weights: torch.Tensor | None = None) -> list[Any]:
+                       weights: torch.Tensor | None = None, saved: tuple | None = None) -> list[Any]:
         """One entry per differentiable argument (a tensor, a list for a "tensors" one, None where not needed),
         checked against the arguments, from the backend that ran the forward: ``decision``'s first eligible where
         the forward's decision is given (the eager fast path), else the one the selector picks for the call.
         ``weights`` (a weighted handle's; ``grad`` then the weighted sum's, 0-d): an impl that fuses them takes
-        them as they are, the others the op's upstream gradient ``conj(weights) * grad``."""
+        them as they are, the others the op's upstream gradient ``conj(weights) * grad``. ``saved``: the
+        forward's (impl, saved) (`forward`'s ``keep``), given to that impl's backward only."""
         spec = self.registry.spec(op)
         if decision is None:
             decision = self.selector.decide(op, args, forced)
         while True:
             impl = _first(decision)
             try:
-                if weights is None:
-                    grads = impl.backward(grad, *args, needs=needs)
-                elif impl.weighted:
+                if weights is not None and impl.weighted:  # such a forward saved nothing
                     grads = impl.backward(grad, *args, needs=needs, weights=weights)
                 else:
-                    grads = impl.backward(weights.conj() * grad, *args, needs=needs)
+                    g = grad if weights is None else weights.conj() * grad
+                    if saved is not None and saved[0] is impl:
+                        grads = impl.backward(g, *args, needs=needs, saved=saved[1])
+                    else:
+                        grads = impl.backward(g, *args, needs=needs)
                 _check_grads(spec, impl.backend, grads, args, needs, grad)
                 return grads
             except CONTAINED as exc:

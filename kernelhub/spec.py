@@ -255,6 +255,12 @@ class Impl:
     ``forward(*args, weights=w)`` returns the 0-d ``(op(*args) * w).sum()`` and ``backward(grad, *args,
     needs=..., weights=w)`` the gradients for the upstream gradient ``conj(w) * grad`` of that 0-d ``grad``.
     Elsewhere the hub weighs the plain output in torch ops (a launch each way on a GPU).
+    ``saves``: for a call whose backward follows (the eager fast path, an input requiring grad) the hub calls
+    ``forward(*args, saving=True)``, which returns ``(output, saved)``: ``saved`` is None, or a tensor the same
+    impl's backward then takes as ``backward(grad, *args, needs=..., saved=saved)`` instead of recomputing it
+    (cuda_ext's semiconv saves each output's winner). It is the backend's own: checked by no one but its backward,
+    held by the call's autograd node until its backward runs, and never seen by another backend (a fallback in the
+    backward, and the torch.library operators, call ``backward`` without it).
     """
 
     op: str
@@ -269,6 +275,7 @@ class Impl:
     tuned_only: str = ""
     inline: Callable[..., torch.Tensor] | None = None
     weighted: bool = False
+    saves: bool = False
 
     def static_reasons(self, device_type: str, dtype: torch.dtype) -> list[str]:
         """Reasons that follow from the declared devices and dtypes alone."""

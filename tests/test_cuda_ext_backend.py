@@ -425,30 +425,41 @@ def _tiled_call(case, dtype, device, gen, values):
 def test_semiconv_tiled_kernels_equal_the_reference(case, dtype, values):
     """Values, NaN and Inf placement and both gradients equal torch_ref's in the same dtype: exactly where the
     sums are exact (integer values, one winner per output), to float64 rounding otherwise; and the profiler
-    shows the tiled kernels ran (the backward's only where one input channel feeds each output channel)."""
+    shows the tiled kernels ran (the backward's only where one input channel feeds each output channel). On the
+    eager fast path the forward saves the winners and the backward reads them (`Impl.saves`; the kernels' WIN and
+    SAVED template arguments), through the operators the backward searches: both exact."""
     gen = torch.Generator().manual_seed(11)
     args = _tiled_call(case, dtype, "cuda", gen, values)
     results = {}
-    for backend in ("torch_ref", "cuda_ext"):
+    for backend, path in (("torch_ref", "hub"), ("cuda_ext", "hub"), ("cuda_ext", "operator")):
         img, ker = args[0].clone().requires_grad_(), args[1].clone().requires_grad_()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            out = kernelhub.op("semiconv", backend=backend)(img, ker, *args[2:])
+            out = (kernelhub.op("semiconv", backend=backend)(img, ker, *args[2:]) if path == "hub" else
+                   torch.ops.kernelhub.semiconv.default(img, ker, *kernelhub.get_hub().registry.spec(
+                       "semiconv").canonical(*args)[2:], backend, 0))
             upstream = torch.randint(-2, 3, out.shape, generator=torch.Generator().manual_seed(3)).to(dtype).cuda()
             out.backward(upstream)
             torch.cuda.synchronize()
-        results[backend] = (out.detach(), img.grad, ker.grad, {e.name for e in prof.events()})
-    (want, want_x, want_k, _), (got, got_x, got_k, kernels) = results["torch_ref"], results["cuda_ext"]
+        results[backend, path] = (out.detach(), img.grad, ker.grad, {e.name for e in prof.events()})
+    want, want_x, want_k, _ = results["torch_ref", "hub"]
     exact = dict(rtol=0, atol=0) if values != "random" else dict(rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(got, want, equal_nan=True, **exact)
-    torch.testing.assert_close(got_x, want_x, **exact)
-    torch.testing.assert_close(got_k, want_k, **exact)
-    assert any("tt_forward_kernel" in k for k in kernels), sorted(kernels)
     one_channel = case[1][1] == 1
-    backward = [k for k in kernels if "tt_backward_kernel" in k]
-    assert bool(backward) == one_channel, sorted(kernels)
-    if one_channel:  # the kernel's name holds its WIDE template argument
-        wide = all(re.search(r"tt_backward_kernel<\d+, \d+, (true|\(bool\)1)", k) for k in backward)
-        assert wide == (TILED.index(case) in WIDE), backward
+    for path in ("hub", "operator"):
+        got, got_x, got_k, kernels = results["cuda_ext", path]
+        torch.testing.assert_close(got, want, equal_nan=True, **exact)
+        torch.testing.assert_close(got_x, want_x, **exact)
+        torch.testing.assert_close(got_k, want_k, **exact)
+        forward = [k for k in kernels if "tt_forward_kernel" in k]
+        backward = [k for k in kernels if "tt_backward_kernel" in k]
+        assert forward and bool(backward) == one_channel, sorted(kernels)
+        saving = one_channel and path == "hub"
+        assert all(bool(re.search(r"tt_forward_kernel<\d+, \d+, [\w:]+, (true|\(bool\)1)", k)) == saving
+                   for k in forward), forward
+        if one_channel:  # the kernel's name holds its WIDE and SAVED template arguments
+            wide = all(re.search(r"tt_backward_kernel<\d+, \d+, (true|\(bool\)1)", k) for k in backward)
+            assert wide == (TILED.index(case) in WIDE), backward
+            assert all(bool(re.search(r"tt_backward_kernel<\d+, \d+, \w+, [\w:]+, (true|\(bool\)1)", k)) == saving
+                       for k in backward), backward
     # the op's case that the shipped configuration gives to cuda_ext is these calls
     spec = kernelhub.get_hub().registry.spec("semiconv")
     assert (spec.case_of(spec.canonical(*args)) == "tropical_2d_depthwise") == one_channel

@@ -470,20 +470,35 @@ def test_a_weighted_handle_refuses_weights_that_do_not_fit_the_output(fast, monk
     assert repr(handle.weighted(torch.ones(3))) == "kernelhub.op('tv_loss_l1_3d').weighted(float32[3])"
 
 
+def _hub_with_tv_backend(name, forward, backward, **flags):
+    """A hub whose backend ``name`` (first in its priority, before torch_ref) serves tv_loss_l1_3d with ``forward``
+    and ``backward`` (the reference's dtypes and devices), its Impl declaring ``flags``."""
+    import dataclasses
+    import types
+
+    from kernelhub import hookimpl
+    from kernelhub.config import Config
+    from kernelhub.hub import Hub
+    from kernelhub.spec import Backend, Impl
+
+    ref = kernelhub.get_hub().registry.impls("tv_loss_l1_3d")["torch_ref"]
+
+    @hookimpl
+    def kernelhub_register_impls(registry):
+        registry.add_backend(Backend(name, "1.0"))
+        registry.add_impl(Impl(op="tv_loss_l1_3d", backend=name, dtypes=ref.dtypes, devices=ref.devices,
+                               forward=forward, backward=backward, **flags))
+    return Hub(extra_plugins=[(name, types.SimpleNamespace(kernelhub_register_impls=kernelhub_register_impls))],
+               config=dataclasses.replace(Config(), priority=(name, "torch_ref")))
+
+
 @pytest.mark.parametrize("raises", [False, True])
 def test_an_impl_that_fuses_the_weights_gets_them_and_the_next_one_gets_them_weighed(raises):
     """An impl declared `weighted` gets a weighted handle's weights in its forward and backward on the fast path
     (one call each way, with or without grad) and returns the weighted sum itself; where it raises, the next impl
     serves the plain call and the hub weighs it; weights that require grad are weighed by autograd around the
     plain call. The same values and gradients every way."""
-    import dataclasses
-    import types
     import warnings
-
-    from kernelhub import hookimpl
-    from kernelhub.config import Config
-    from kernelhub.hub import Hub
-    from kernelhub.spec import Backend, Impl
 
     ref = kernelhub.get_hub().registry.impls("tv_loss_l1_3d")["torch_ref"]
     calls = []
@@ -499,13 +514,7 @@ def test_an_impl_that_fuses_the_weights_gets_them_and_the_next_one_gets_them_wei
         calls.append(("backward", weights is not None))
         return ref.backward(g if weights is None else weights * g, v, needs=needs)
 
-    @hookimpl
-    def kernelhub_register_impls(registry):
-        registry.add_backend(Backend("fused", "1.0"))
-        registry.add_impl(Impl(op="tv_loss_l1_3d", backend="fused", dtypes=ref.dtypes, devices=ref.devices,
-                               forward=forward, backward=backward, weighted=True))
-    hub = Hub(extra_plugins=[("fused", types.SimpleNamespace(kernelhub_register_impls=kernelhub_register_impls))],
-              config=dataclasses.replace(Config(), priority=("fused", "torch_ref")))
+    hub = _hub_with_tv_backend("fused", forward, backward, weighted=True)
     v = torch.randn(3, 4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     w = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
     upstream = torch.tensor(0.75, dtype=torch.float64)
@@ -600,3 +609,68 @@ def test_the_host_ladder_runs_every_row_and_leaves_the_checks_in_place():
         for g, ref in zip(grads, results["min"], strict=True):
             torch.testing.assert_close(g, ref, rtol=0, atol=0)
     assert (hub_module._check_output, hub_module._check_grads) == checks
+
+
+@pytest.mark.parametrize("failing", ["", "backward", "forward"])
+def test_an_impl_that_saves_gets_its_saved_tensor_back_in_its_backward_only(failing):
+    """An impl declared `saves` is called with ``saving=True`` where its backward follows (the fast path, an input
+    requiring grad; a weighted handle weighing its output in torch ops too) and gets what it saved in that backward,
+    each call its own; without grad, and through the operators, it is called plainly. Where its backward raises, the
+    next impl serves the backward without the saved tensor; where its saving forward returns a wrong output,
+    nothing is kept and the next impl serves both. The same values and gradients every way."""
+    import warnings
+
+    ref = kernelhub.get_hub().registry.impls("tv_loss_l1_3d")["torch_ref"]
+    calls = []
+
+    def forward(v, saving=False):
+        calls.append(("forward", saving))
+        out = ref.forward(v)
+        if failing == "forward":
+            out = out[:2]  # a wrong shape
+        return (out, v.sum().reshape(1)) if saving else out  # what a backward could reuse: tied to this call
+
+    def backward(g, v, needs, saved=None):
+        calls.append(("backward", None if saved is None else saved.item()))
+        if failing == "backward":
+            raise RuntimeError("no kernel for this call")
+        if saved is not None:
+            assert saved.item() == v.sum().item()
+        return ref.backward(g, v, needs=needs)
+
+    hub = _hub_with_tv_backend("saver", forward, backward, saves=True)
+    gen = torch.Generator().manual_seed(5)
+    w = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
+    first = True
+    for weights in (None, w):
+        handle = hub.handle("tv_loss_l1_3d")
+        handle = handle if weights is None else handle.weighted(weights)
+        for _ in range(2):  # the second call from the memo
+            v = torch.randn(3, 4, 5, dtype=torch.float64, generator=gen)
+            upstream = torch.rand((3,) if weights is None else (), dtype=torch.float64, generator=gen)
+            ref_x = v.clone().requires_grad_()
+            want = tv.tv_loss_l1_3d(ref_x) if weights is None else (tv.tv_loss_l1_3d(ref_x) * weights).sum()
+            want_grad = torch.autograd.grad(want, ref_x, upstream)[0]
+            calls.clear()
+            x = v.clone().requires_grad_()
+            with warnings.catch_warnings(record=True):
+                warnings.simplefilter("always")
+                got = handle(x)
+                grad = torch.autograd.grad(got, x, upstream)[0]
+            torch.testing.assert_close(got, want.detach(), rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(grad, want_grad, rtol=1e-12, atol=1e-12)
+            if not failing:
+                assert calls == [("forward", True), ("backward", v.sum().item())]
+            elif first:  # then set aside for this call's key
+                assert calls == [("forward", True)] + ([("backward", v.sum().item())] if failing == "backward" else [])
+            else:
+                assert calls == []
+            first = False
+    if not failing:
+        v = torch.randn(3, 4, 5, dtype=torch.float64, generator=gen)
+        calls.clear()
+        hub.handle("tv_loss_l1_3d")(v)  # no grad: no saving
+        x = v.clone().requires_grad_()
+        out = torch.ops.kernelhub.tv_loss_l1_3d.default(x, "", hub.key)  # the operators: plain calls
+        torch.autograd.grad(out.sum(), x)
+        assert calls == [("forward", False), ("forward", False), ("backward", None)]

@@ -426,6 +426,8 @@ class Check:
             check_bad_inputs(self.op, self.backend)
         elif self.kind == "weighted":
             check_weighted(self.op, self.backend, self.device)
+        elif self.kind == "saved":
+            check_saved(self.op, self.backend, self.device)
         elif self.kind == "no host sync":
             check_no_host_sync(self.op, self.backend)
         else:
@@ -433,8 +435,8 @@ class Check:
         return None
 
 
-CHECK_KINDS = ("parity", "non-contiguous", "opcheck", "gradcheck", "bad inputs", "weighted", "no host sync",
-               "CUDA graph replay")
+CHECK_KINDS = ("parity", "non-contiguous", "opcheck", "gradcheck", "bad inputs", "weighted", "saved",
+               "no host sync", "CUDA graph replay")
 
 
 def suite(backend: str, device: str = "cpu", ops: Iterable[str] | None = None) -> list[Check]:
@@ -457,6 +459,8 @@ def suite(backend: str, device: str = "cpu", ops: Iterable[str] | None = None) -
         out.append(Check("bad inputs", op, backend, device))
         if impl.weighted:
             out.append(Check("weighted", op, backend, device))
+        if impl.saves:
+            out.append(Check("saved", op, backend, device))
         # the CUDA promises are the kernel backends': a reference may synchronise (torch_ref's Tikhonov is an SVD)
         if device == "cuda" and backend != hub.registry.spec(op).reference_backend:
             out += [Check("no host sync", op, backend, device), Check("CUDA graph replay", op, backend, device)]
@@ -499,6 +503,44 @@ def check_weighted(op: str, backend: str, device: str = "cpu") -> None:
                     assert err <= tol.backward, f"{op} on {backend} [{sample.name}]: weighted backward error {err:.3g}"
             ran += 1
     assert ran, f"{op} on {backend}: no small sample to check its weights on {device}"
+
+
+def check_saved(op: str, backend: str, device: str = "cpu") -> None:
+    """For an impl that saves for its backward (`Impl.saves`), on every small, medium and edge sample it accepts in
+    each dtype it takes: ``forward(*args, saving=True)`` gives ``forward(*args)``'s output (bitwise, NaN where it
+    has NaN), and where it saved something, ``backward(..., saved=saved)`` gives ``backward(...)``'s gradients
+    within the op's tolerances (the parity checks run the plain functions, through the operators, against the
+    reference). Skipped (pytest's skip) where the impl saved nothing for any of them on this device."""
+    spec = _spec(op)
+    registry = get_hub().registry
+    impl = registry.impls(op)[backend]
+    reason = registry.unavailable_reason(backend)
+    assert reason is None, f"{op} on {backend}: the backend is unavailable: {reason}"
+    saved_any = 0
+    for dtype in [d for d in spec.dtypes if d in impl.dtypes]:
+        tol = parity.spec_tolerance(spec, dtype)
+        for size in ("small", "medium", "edge"):
+            for sample in supported(op, backend, samples(op, size, dtype, device)):
+                args = sample.args
+                want = impl.forward(*args)
+                got, saved = impl.forward(*args, saving=True)
+                assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num()), \
+                    f"{op} on {backend} [{sample.name}]: the saving forward's output differs from the forward's"
+                if saved is None:
+                    continue
+                grad = upstream_grad(want)
+                needs = [True] * len(spec.differentiable)
+                got_grads = impl.backward(grad, *args, needs=needs, saved=saved)
+                want_grads = impl.backward(grad, *args, needs=needs)
+                for g, w in zip(got_grads, want_grads, strict=True):
+                    for a, b in zip(tensors_of(g) or (), tensors_of(w) or (), strict=True):
+                        err = parity_error(a, b)
+                        assert err <= tol.backward, \
+                            f"{op} on {backend} [{sample.name}]: backward from the saved tensor differs: {err:.3g}"
+                saved_any += 1
+    if not saved_any:
+        import pytest
+        pytest.skip(f"{op} on {backend}: saves nothing for any sample on {device}")
 
 
 # -- CUDA safety: what a real program does with a GPU kernel ---------------------------------------------------

@@ -81,7 +81,9 @@ def _register_fakes() -> None:
             like(t) if need else like(t, (0,)) for t, need in ((planes, need_planes), (pts, need_pts), (rot, need_rot))))
     torch.library.register_fake(f"{NAME}::tikhonov_forward")(lambda M, lam: like(M))
     torch.library.register_fake(f"{NAME}::tikhonov_backward")(lambda grad, M, lam: like(M))
-    # semiconv: img [B, C, D, H, W] and kernel [O, C/g, KD, KH, KW] as ops.py lifts them -> [B, O, *out_size]
+    # semiconv: img [B, C, D, H, W] and kernel [O, C/g, KD, KH, KW] as ops.py lifts them -> [B, O, *out_size]. Its
+    # saving pair (semiconv_forward_saving, semiconv_backward_saved: CUDA only) runs on the hub's eager fast path
+    # alone (`Impl.saves`), never traced: no fakes
     torch.library.register_fake(f"{NAME}::semiconv_forward")(
         lambda img, kernel, semifield, param, groups, stride, padding, dilation, out_size, flip: like(
             img, (img.shape[0], kernel.shape[0], *out_size)))

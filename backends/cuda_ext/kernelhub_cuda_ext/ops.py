@@ -114,17 +114,27 @@ def tikhonov_backward(grad, M, lam, needs):
     return [_lib().tikhonov_backward(_pixels(grad), _pixels(M), lam).view(M.shape)]
 
 
-def semiconv_forward(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting=False):
+def semiconv_forward(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting=False,
+                     saving=False):
+    """The output; with ``saving`` (`Impl.saves`: a forward whose backward follows) ``(output, saved)``, where
+    ``saved`` is each output's first winner (uint8) for `semiconv_backward` where its CUDA tiled kernels take the call
+    (max and min, 2-D, depthwise-like, unit stride and dilation), else None."""
     a = lift_3d(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting)
-    out = _lib().semiconv_forward(a.img, a.kernel, a.code, a.param, a.groups, a.stride, a.pad_begin, a.dilation,
-                                  a.out_size, a.flip)
-    return out.view(a.output_shape)
+    args = (a.img, a.kernel, a.code, a.param, a.groups, a.stride, a.pad_begin, a.dilation, a.out_size, a.flip)
+    if not saving:
+        return _lib().semiconv_forward(*args).view(a.output_shape)
+    if not img.is_cuda:
+        return _lib().semiconv_forward(*args).view(a.output_shape), None
+    out, winners = _lib().semiconv_forward_saving(*args)
+    return out.view(a.output_shape), winners if winners.numel() else None
 
 
 def semiconv_backward(grad, img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting,
-                      needs):
+                      needs, saved=None):
+    """The gradients; ``saved``: `semiconv_forward`'s winners of this call (the backward then does no search)."""
     a = lift_3d(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting)
-    gx, gk = _lib().semiconv_backward(a.grad_5d(grad), a.img, a.kernel,
-                                      a.code, a.param, a.groups, a.stride, a.pad_begin, a.dilation, bool(needs[0]),
-                                      bool(needs[1]), a.flip)
+    args = (a.img, a.kernel, a.code, a.param, a.groups, a.stride, a.pad_begin, a.dilation, bool(needs[0]),
+            bool(needs[1]), a.flip)
+    gx, gk = (_lib().semiconv_backward(a.grad_5d(grad), *args) if saved is None
+              else _lib().semiconv_backward_saved(a.grad_5d(grad), saved, *args))
     return [gx.view(img.shape) if needs[0] else None, gk.view(kernel.shape) if needs[1] else None]

@@ -40,6 +40,8 @@ IMPLS = {
 NOT_DETERMINISTIC = set(KPLANES_OPS) | {"semiconv"}
 # their functions take a weighted handle's weights (`Impl.weighted`): the weighted sum in the kernels
 WEIGHTED = {"tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d"}
+# their forward saves what their backward reads instead of recomputing it (`Impl.saves`): semiconv's winners
+SAVES = {"semiconv"}
 
 
 def unavailable_reason() -> str | None:
@@ -78,5 +80,5 @@ def kernelhub_register_impls(registry) -> None:
         forward, backward = getattr(ops, fwd), getattr(ops, bwd)
         registry.add_impl(Impl(op=op, backend=NAME, forward=forward, backward=backward, dtypes=dtypes,
                                devices=devices, not_supported_reasons=REASONS.get(op, _cuda_built),
-                               deterministic=op not in NOT_DETERMINISTIC, weighted=op in WEIGHTED,
+                               deterministic=op not in NOT_DETERMINISTIC, weighted=op in WEIGHTED, saves=op in SAVES,
                                inline=autograd_inline(registry.spec(op), forward, backward)))

@@ -296,12 +296,27 @@ __device__ __forceinline__ void tt_products(const A* __restrict__ xs, const A* _
 template <typename T>
 struct alignas(TT_PER * sizeof(T)) TtQuad { T v[TT_PER]; };
 
+constexpr int TT_NO_WINNER = 255;
+  // a saved winner: the window holds a NaN (no gradient); window indices are < 112
+
+template <int SF, int KW, int P, typename A>
+__device__ __forceinline__ void tt_winners_nan(const A* __restrict__ xs, const A* __restrict__ ks, int KH, int tx,
+                                               int ty, int (&win)[TT_PER][TT_PER], bool (&nan)[TT_PER][TT_PER],
+                                               A (&m)[TT_PER][TT_PER]);
+template <int SF, int KW, int P, typename A>
+__device__ __forceinline__ void tt_winners(const A* __restrict__ xs, const A* __restrict__ ks, int KH, int tx, int ty,
+                                           int (&win)[TT_PER][TT_PER], A (&best)[TT_PER][TT_PER]);
+
 // six blocks a multiprocessor where the accumulation type is 4 bytes (40 registers: 8-13% less time at 3x3 and 5x5
-// than four blocks of 60, docs/lab/benchmarks-history.md); double keeps the registers it needs
-template <int SF, int KW, typename T>
-__global__ void __launch_bounds__(TT_THREADS, sizeof(at::opmath_type<T>) == 4 ? 6 : 1)
-tt_forward_kernel(const T* __restrict__ x, const T* __restrict__ k, T* __restrict__ out, ScGeo g, int tiles_h,
-                  int tiles_w) {
+// than four blocks of 60, docs/lab/benchmarks-history.md); double keeps the registers it needs. WIN (a forward whose
+// backward follows, Cg == 1: the plan of tt_backward_kernel): each output's first winner is searched as the backward
+// does (tt_winners) and written to `win` (TT_NO_WINNER for a window with a NaN), for tt_backward_kernel's SAVED
+// form, which then does no search of its own: the search costs the forward less than the backward (5x5 on
+// 16x32x256², H200: forward 0.15 -> 0.26 ms, backward 0.60 -> 0.29). Three blocks: at six the search spills (0.41).
+template <int SF, int KW, typename T, bool WIN = false>
+__global__ void __launch_bounds__(TT_THREADS, sizeof(at::opmath_type<T>) == 4 ? (WIN ? 3 : 6) : 1)
+tt_forward_kernel(const T* __restrict__ x, const T* __restrict__ k, T* __restrict__ out, uint8_t* __restrict__ win,
+                  ScGeo g, int tiles_h, int tiles_w) {
   using A = at::opmath_type<T>;
   constexpr int P = tt_pitch<KW, A>();
   extern __shared__ __align__(16) unsigned char smem[];
@@ -314,21 +329,31 @@ tt_forward_kernel(const T* __restrict__ x, const T* __restrict__ k, T* __restric
   const int tx = threadIdx.x % TT_LANES, ty = threadIdx.x / TT_LANES;
   const int oh0 = th * TT_SIDE, ow0 = tw * TT_SIDE;
   const A zero = SF == SC_MAX ? A(-INFINITY) : A(INFINITY);
-  for (int i = threadIdx.x; i < Cg * taps; i += TT_THREADS)
+  bool special = false;  // a NaN product needs a NaN in the tile or a kernel entry that is NaN or infinite
+  for (int i = threadIdx.x; i < Cg * taps; i += TT_THREADS) {
     ks[i] = static_cast<A>(k[(oc * g.Cg + i / taps) * taps + g.ktap(i % taps)]);
+    special |= !::isfinite(ks[i]);
+  }
   A acc[TT_PER][TT_PER];
 #pragma unroll
   for (int r = 0; r < TT_PER; ++r)
 #pragma unroll
     for (int c = 0; c < TT_PER; ++c) acc[r][c] = zero;
+  int w[TT_PER][TT_PER];
+  bool nan[TT_PER][TT_PER] = {};
   for (int c = 0; c < Cg; ++c) {
     __syncthreads();  // the previous channel's tile is read (and the kernel written)
-    tt_load<TT_SIDE + KW - 1, P>(xs, x + (b * g.C + grp * g.Cg + c) * H * W, oh0 - int(g.p[1]), ow0 - int(g.p[2]),
-                                 TT_SIDE + KH - 1, H, W, zero);
-    __syncthreads();
-    tt_products<SF, KW, P>(xs, ks + c * taps, KH, tx, ty, [&](int r, int cc, int, A a) {
-      acc[r][cc] = tt_pick<SF>(acc[r][cc], a);
-    });
+    special |= tt_load<TT_SIDE + KW - 1, P>(xs, x + (b * g.C + grp * g.Cg + c) * H * W, oh0 - int(g.p[1]),
+                                            ow0 - int(g.p[2]), TT_SIDE + KH - 1, H, W, zero);
+    if constexpr (WIN) {  // one channel
+      if (__syncthreads_or(special)) tt_winners_nan<SF, KW, P>(xs, ks, KH, tx, ty, w, nan, acc);
+      else tt_winners<SF, KW, P>(xs, ks, KH, tx, ty, w, acc);
+    } else {
+      __syncthreads();
+      tt_products<SF, KW, P>(xs, ks + c * taps, KH, tx, ty, [&](int r, int cc, int, A a) {
+        acc[r][cc] = tt_pick<SF>(acc[r][cc], a);
+      });
+    }
   }
   const int ow = ow0 + tx * TT_PER;
   const bool whole = g.OW % TT_PER == 0;  // a thread's 4 outputs of a row: one aligned vector store, or none
@@ -347,17 +372,31 @@ tt_forward_kernel(const T* __restrict__ x, const T* __restrict__ k, T* __restric
       for (int cc = 0; cc < TT_PER; ++cc)
         if (ow + cc < g.OW) o[cc] = static_cast<T>(acc[r][cc]);
     }
+    if constexpr (WIN) {
+      TtQuad<uint8_t> q;
+#pragma unroll
+      for (int cc = 0; cc < TT_PER; ++cc) q.v[cc] = uint8_t(nan[r][cc] ? TT_NO_WINNER : w[r][cc]);
+      uint8_t* wo = win + (bo * g.OH + oh) * g.OW + ow;
+      if (whole && ow < g.OW) {
+        *reinterpret_cast<TtQuad<uint8_t>*>(wo) = q;
+      } else {
+#pragma unroll
+        for (int cc = 0; cc < TT_PER; ++cc)
+          if (ow + cc < g.OW) wo[cc] = q.v[cc];
+      }
+    }
   }
 }
 
-// the first winner (window tap index, in window order) of each of a thread's 4x4 outputs, and whether a NaN was in
-// the window: the strict comparison keeps the first winner (a window of the semifield's zero keeps tap 0), the
-// max/min with NaN propagation marks a NaN
+// the first winner (window tap index, in window order) of each of a thread's 4x4 outputs, whether a NaN was in the
+// window, and the output (m): the strict comparison keeps the first winner (a window of the semifield's zero keeps
+// tap 0), the max/min with NaN propagation marks a NaN
 template <int SF, int KW, int P, typename A>
 __device__ __forceinline__ void tt_winners_nan(const A* __restrict__ xs, const A* __restrict__ ks, int KH, int tx,
-                                               int ty, int (&win)[TT_PER][TT_PER], bool (&nan)[TT_PER][TT_PER]) {
+                                               int ty, int (&win)[TT_PER][TT_PER], bool (&nan)[TT_PER][TT_PER],
+                                               A (&m)[TT_PER][TT_PER]) {
   const A zero = SF == SC_MAX ? A(-INFINITY) : A(INFINITY);
-  A best[TT_PER][TT_PER], m[TT_PER][TT_PER];
+  A best[TT_PER][TT_PER];
 #pragma unroll
   for (int r = 0; r < TT_PER; ++r)
 #pragma unroll
@@ -374,15 +413,15 @@ __device__ __forceinline__ void tt_winners_nan(const A* __restrict__ xs, const A
     for (int c = 0; c < TT_PER; ++c) nan[r][c] = m[r][c] != m[r][c];
 }
 
-// the same where no NaN can occur (no NaN in the tile, a finite kernel), with no predicate per tap: `better` as
-// 1 or 0 (one compare-to-value), the best by a max/min, and the winner's index kept as a value of A moved by a
-// multiply-add (exact: small integers), so a tap is two ALU instructions and three on the FMA pipe instead of
-// three ALU ones (a compare to a predicate and two selects; the ALU pipe has half the FMA pipe's lanes)
+// the same where no NaN can occur (no NaN in the tile, a finite kernel; best: the output), with no predicate per
+// tap: `better` as 1 or 0 (one compare-to-value), the best by a max/min, and the winner's index kept as a value of A
+// moved by a multiply-add (exact: small integers), so a tap is two ALU instructions and three on the FMA pipe
+// instead of three ALU ones (a compare to a predicate and two selects; the ALU pipe has half the FMA pipe's lanes)
 template <int SF, int KW, int P, typename A>
 __device__ __forceinline__ void tt_winners(const A* __restrict__ xs, const A* __restrict__ ks, int KH, int tx, int ty,
-                                           int (&win)[TT_PER][TT_PER]) {
+                                           int (&win)[TT_PER][TT_PER], A (&best)[TT_PER][TT_PER]) {
   const A zero = SF == SC_MAX ? A(-INFINITY) : A(INFINITY);
-  A best[TT_PER][TT_PER], w[TT_PER][TT_PER];
+  A w[TT_PER][TT_PER];
 #pragma unroll
   for (int r = 0; r < TT_PER; ++r)
 #pragma unroll
@@ -405,23 +444,28 @@ __device__ __forceinline__ void tt_winners(const A* __restrict__ xs, const A* __
 // [KW - 1, KW - 1 + TW) (TH = 4LY - KH + 1, TW = 4LX - KW + 1): every output whose window reaches into it is
 // computed here. Two shapes (tt_plan picks the one with fewer threads in all): LX = LY = 16 (256 threads, tiles of
 // 64 - k + 1), and WIDE: image tiles of at least 64 (LX = tt_wide_lanes(KW), LY likewise: 289 threads at 5x5),
-// which cover a power-of-two image evenly.
+// which cover a power-of-two image evenly. SAVED: the winners come from the forward (tt_forward_kernel's WIN, `win`
+// [B, O, OH, OW]), loaded per output channel after toff (CH x CW bytes) instead of the image (no search, no image
+// read; `saved_bytes` of shared memory).
 constexpr int TT_WIDE_THREADS = 18 * 20;  // LX * LY of the wide shape at KW = 7, KH = 16
 constexpr int tt_wide_lanes(int k) { return (TT_SIDE + k - 1 + TT_PER - 1) / TT_PER; }
 template <int KW, int LX, typename A>
 constexpr int tt_bpitch() { return tt_round_pitch<A>(TT_PER * LX + KW - 1); }
 
-template <int SF, int KW, bool WIDE, typename T, int LX = WIDE ? tt_wide_lanes(KW) : TT_LANES>
-__global__ void __launch_bounds__(WIDE ? TT_WIDE_THREADS : TT_THREADS, WIDE ? 3 : 4)
-tt_backward_kernel(const T* __restrict__ go, const T* __restrict__ x, const T* __restrict__ k, T* __restrict__ gx,
-                   at::opmath_type<T>* __restrict__ gk, ScGeo g, int tiles_h, int tiles_w, int LY) {
+// SAVED (no search, no image tile) takes more blocks a multiprocessor with fewer registers: at three it held 55
+// registers and took 0.36 ms for the 5x5 call on 16x32x256² (H200), at five 0.29
+template <int SF, int KW, bool WIDE, typename T, bool SAVED = false, int LX = WIDE ? tt_wide_lanes(KW) : TT_LANES>
+__global__ void __launch_bounds__(WIDE ? TT_WIDE_THREADS : TT_THREADS, SAVED ? (WIDE ? 5 : 6) : (WIDE ? 3 : 4))
+tt_backward_kernel(const T* __restrict__ go, const T* __restrict__ x, const T* __restrict__ k,
+                   const uint8_t* __restrict__ saved, T* __restrict__ gx, at::opmath_type<T>* __restrict__ gk, ScGeo g,
+                   int tiles_h, int tiles_w, int LY) {
   using A = at::opmath_type<T>;
   constexpr int CW = TT_PER * LX, TW = CW - KW + 1, P = tt_bpitch<KW, LX, A>();
   extern __shared__ __align__(16) unsigned char smem[];
   const int KH = int(g.KH), taps = KH * KW, H = int(g.H), W = int(g.W), OH = int(g.OH), OW = int(g.OW);
   const int CH = TT_PER * LY, TH = CH - KH + 1, FH = CH + KH - 1;
-  A* xs = reinterpret_cast<A*>(smem);       // the footprint's image, FH rows of P
-  A* gs = xs + FH * P;                      // its gradient
+  A* xs = reinterpret_cast<A*>(smem);       // the footprint's image, FH rows of P (SAVED: none)
+  A* gs = SAVED ? xs : xs + FH * P;         // its gradient
   A* gos = gs + FH * P;                     // the upstream gradient of the CH x CW outputs computed (0 outside)
   A* ks = gos + CH * CW;                    // the kernel of the current oc in window order
   A* bins = ks + taps;                      // its gradient per window index and lane, [taps][32]: a warp's lanes
@@ -429,6 +473,7 @@ tt_backward_kernel(const T* __restrict__ go, const T* __restrict__ x, const T* _
                                             // loops: 32 lanes on one address serialise, and one tap often wins most
                                             // windows)
   int* toff = reinterpret_cast<int*>(bins + taps * 32);  // window tap t's offset in the footprint
+  uint8_t* ws = reinterpret_cast<uint8_t*>(toff + taps);  // SAVED: the winners of the CH x CW outputs
   const int64_t blk = blockIdx.x;
   const int tw = int(blk % tiles_w), th = int(blk / tiles_w % tiles_h);
   const int64_t bc = blk / tiles_w / tiles_h, b = bc / g.C, ch = bc % g.C;  // Cg == 1: the channel is the group
@@ -437,7 +482,8 @@ tt_backward_kernel(const T* __restrict__ go, const T* __restrict__ x, const T* _
   const int oh_s = i0 + int(g.p[1]) - (KH - 1), ow_s = j0 + int(g.p[2]) - (KW - 1);  // the outputs computed
   const bool last_h = th == tiles_h - 1, last_w = tw == tiles_w - 1;
   const A zero = SF == SC_MAX ? A(-INFINITY) : A(INFINITY);
-  const bool x_nan = tt_load<CW + KW - 1, P>(xs, x + bc * H * W, i0 - (KH - 1), j0 - (KW - 1), FH, H, W, zero);
+  const bool x_nan = !SAVED && tt_load<CW + KW - 1, P>(xs, x + bc * H * W, i0 - (KH - 1), j0 - (KW - 1), FH, H, W,
+                                                      zero);
   for (int i = threadIdx.x; i < taps; i += blockDim.x) toff[i] = (i / KW) * P + i % KW;
   if (gx != nullptr)
     for (int i = threadIdx.x; i < FH * P; i += blockDim.x) gs[i] = A(0);
@@ -452,8 +498,9 @@ tt_backward_kernel(const T* __restrict__ go, const T* __restrict__ x, const T* _
     const int64_t oc = ch * g.Og + og, bo = b * g.O + oc;
     if (og > 0) __syncthreads();  // the previous oc's upstream gradient, kernel and bins are read
     tt_load<CW, CW>(gos, go + bo * OH * OW, oh_s, ow_s, CH, OH, OW, A(0));
+    if constexpr (SAVED) tt_load<CW, CW>(ws, saved + bo * OH * OW, oh_s, ow_s, CH, OH, OW, uint8_t(TT_NO_WINNER));
     bool k_special = false;
-    for (int i = threadIdx.x; i < taps; i += blockDim.x) {
+    for (int i = threadIdx.x; i < taps && !SAVED; i += blockDim.x) {
       ks[i] = static_cast<A>(k[oc * taps + g.ktap(i)]);
       k_special |= !::isfinite(ks[i]);
     }
@@ -463,18 +510,24 @@ tt_backward_kernel(const T* __restrict__ go, const T* __restrict__ x, const T* _
     const bool special = __syncthreads_or(x_nan || k_special);
     int win[TT_PER][TT_PER];
     bool nan[TT_PER][TT_PER] = {};
-    if (special) tt_winners_nan<SF, KW, P>(xs, ks, KH, tx, ty, win, nan);
-    else tt_winners<SF, KW, P>(xs, ks, KH, tx, ty, win);
+    A best[TT_PER][TT_PER];  // unused
+    if constexpr (!SAVED) {
+      if (special) tt_winners_nan<SF, KW, P>(xs, ks, KH, tx, ty, win, nan, best);
+      else tt_winners<SF, KW, P>(xs, ks, KH, tx, ty, win, best);
+    }
 #pragma unroll
     for (int r = 0; r < TT_PER; ++r) {
       const int lr = ty * TT_PER + r, oh = oh_s + lr;
       const bool row_ok = oh >= 0 && oh < OH, own_r = lr < TH || last_h;
       A gv[TT_PER];
       tt_segment_load(gv, gos + lr * CW + tx * TT_PER);
+      TtQuad<uint8_t> saved_row = {};  // SAVED: this row's winners
+      if constexpr (SAVED) saved_row = *reinterpret_cast<const TtQuad<uint8_t>*>(ws + lr * CW + tx * TT_PER);
 #pragma unroll
       for (int cc = 0; cc < TT_PER; ++cc) {
-        if (!row_ok || !col_ok[cc] || nan[r][cc]) continue;  // outside the output, or a NaN in the window
-        const int t = win[r][cc];
+        const int t = SAVED ? int(saved_row.v[cc]) : win[r][cc];
+        if (!row_ok || !col_ok[cc] || (SAVED ? t == TT_NO_WINNER : nan[r][cc])) continue;  // outside the output,
+                                                                                           // or a NaN in the window
         if (gx != nullptr) atomicAdd(gs + lr * P + tx * TT_PER + cc + toff[t], gv[cc]);
         if (gk != nullptr && own_r && own_c[cc]) atomicAdd(bins + t * 32 + lane, SF == SC_MIN ? -gv[cc] : gv[cc]);
       }
@@ -505,6 +558,7 @@ struct TtPlan {
   int tiles_h = 0, tiles_w = 0;
   bool wide = false;  // the backward's wide shape (image tiles of at least 64)
   int lx = TT_LANES, ly = TT_LANES;  // the backward's threads across and down
+  int64_t saved_bytes = 0;  // the backward's with saved winners: no image tile, the winners instead
 };
 
 TtPlan tt_plan(const ScGeo& g, int64_t sf, bool backward, int64_t elem) {
@@ -530,6 +584,7 @@ TtPlan tt_plan(const ScGeo& g, int64_t sf, bool backward, int64_t elem) {
     const int64_t fh = TT_PER * plan.ly + g.KH - 1, cw = TT_PER * plan.lx;
     plan.bytes = elem * (2 * fh * pitch_of(cw + g.KW - 1) + TT_PER * plan.ly * cw + 33 * taps) +
                  int64_t(sizeof(int)) * taps;
+    plan.saved_bytes = plan.bytes - elem * fh * pitch_of(cw + g.KW - 1) + TT_PER * plan.ly * cw;
   } else {
     plan.tiles_h = int(tt_tiles(g.OH, TT_SIDE));
     plan.tiles_w = int(tt_tiles(g.OW, TT_SIDE));
@@ -575,27 +630,35 @@ dim3 sc_grid(const ScGeo& g) {
   return dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(std::min<int64_t>(g.B * g.O, 65535)));
 }
 
-at::Tensor semiconv_forward_cuda(const at::Tensor& img_, const at::Tensor& ker_, int64_t sf, double param,
-                                 int64_t groups, at::IntArrayRef stride, at::IntArrayRef pad, at::IntArrayRef dil,
-                                 at::IntArrayRef out_size, bool flip) {
+// the forward, and with `save` (a forward whose backward follows) each output's first winner for the tiled
+// backward's SAVED form ([B, O, OH, OW] uint8) where both tiled kernels take the call; else an empty tensor
+std::tuple<at::Tensor, at::Tensor> semiconv_forward_impl(const at::Tensor& img_, const at::Tensor& ker_, int64_t sf,
+                                                         double param, int64_t groups, at::IntArrayRef stride,
+                                                         at::IntArrayRef pad, at::IntArrayRef dil,
+                                                         at::IntArrayRef out_size, bool flip, bool save) {
   c10::cuda::CUDAGuard guard(img_.device());
   const at::Tensor img = img_.contiguous(), ker = ker_.contiguous();
   const ScGeo g = sc_geo("semiconv_forward", img, ker, groups, stride, pad, dil, out_size, flip);
   check_channel_size("semiconv_forward", g);
   auto out = at::empty({g.B, g.O, g.OD, g.OH, g.OW}, img.options());
-  if (out.numel() == 0) return out;
+  auto win = at::empty({0}, img.options().dtype(at::kByte));
+  if (out.numel() == 0) return {out, win};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, img.scalar_type(), "semiconv_forward_cuda", [&] {
     using A = at::opmath_type<scalar_t>;
     sc_dispatch(sf, [&](auto SF) {
       constexpr int sfv = decltype(SF)::value;
       if constexpr (sfv == SC_MAX || sfv == SC_MIN) {
         if (const TtPlan plan = tt_plan(g, sf, false, sizeof(A)); plan.bytes) {
+          if (save && tt_plan(g, sf, true, sizeof(A)).bytes) win = at::empty({g.B, g.O, g.OH, g.OW}, win.options());
           tt_dispatch_kw(g.KW, [&](auto KW) {
-            const auto kernel = tt_forward_kernel<sfv, decltype(KW)::value, scalar_t>;
+            const auto kernel = win.numel() ? tt_forward_kernel<sfv, decltype(KW)::value, scalar_t, true>
+                                            : tt_forward_kernel<sfv, decltype(KW)::value, scalar_t, false>;
             tt_allow_shared(kernel, plan.bytes);
             kernel<<<static_cast<unsigned>(g.B * g.O * plan.tiles_h * plan.tiles_w), TT_THREADS, plan.bytes,
                      c10::cuda::getCurrentCUDAStream()>>>(img.data_ptr<scalar_t>(), ker.data_ptr<scalar_t>(),
-                                                          out.data_ptr<scalar_t>(), g, plan.tiles_h, plan.tiles_w);
+                                                          out.data_ptr<scalar_t>(),
+                                                          win.numel() ? win.data_ptr<uint8_t>() : nullptr, g,
+                                                          plan.tiles_h, plan.tiles_w);
             C10_CUDA_KERNEL_LAUNCH_CHECK();
           });
           return;
@@ -608,14 +671,29 @@ at::Tensor semiconv_forward_cuda(const at::Tensor& img_, const at::Tensor& ker_,
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
-  return out;
+  return {out, win};
 }
 
-std::tuple<at::Tensor, at::Tensor> semiconv_backward_cuda(const at::Tensor& grad_, const at::Tensor& img_,
-                                                          const at::Tensor& ker_, int64_t sf, double param,
-                                                          int64_t groups, at::IntArrayRef stride, at::IntArrayRef pad,
-                                                          at::IntArrayRef dil, bool need_img, bool need_kernel,
-                                                          bool flip) {
+at::Tensor semiconv_forward_cuda(const at::Tensor& img, const at::Tensor& ker, int64_t sf, double param,
+                                 int64_t groups, at::IntArrayRef stride, at::IntArrayRef pad, at::IntArrayRef dil,
+                                 at::IntArrayRef out_size, bool flip) {
+  return std::get<0>(semiconv_forward_impl(img, ker, sf, param, groups, stride, pad, dil, out_size, flip, false));
+}
+
+std::tuple<at::Tensor, at::Tensor> semiconv_forward_saving_cuda(const at::Tensor& img, const at::Tensor& ker,
+                                                                int64_t sf, double param, int64_t groups,
+                                                                at::IntArrayRef stride, at::IntArrayRef pad,
+                                                                at::IntArrayRef dil, at::IntArrayRef out_size,
+                                                                bool flip) {
+  return semiconv_forward_impl(img, ker, sf, param, groups, stride, pad, dil, out_size, flip, true);
+}
+
+// the backward; `saved`: semiconv_forward_saving's winners of this call (an empty tensor: none, the search runs)
+std::tuple<at::Tensor, at::Tensor> semiconv_backward_impl(const at::Tensor& grad_, const at::Tensor& saved,
+                                                          const at::Tensor& img_, const at::Tensor& ker_, int64_t sf,
+                                                          double param, int64_t groups, at::IntArrayRef stride,
+                                                          at::IntArrayRef pad, at::IntArrayRef dil, bool need_img,
+                                                          bool need_kernel, bool flip) {
   c10::cuda::CUDAGuard guard(img_.device());
   const at::Tensor img = img_.contiguous(), ker = ker_.contiguous(), grad = grad_.contiguous();
   const ScGeo g = sc_backward_geo(grad, img, ker, groups, stride, pad, dil, flip);
@@ -623,6 +701,11 @@ std::tuple<at::Tensor, at::Tensor> semiconv_backward_cuda(const at::Tensor& grad
   auto gk = at::zeros(need_kernel ? ker.sizes() : at::IntArrayRef{0}, img.options().dtype(acc_dtype(img)));
   const TtPlan plan = grad.numel() > 0 && (need_img || need_kernel)
                           ? tt_plan(g, sf, true, int64_t(c10::elementSize(acc_dtype(img)))) : TtPlan{};
+  const bool use_saved = saved.defined() && saved.numel() > 0;
+  TORCH_CHECK(!use_saved || (plan.bytes && saved.scalar_type() == at::kByte && saved.is_contiguous() &&
+                             saved.device() == img.device() && saved.numel() == g.B * g.O * g.OH * g.OW),
+              "kernelhub_cuda_ext::semiconv_backward_saved: `saved` is not semiconv_forward_saving's winners of this "
+              "call");
   if (plan.bytes) {  // the tiled backward writes every element of img's gradient, in img's dtype
     auto gx = at::empty(need_img ? img.sizes() : at::IntArrayRef{0}, img.options());
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, img.scalar_type(), "semiconv_backward_cuda", [&] {
@@ -632,14 +715,17 @@ std::tuple<at::Tensor, at::Tensor> semiconv_backward_cuda(const at::Tensor& grad
         if constexpr (sfv == SC_MAX || sfv == SC_MIN) {
           tt_dispatch_kw(g.KW, [&](auto KW) {
             constexpr int kw = decltype(KW)::value;
-            const auto kernel = plan.wide ? tt_backward_kernel<sfv, kw, true, scalar_t>
-                                          : tt_backward_kernel<sfv, kw, false, scalar_t>;
-            tt_allow_shared(kernel, plan.bytes);
-            kernel<<<static_cast<unsigned>(g.B * g.C * plan.tiles_h * plan.tiles_w), plan.lx * plan.ly, plan.bytes,
+            const auto kernel = use_saved ? (plan.wide ? tt_backward_kernel<sfv, kw, true, scalar_t, true>
+                                                       : tt_backward_kernel<sfv, kw, false, scalar_t, true>)
+                                          : (plan.wide ? tt_backward_kernel<sfv, kw, true, scalar_t, false>
+                                                       : tt_backward_kernel<sfv, kw, false, scalar_t, false>);
+            const int64_t bytes = use_saved ? plan.saved_bytes : plan.bytes;
+            tt_allow_shared(kernel, bytes);
+            kernel<<<static_cast<unsigned>(g.B * g.C * plan.tiles_h * plan.tiles_w), plan.lx * plan.ly, bytes,
                      c10::cuda::getCurrentCUDAStream()>>>(
                 grad.data_ptr<scalar_t>(), img.data_ptr<scalar_t>(), ker.data_ptr<scalar_t>(),
-                need_img ? gx.data_ptr<scalar_t>() : nullptr, need_kernel ? gk.data_ptr<A>() : nullptr, g,
-                plan.tiles_h, plan.tiles_w, plan.ly);
+                use_saved ? saved.data_ptr<uint8_t>() : nullptr, need_img ? gx.data_ptr<scalar_t>() : nullptr,
+                need_kernel ? gk.data_ptr<A>() : nullptr, g, plan.tiles_h, plan.tiles_w, plan.ly);
             C10_CUDA_KERNEL_LAUNCH_CHECK();
           });
         }
@@ -668,11 +754,22 @@ std::tuple<at::Tensor, at::Tensor> semiconv_backward_cuda(const at::Tensor& grad
           need_kernel ? gk.to(ker.scalar_type()) : at::empty({0}, ker.options())};
 }
 
+std::tuple<at::Tensor, at::Tensor> semiconv_backward_cuda(const at::Tensor& grad, const at::Tensor& img,
+                                                          const at::Tensor& ker, int64_t sf, double param,
+                                                          int64_t groups, at::IntArrayRef stride, at::IntArrayRef pad,
+                                                          at::IntArrayRef dil, bool need_img, bool need_kernel,
+                                                          bool flip) {
+  return semiconv_backward_impl(grad, at::Tensor(), img, ker, sf, param, groups, stride, pad, dil, need_img,
+                                need_kernel, flip);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(kernelhub_cuda_ext, CUDA, m) {
   m.impl("semiconv_forward", &semiconv_forward_cuda);
   m.impl("semiconv_backward", &semiconv_backward_cuda);
+  m.impl("semiconv_forward_saving", &semiconv_forward_saving_cuda);
+  m.impl("semiconv_backward_saved", &semiconv_backward_impl);
 }
 
 }  // namespace kernelhub_cuda_ext

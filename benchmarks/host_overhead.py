@@ -98,7 +98,8 @@ CALLS = {
 
 
 def minimal(impl, spec):
-    """``impl``'s forward and backward in the least glue autograd allows (tensor arguments only)."""
+    """``impl``'s forward and backward in the least glue autograd allows (tensor arguments only); an impl that
+    saves for its backward (`Impl.saves`: cuda_ext's semiconv) saves here too, as the hub's glue has it do."""
     diff = spec.differentiable
 
     class Minimal(torch.autograd.Function):
@@ -106,12 +107,18 @@ def minimal(impl, spec):
         def forward(ctx, *args):
             ctx.save_for_backward(*[a for a in args if isinstance(a, torch.Tensor)])
             ctx.args = args
-            return impl.forward(*args)
+            if not impl.saves:
+                return impl.forward(*args)
+            out, ctx.saved = impl.forward(*args, saving=True)
+            return out
 
         @staticmethod
         def backward(ctx, grad):
             args = ctx.args
-            grads = impl.backward(grad, *args, needs=[ctx.needs_input_grad[i] for i in diff])
+            needs = [ctx.needs_input_grad[i] for i in diff]
+            saved = ctx.saved if impl.saves else None
+            grads = (impl.backward(grad, *args, needs=needs) if saved is None
+                     else impl.backward(grad, *args, needs=needs, saved=saved))
             out = [None] * len(args)
             for i, gr in zip(diff, grads):
                 out[i] = gr

@@ -421,17 +421,15 @@ def render(check: bool = False) -> list[str]:
     hosts = _records(HOST_FORMAT)
     text = report(records)
     text += _section("Per-call host cost", hosts, host_report,
-                     "What a call costs the host: wall µs per call, calls back to back with one synchronisation "
+                     "What a call costs the host: wall µs per call, calls back to back, one synchronisation "
                      "per round, median of the rounds (`benchmarks/host_overhead.py`), forward \\| forward + "
-                     "backward. `hub`: the hub's own choice; `min:B`: backend B's forward and backward "
-                     "functions in a minimal `torch.autograd.Function` (the floor for Python glue around B's "
-                     "kernels; the kernels are the same, the difference is host code). Without grad the hub "
-                     "calls the backend's forward with no autograd glue, so its forward can beat that floor. "
-                     "Semiconv: tropical max, depthwise. Ratios within one run only: hosts differ by up to 2x. "
-                     "The hub against the minimal Function (`hub / min:pick`, `hub:B / min:B`) is the median "
-                     "of the rounds' ratios (each round times every row, in a new order), which a drift of the "
-                     "host's speed between rounds leaves alone; rows recorded before that statistic show the "
-                     "ratio of the medians.")
+                     "backward. `hub`: the hub's choice; `min:B`: backend B's forward and backward in a minimal "
+                     "`torch.autograd.Function` (the floor for Python glue around B's kernels). Without grad the "
+                     "hub calls the forward with no autograd glue, so its forward can beat that floor. Semiconv: "
+                     "tropical max, depthwise. Compare ratios within one run only: hosts differ by up to 2x. "
+                     "`hub / min:pick` and `hub:B / min:B` are the median of the rounds' ratios (each round times "
+                     "every row in a new order), which a drift of the host's speed leaves alone; rows recorded "
+                     "before that show the ratio of the medians.")
     text += _section("kernelhub.nn against pytorch_nd_semiconv", _records(NN_FORMAT), nn_report,
                      "`kernelhub.nn.SemiConv` (each backend forced, and the hub's own choice) against "
                      "pytorch_nd_semiconv's `GenericConv` paths on the same inputs and kernel parameters, "

@@ -107,14 +107,14 @@ class Hub:
                     out = impl.forward(*args, weights=weights)
                     _check_output(spec, impl.backend, out, (_SCALAR, *decision.output[1:]), args)
                 else:
+                    saved = None
                     if keep is not None and impl.saves:
                         out, saved = impl.forward(*args, saving=True)
-                        _check_output(spec, impl.backend, out, decision.output, args)
-                        if saved is not None:
-                            keep.append((impl, saved))
                     else:
                         out = impl.forward(*args)
-                        _check_output(spec, impl.backend, out, decision.output, args)
+                    _check_output(spec, impl.backend, out, decision.output, args)
+                    if saved is not None:
+                        keep.append((impl, saved))
                     if weights is not None:
                         return decision, weighted_sum(out, weights)
                 # outputs are contiguous, as the fake implementations promise torch.compile

@@ -467,6 +467,15 @@ def suite(backend: str, device: str = "cpu", ops: Iterable[str] | None = None) -
     return out
 
 
+def _assert_grads_close(got: Sequence[Any], want: Sequence[Any], tol: float, what: str) -> None:
+    """Each gradient of ``got`` (a tensor, a list of them, or None) within ``tol`` (`parity_error`) of ``want``'s;
+    ``what`` opens the message, the error closes it."""
+    for g, w in zip(got, want, strict=True):
+        for a, b in zip(tensors_of(g) or (), tensors_of(w) or (), strict=True):
+            err = parity_error(a, b)
+            assert err <= tol, f"{what}: {err:.3g}"
+
+
 def check_weighted(op: str, backend: str, device: str = "cpu") -> None:
     """For an impl that fuses a weighted handle's weights (`Impl.weighted`), on every small sample it accepts in each
     dtype it takes: ``forward(*args, weights=w)`` is the 0-d ``(forward(*args) * w).sum()`` (weighed in float64) and
@@ -495,12 +504,9 @@ def check_weighted(op: str, backend: str, device: str = "cpu") -> None:
             wide_out, wide_w = to_dtype((out, w), torch.float64)
             err = parity_error(got, (wide_out * wide_w).sum())
             assert err <= tol.forward, f"{op} on {backend} [{sample.name}]: weighted forward error {err:.3g}"
-            got_grads = impl.backward(grad, *args, needs=needs, weights=w)
-            want_grads = impl.backward(w.conj() * grad, *args, needs=needs)
-            for g, want in zip(got_grads, want_grads, strict=True):
-                for a, b in zip(tensors_of(g) or (), tensors_of(want) or (), strict=True):
-                    err = parity_error(a, b)
-                    assert err <= tol.backward, f"{op} on {backend} [{sample.name}]: weighted backward error {err:.3g}"
+            _assert_grads_close(impl.backward(grad, *args, needs=needs, weights=w),
+                                impl.backward(w.conj() * grad, *args, needs=needs), tol.backward,
+                                f"{op} on {backend} [{sample.name}]: weighted backward error")
             ran += 1
     assert ran, f"{op} on {backend}: no small sample to check its weights on {device}"
 
@@ -530,13 +536,9 @@ def check_saved(op: str, backend: str, device: str = "cpu") -> None:
                     continue
                 grad = upstream_grad(want)
                 needs = [True] * len(spec.differentiable)
-                got_grads = impl.backward(grad, *args, needs=needs, saved=saved)
-                want_grads = impl.backward(grad, *args, needs=needs)
-                for g, w in zip(got_grads, want_grads, strict=True):
-                    for a, b in zip(tensors_of(g) or (), tensors_of(w) or (), strict=True):
-                        err = parity_error(a, b)
-                        assert err <= tol.backward, \
-                            f"{op} on {backend} [{sample.name}]: backward from the saved tensor differs: {err:.3g}"
+                _assert_grads_close(impl.backward(grad, *args, needs=needs, saved=saved),
+                                    impl.backward(grad, *args, needs=needs), tol.backward,
+                                    f"{op} on {backend} [{sample.name}]: backward from the saved tensor differs")
                 saved_any += 1
     if not saved_any:
         import pytest

@@ -296,16 +296,56 @@ __device__ __forceinline__ void tt_products(const A* __restrict__ xs, const A* _
 template <typename T>
 struct alignas(TT_PER * sizeof(T)) TtQuad { T v[TT_PER]; };
 
-constexpr int TT_NO_WINNER = 255;
-  // a saved winner: the window holds a NaN (no gradient); window indices are < 112
+constexpr int TT_NO_WINNER = 255;  // a saved winner: the window holds a NaN (no gradient); window indices are < 112
 
+// the first winner (window tap index, in window order) of each of a thread's 4x4 outputs, whether a NaN was in the
+// window, and the output (m): the strict comparison keeps the first winner (a window of the semifield's zero keeps
+// tap 0), the max/min with NaN propagation marks a NaN
 template <int SF, int KW, int P, typename A>
 __device__ __forceinline__ void tt_winners_nan(const A* __restrict__ xs, const A* __restrict__ ks, int KH, int tx,
                                                int ty, int (&win)[TT_PER][TT_PER], bool (&nan)[TT_PER][TT_PER],
-                                               A (&m)[TT_PER][TT_PER]);
+                                               A (&m)[TT_PER][TT_PER]) {
+  const A zero = SF == SC_MAX ? A(-INFINITY) : A(INFINITY);
+  A best[TT_PER][TT_PER];
+#pragma unroll
+  for (int r = 0; r < TT_PER; ++r)
+#pragma unroll
+    for (int c = 0; c < TT_PER; ++c) { best[r][c] = zero; win[r][c] = 0; m[r][c] = zero; }
+  tt_products<SF, KW, P>(xs, ks, KH, tx, ty, [&](int r, int c, int t, A a) {
+    m[r][c] = tt_pick<SF>(m[r][c], a);
+    const bool better = SF == SC_MAX ? a > best[r][c] : a < best[r][c];
+    best[r][c] = better ? a : best[r][c];
+    win[r][c] = better ? t : win[r][c];
+  });
+#pragma unroll
+  for (int r = 0; r < TT_PER; ++r)
+#pragma unroll
+    for (int c = 0; c < TT_PER; ++c) nan[r][c] = m[r][c] != m[r][c];
+}
+
+// the same where no NaN can occur (no NaN in the tile, a finite kernel; best: the output), with no predicate per
+// tap: `better` as 1 or 0 (one compare-to-value), the best by a max/min, and the winner's index kept as a value of A
+// moved by a multiply-add (exact: small integers), so a tap is two ALU instructions and three on the FMA pipe
+// instead of three ALU ones (a compare to a predicate and two selects; the ALU pipe has half the FMA pipe's lanes)
 template <int SF, int KW, int P, typename A>
 __device__ __forceinline__ void tt_winners(const A* __restrict__ xs, const A* __restrict__ ks, int KH, int tx, int ty,
-                                           int (&win)[TT_PER][TT_PER], A (&best)[TT_PER][TT_PER]);
+                                           int (&win)[TT_PER][TT_PER], A (&best)[TT_PER][TT_PER]) {
+  const A zero = SF == SC_MAX ? A(-INFINITY) : A(INFINITY);
+  A w[TT_PER][TT_PER];
+#pragma unroll
+  for (int r = 0; r < TT_PER; ++r)
+#pragma unroll
+    for (int c = 0; c < TT_PER; ++c) { best[r][c] = zero; w[r][c] = A(0); }
+  tt_products<SF, KW, P>(xs, ks, KH, tx, ty, [&](int r, int c, int t, A a) {
+    const A better = (SF == SC_MAX ? a > best[r][c] : a < best[r][c]) ? A(1) : A(0);
+    best[r][c] = SF == SC_MAX ? fmax(best[r][c], a) : fmin(best[r][c], a);
+    w[r][c] = fma(better, A(t) - w[r][c], w[r][c]);
+  });
+#pragma unroll
+  for (int r = 0; r < TT_PER; ++r)
+#pragma unroll
+    for (int c = 0; c < TT_PER; ++c) win[r][c] = int(w[r][c]);
+}
 
 // six blocks a multiprocessor where the accumulation type is 4 bytes (40 registers: 8-13% less time at 3x3 and 5x5
 // than four blocks of 60, docs/lab/benchmarks-history.md); double keeps the registers it needs. WIN (a forward whose
@@ -388,55 +428,6 @@ tt_forward_kernel(const T* __restrict__ x, const T* __restrict__ k, T* __restric
   }
 }
 
-// the first winner (window tap index, in window order) of each of a thread's 4x4 outputs, whether a NaN was in the
-// window, and the output (m): the strict comparison keeps the first winner (a window of the semifield's zero keeps
-// tap 0), the max/min with NaN propagation marks a NaN
-template <int SF, int KW, int P, typename A>
-__device__ __forceinline__ void tt_winners_nan(const A* __restrict__ xs, const A* __restrict__ ks, int KH, int tx,
-                                               int ty, int (&win)[TT_PER][TT_PER], bool (&nan)[TT_PER][TT_PER],
-                                               A (&m)[TT_PER][TT_PER]) {
-  const A zero = SF == SC_MAX ? A(-INFINITY) : A(INFINITY);
-  A best[TT_PER][TT_PER];
-#pragma unroll
-  for (int r = 0; r < TT_PER; ++r)
-#pragma unroll
-    for (int c = 0; c < TT_PER; ++c) { best[r][c] = zero; win[r][c] = 0; m[r][c] = zero; }
-  tt_products<SF, KW, P>(xs, ks, KH, tx, ty, [&](int r, int c, int t, A a) {
-    m[r][c] = tt_pick<SF>(m[r][c], a);
-    const bool better = SF == SC_MAX ? a > best[r][c] : a < best[r][c];
-    best[r][c] = better ? a : best[r][c];
-    win[r][c] = better ? t : win[r][c];
-  });
-#pragma unroll
-  for (int r = 0; r < TT_PER; ++r)
-#pragma unroll
-    for (int c = 0; c < TT_PER; ++c) nan[r][c] = m[r][c] != m[r][c];
-}
-
-// the same where no NaN can occur (no NaN in the tile, a finite kernel; best: the output), with no predicate per
-// tap: `better` as 1 or 0 (one compare-to-value), the best by a max/min, and the winner's index kept as a value of A
-// moved by a multiply-add (exact: small integers), so a tap is two ALU instructions and three on the FMA pipe
-// instead of three ALU ones (a compare to a predicate and two selects; the ALU pipe has half the FMA pipe's lanes)
-template <int SF, int KW, int P, typename A>
-__device__ __forceinline__ void tt_winners(const A* __restrict__ xs, const A* __restrict__ ks, int KH, int tx, int ty,
-                                           int (&win)[TT_PER][TT_PER], A (&best)[TT_PER][TT_PER]) {
-  const A zero = SF == SC_MAX ? A(-INFINITY) : A(INFINITY);
-  A w[TT_PER][TT_PER];
-#pragma unroll
-  for (int r = 0; r < TT_PER; ++r)
-#pragma unroll
-    for (int c = 0; c < TT_PER; ++c) { best[r][c] = zero; w[r][c] = A(0); }
-  tt_products<SF, KW, P>(xs, ks, KH, tx, ty, [&](int r, int c, int t, A a) {
-    const A better = (SF == SC_MAX ? a > best[r][c] : a < best[r][c]) ? A(1) : A(0);
-    best[r][c] = SF == SC_MAX ? fmax(best[r][c], a) : fmin(best[r][c], a);
-    w[r][c] = fma(better, A(t) - w[r][c], w[r][c]);
-  });
-#pragma unroll
-  for (int r = 0; r < TT_PER; ++r)
-#pragma unroll
-    for (int c = 0; c < TT_PER; ++c) win[r][c] = int(w[r][c]);
-}
-
 // The backward's block computes the winners of 4LX x 4LY outputs (LX threads across, a compile-time constant; LY
 // down), whose windows cover a footprint of FH = 4LY + KH - 1 rows and 4LX + KW - 1 columns of the image: xs holds
 // the image there and gs its gradient, both on pitch P, so output (lr, lc)'s winner t adds at gs[lr * P + lc +
@@ -510,7 +501,7 @@ tt_backward_kernel(const T* __restrict__ go, const T* __restrict__ x, const T* _
     const bool special = __syncthreads_or(x_nan || k_special);
     int win[TT_PER][TT_PER];
     bool nan[TT_PER][TT_PER] = {};
-    A best[TT_PER][TT_PER];  // unused
+    A best[TT_PER][TT_PER];  // the windows' outputs (the forward's), not needed here
     if constexpr (!SAVED) {
       if (special) tt_winners_nan<SF, KW, P>(xs, ks, KH, tx, ty, win, nan, best);
       else tt_winners<SF, KW, P>(xs, ks, KH, tx, ty, win, best);

@@ -229,14 +229,15 @@ def rows_for(op: str, args: tuple, device: torch.device, repeat: int, compile_re
     return rows
 
 
-def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int, mode: str = "default") -> dict:
+def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int, mode: str = "default",
+                       forced: bool = True) -> dict:
     """Wall us per forward + backward of a step ``(op(*args) * w).sum()`` compiled with torch.compile (fullgraph,
-    inductor), calling the reference, the hub (its default choice) and the hub with each backend forced whose impl
-    has ``inline`` (inductor: the graph holds the reference's ops; cuda_ext: its operators; triton: its kernels),
-    against the eager hub step; and, for each backend with an inline but inductor, the backend's functions in the
-    minimal autograd.Function (`minimal`) compiled the same way: what torch.compile costs around those functions
-    with no hub at all. The step takes the real part of a complex output. ``mode``: torch.compile's (with
-    "reduce-overhead" each compiled step replays CUDA graphs, the eager hub step stays eager)."""
+    inductor), calling the reference, the hub (its default choice; the graph holds the op's operator) and the hub
+    with each other backend forced, against the eager hub step; and, for each backend but inductor, the backend's
+    functions in the minimal autograd.Function (`minimal`) compiled the same way: what torch.compile costs around
+    those functions with no hub at all (``forced`` False: the reference, the hub and the eager hub only). The step takes the real part of a complex output. ``mode``:
+    torch.compile's (with "reduce-overhead" each compiled step replays CUDA graphs, the eager hub step stays
+    eager)."""
     from kernelhub_torch_ref.plugin import DIFFERENTIATE, FORWARDS
 
     hub = kernelhub.get_hub()
@@ -258,10 +259,12 @@ def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int, 
     steps = {"eager hub": step(kernelhub.op(op))}
     candidates = {"compiled ref": DIFFERENTIATE.get(op, FORWARDS[op]), "compiled hub": kernelhub.op(op)}
     chosen = kernelhub.explain(op, *args).chosen
-    for name, impl in sorted(hub.registry.impls(op).items()):
-        if impl.inline is not None and name != chosen:
-            candidates[f"compiled hub:{name}"] = kernelhub.op(op, backend=name)
-        if impl.inline is not None and name != "inductor":
+    for name, impl in sorted(hub.registry.impls(op).items()) if forced else ():
+        if hub.registry.unavailable_reason(name) or name in ("torch_ref", chosen) or \
+                hub.selector.decide(op, args, name).chosen != name:
+            continue
+        candidates[f"compiled hub:{name}"] = kernelhub.op(op, backend=name)
+        if name != "inductor":
             candidates[f"compiled min:{name}"] = minimal(impl, spec)
     for label, f in candidates.items():
         steps[label] = torch.compile(step(f), fullgraph=True, mode=mode)
@@ -348,6 +351,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="time compiled steps calling the hub against ones calling the reference instead of the rows")
     p.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead"],
                    help="torch.compile's mode for --compiled-steps (reduce-overhead: CUDA graphs)")
+    p.add_argument("--no-forced", action="store_true",
+                   help="--compiled-steps: leave out the hub with each backend forced and the minimal Functions")
     return p.parse_args(argv)
 
 
@@ -378,7 +383,7 @@ def main(argv: list[str] | None = None, record: dict | None = None) -> int:
             chosen = kernelhub.explain(op, *call).chosen
             about = {"_op": op, "_call": CALLS[fam][size], "_chosen": chosen}
             if args.compiled_steps:
-                r = compiled_step_rows(op, call, device, args.repeat, args.compile_mode)
+                r = compiled_step_rows(op, call, device, args.repeat, args.compile_mode, not args.no_forced)
                 print(f"{fam}/{size} ({op}; hub picks {chosen}): compiled steps ({args.compile_mode}), wall us per "
                       "forward+backward")
                 for label, v in r.items():

@@ -91,16 +91,21 @@ def train(args, backend: str | None, pts_all, sino, step_len, device, steps: int
     h = 2.0 / args.res[-1]
     times = []
     gen = torch.Generator(device="cpu").manual_seed(1)
+
+    def objective(pts, measured):
+        dens = field(pts, h)  # [4, batch * S]
+        proj = dens[0].view(args.batch, S).sum(-1) * step_len
+        data = (proj - measured).square().mean()
+        tv = (dens[1:] - dens[:1]).abs().mean()
+        return data + args.tv * tv
+    if getattr(args, "compile", "none") != "none":  # the forward and its backward compiled; Adam stays eager
+        objective = torch.compile(objective, fullgraph=True, mode=args.compile)
     for it in range(steps):
         idx = torch.randint(0, n_rays, (args.batch,), generator=gen).to(device)
         pts = pts_all[idx].reshape(-1, 3)
 
         def step():
-            dens = field(pts, h)  # [4, batch * S]
-            proj = dens[0].view(args.batch, S).sum(-1) * step_len
-            data = (proj - sino[idx]).square().mean()
-            tv = (dens[1:] - dens[:1]).abs().mean()
-            loss = data + args.tv * tv
+            loss = objective(pts, sino[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -134,6 +139,9 @@ def main(argv=None) -> dict:
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--out", default="kplanes_tomography.png")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--compile", default="none", choices=["none", "default", "reduce-overhead"],
+                   help="torch.compile the step's forward and loss (fullgraph) in this mode; reduce-overhead replays "
+                        "CUDA graphs")
     args = p.parse_args(argv)
     small = dict(angles=12, det=24, samples=32, batch=128, T=2, C=8, res=[12, 24], steps=200, lr=0.05, tv=1e-3)
     bench = dict(angles=64, det=64, samples=300, batch=2048, T=4, C=32, res=[100, 200], steps=300, lr=0.02,

@@ -1,52 +1,37 @@
-"""One torch.library operator per op, with selection inside it at run time.
+"""How a call of ``kernelhub.op(name)`` reaches an impl: two paths, one selection.
 
-For each spec two operators are defined:
+**The operators** (`define_ops`, one pair per spec, defined once per process with ``torch.library.Library``):
 
-- ``kernelhub::<op>(<args>, str backend, int hub) -> Tensor``: the forward. ``backend`` is ''
-  to let the selector choose, or the backend forced by ``kernelhub.op(op, backend=...)``; ``hub`` the hub that
-  runs it (0: the global one, else a `kernelhub.Hub` built directly: `Hub.key`).
-- ``kernelhub::<op>_backward(Tensor grad, <args>, bool[] needs, str backend, int hub) -> Tensor[]``:
-  one gradient per differentiable argument (a "tensors" argument contributes one per
-  element); an argument whose ``needs`` is False gets an empty placeholder.
+- ``kernelhub::<op>(<args>, str backend, int hub) -> Tensor``: the forward. ``backend`` is '' to let the selector
+  choose, or the backend forced by ``kernelhub.op(op, backend=...)``; ``hub`` the hub that runs it (0: the global
+  one, else a `kernelhub.Hub` built directly: `Hub.key`).
+- ``kernelhub::<op>_backward(Tensor grad, <args>, bool[] needs, str backend, int hub) -> Tensor[]``: one gradient
+  per differentiable argument (a "tensors" argument contributes one per element); an argument whose ``needs`` is
+  False gets an empty placeholder.
 
-The forward's autograd formula calls the backward operator, which selects again with
-the same key and so reaches the backend that ran the forward. Both have fake
-implementations from the spec, so ``torch.compile(fullgraph=True)`` sees two opaque
-nodes and never breaks the graph.
+Invariants of the operators, which are what the PyTorch 2 toolchain sees:
 
-The eager fast path: where nothing traces (no dynamo, no functorch transform, no dispatch mode
-such as fake tensors, only plain tensors off the meta device), `OpHandle` skips the
-operators and runs the same hub calls (`Hub.forward` / `Hub.backward_grads`: the same
-cached decision, fallback, output checks, kill switch, pins, tuned winners) through one
-`torch.autograd.Function`, whose backward runs on the hub that ran the forward with the forward's decision.
-The Python custom-op dispatch (schema binding, the autograd kernel, the operator's redispatch) costs more than
-such a Function (docs/lab/benchmarks-history.md, "Per-call host cost"). Where no input requires grad (or grad mode
-is off), not even the Function: the hub's forward is called directly. ``KERNELHUB_EAGER_FAST_PATH=0`` (read at
-import) always takes the operators.
+- Selection happens inside the operator's kernel, when it runs, never while a graph is traced: a trace
+  (``torch.compile``, ``torch.export``, ``make_fx``, a functorch transform, fake tensors) records one node per
+  call whose value the fake implementation (`kernelhub.spec.OpSpec.output`) describes. Nothing kernelhub holds
+  changes while tracing, and a graph never holds a backend's functions: the kill switch, pins, forced backends,
+  tuned winners and fallback act on compiled code as on eager code, with no recompilation.
+- The forward's autograd formula calls the backward operator, which selects again with the same key and so
+  reaches the backend that ran the forward. The backward operator refuses double backward with an error naming
+  the op.
+- A call returns new tensors and keeps no tensor of the call after it returns (the backends' scratch buffers
+  are the call's own), so a CUDA graph may capture it (``mode="reduce-overhead"``): a captured call replays the
+  kernels of the impl chosen when it was captured.
 
-What a repeated call costs on top of the backend's own functions in a minimal Function: three thread-local
-reads (`_tracing`); the call's layout (`_layout`: each tensor's type, device, dtype, shape and strides, every
-other positional argument's type and value) and one dict lookup (`Selector.remembered`), which finds the
-decision of an earlier call of that layout whose arguments the spec found canonical, with what the glue keeps of
-every call of the layout (`kernelhub.spec.plan_call`), so the spec's checks (`OpSpec.canonical`), the decision
-key and the arguments' taking apart are skipped (a float argument's value is part of the layout, so a value the
-spec would refuse is never looked up); the output check and the gradients' (`hub._check_output`,
-`hub._check_grads`: shape, dtype and device, and which storage each is, against the call's tensors' and the
-upstream gradient's); the saved tensors put back into the call (`put_back`); and the Function's one extra input.
-Measured on the 2-core CPU, trilinear 256 points forward + backward (`benchmarks/host_ladder.py`, best of 31
-rounds; docs/lab/benchmarks-history.md, "Per-call host cost"): 65 us against the minimal Function's 54; the
-layout and its lookup 2-3 us of that, the output and gradient checks 5 (what keeps the promise that every output
-is a new tensor of the spec's shape, dtype and device), the rest 3. A call with keywords, with an argument the
-spec rewrites (an int for a list of ints, say), or of a new layout runs the checks and the selector's decision
-cache (`Selector.decide`) instead; the spec's checks see every new layout once.
-
-Under ``torch.compile``, where the hub would serve a traced call (of sizes known at compile time) with an
-impl that has ``Impl.inline``, `OpHandle` puts that function's ops into the graph instead of the operator
-(`_inline_choice`): for the inductor backend (a tuned winner, a pin or a force) the reference's torch ops, which
-inductor fuses with the step's other ops instead of calling a separately compiled graph through an opaque node;
-for cuda_ext its own operators, and for triton its own launchers, whose Triton kernels dynamo puts into the graph
-as user-defined kernels: the compiled graph calls them without the Python custom-op dispatch and the hub's glue
-around them (about half of a small compiled step's time, docs/lab/benchmarks-history.md).
+**The eager fast path** (`OpHandle.__call__`, where `_tracing` is False and every tensor is a plain tensor off
+the meta device): the same hub calls (`Hub.forward`, `Hub.backward_grads`: the same cached decision, fallback,
+output and gradient checks) without the operators' dispatch, through one `torch.autograd.Function`
+(`KernelhubFunction`) whose backward runs on the hub that ran the forward with the forward's decision; where no
+input requires grad (or grad mode is off), the hub's forward alone. A repeated call of one layout (`_layout`:
+each tensor's type, device, dtype, shape and strides, every other argument's type and value) whose arguments the
+spec found canonical finds its decision by one dict lookup (`Selector.remembered`), skipping the spec's checks;
+any other call runs the checks and `Selector.decide`. ``KERNELHUB_EAGER_FAST_PATH=0`` (read at import) sends
+every call through the operators.
 """
 
 from __future__ import annotations
@@ -257,69 +242,12 @@ def unflatten_grads(spec: OpSpec, args: Sequence[Any], needs: Sequence[bool], fl
     return grads
 
 
-def _describe(args: Sequence[Any]) -> tuple | None:
-    """A call's arguments as constants (a tensor's dtype, device, shape and strides), which dynamo can hand to
-    `_inline_choice`; None where a size is symbolic. Traced by dynamo, so plain Python only."""
-    # dynamo shows a symbolic size as an int to isinstance and type; this asks it (torch >= 2.6; dynamo has
-    # imported the module, which costs an eager import 0.4 s)
-    static = getattr(torch.fx.experimental.symbolic_shapes, "has_static_value", None)
-    out = []
-    for a in args:
-        ts = tensors_of(a)
-        if ts is None:
-            out.append(a)
-            continue
-        if static is None or not all(static(d) for t in ts for d in (*t.shape, *t.stride())):
-            return None
-        parts = [("tensor", t.dtype, t.device, *[tuple(int(d) for d in x) for x in (t.shape, t.stride())]) for t in ts]
-        out.append(parts[0] if isinstance(a, torch.Tensor) else parts)
-    return tuple(out)
-
-
-_INLINE_FUNCTIONS: dict[tuple[str, str], Callable] = {}  # (op, backend) -> its Impl.inline, as _inline_choice found
-# op -> the ``inline_impl(op, args, forced, hub)`` define_ops was given: filled as the hub is built, before any trace
-# (not by an OpHandle as it is made: one made while dynamo traces, kernelhub.op(...) inside the compiled function,
-# has its side effects replayed only after the trace, and _inline_choice runs during it)
-_INLINE_IMPL: dict[str, Callable] = {}
-
-
-def _inline_choice(op: str, forced: str, hub: int, described: tuple) -> str:
-    """The backend the hub would run for a call so described where its impl has ``inline`` (then in
-    `_INLINE_FUNCTIONS`), else ''. Dynamo runs this while it traces (`torch.compiler.assume_constant_result`:
-    a constant of the graph; its arguments must be constants), on fake tensors of the described layouts."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode():
-        def fake(d):
-            if isinstance(d, list):
-                return [fake(x) for x in d]
-            if isinstance(d, tuple) and d and d[0] == "tensor":
-                return torch.empty_strided(d[3], d[4], dtype=d[1], device=d[2])
-            return d
-        args = [fake(d) for d in described]
-    impl = _INLINE_IMPL[op](op, args, forced, hub)
-    if impl is None:
-        return ""
-    for fn in (impl.forward, impl.backward):  # a lazily imported backend's functions (`kernelhub.spec.lazy`),
-        if hasattr(fn, "resolve"):            # imported here: dynamo cannot trace an import
-            fn.resolve()
-    _INLINE_FUNCTIONS[(impl.op, impl.backend)] = impl.inline
-    return impl.backend
-
-
-# what `torch.compiler.assume_constant_result(_inline_choice)` does (torch 2.5-2.13; tests/test_compile.py checks it),
-# without its import of dynamo: 2 s of an eager program's `import kernelhub` on the 2-core CPU
-_inline_choice._dynamo_marked_constant = True
-
-
-def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable, inline_impl: Callable) -> Any:
+def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable) -> Any:
     """Define (once per process) the two operators of ``spec``; returns the forward OpOverload.
 
     ``run_forward(op, args, backend, hub)`` and ``run_backward(op, grad, args, needs, backend, hub)`` run the
-    operators, ``inline_impl(op, args, forced, hub)`` answers `_inline_choice`; each finds the hub by its key at call
-    time, so reloading the hub does not redefine operators.
+    operators; each finds the hub by its key at call time, so reloading the hub does not redefine operators.
     """
-    _INLINE_IMPL[spec.name] = inline_impl
     if spec.name in _DEFINED:
         return _DEFINED[spec.name][0]
     name = spec.name
@@ -549,14 +477,7 @@ class OpHandle:
         return out if self.weights is None else _weigh(spec.name, out, self.weights)
 
     def _via_operators(self, args: tuple) -> torch.Tensor:
-        """The call through the operators, or, while dynamo traces, the inlined impl's function (`_inline_choice`)."""
-        spec = self.spec
-        if self.hub_of is not None and torch.compiler.is_compiling():
-            described = _describe(args)
-            backend = "" if described is None else _inline_choice(spec.name, self.backend, self.hub, described)
-            if backend:
-                # the impl's own torch ops go into the graph: inductor fuses them, autograd differentiates them
-                return _INLINE_FUNCTIONS[(spec.name, backend)](*args)
+        """The call through the op's operator: what a trace records (one node), selection at run time inside it."""
         return self._overload(*args, self.backend, self.hub)
 
     def _run(self, hub: Any, decision: Any, args: tuple, tensors: list[torch.Tensor], plan: tuple) -> torch.Tensor:

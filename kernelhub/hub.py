@@ -37,7 +37,7 @@ class Hub:
         self.selector = Selector(self.registry, self.config)
         self._handles: dict[tuple[str, str], OpHandle] = {}
         for spec in self.registry.specs.values():
-            define_ops(spec, _run_forward, _run_backward, _inline_impl)
+            define_ops(spec, _run_forward, _run_backward)
 
     def handle(self, name: str, backend: str | None = None) -> OpHandle:
         key = (name, backend or "")
@@ -48,24 +48,13 @@ class Hub:
                 raise NoImplementationError(
                     f"kernelhub.op({name!r}, backend={backend!r}): backend not available: "
                     f"{self.registry.unavailable_reason(backend)} (registered: {sorted(self.registry.backends)})")
-            overload = define_ops(spec, _run_forward, _run_backward, _inline_impl)
+            overload = define_ops(spec, _run_forward, _run_backward)
             if self.key == GLOBAL:
                 h = OpHandle(spec, overload, backend or "", get_hub)
             else:
                 h = OpHandle(spec, overload, backend or "", lambda: self, hub=self.key)
             self._handles[key] = h
         return h
-
-    def inline_impl(self, op: str, args: Sequence[Any], forced: str) -> Any:
-        """The impl whose ``inline`` function a graph being compiled holds for this call (fake tensors of static
-        sizes: `dispatch._describe` leaves symbolic ones to the op) in place of the op (`dispatch._inline_choice`),
-        or None: the op stays."""
-        try:
-            decision = self.selector.peek(op, args, forced)
-        except Exception:  # a forced backend that cannot serve the call raises at run time, with the reason
-            return None
-        impl = decision.eligible[0] if decision.chosen is not None else None
-        return impl if impl is not None and impl.inline is not None else None
 
     def explain(self, name: str, *args: Any, **kwargs: Any) -> Decision:
         return self.selector.decide(name, self.registry.spec(name).canonical(*args, **kwargs))
@@ -329,7 +318,7 @@ def reload(extra_plugins: Iterable[tuple[str, object]] = (), config: Config | No
 
 
 def _hub(key: int) -> Hub:
-    """The hub an operator call (or `dispatch._inline_choice`) names (`GLOBAL`: the global one)."""
+    """The hub an operator call names (`GLOBAL`: the global one)."""
     if key == GLOBAL:
         return get_hub()
     hub = _HUBS.get(key)
@@ -346,6 +335,3 @@ def _run_forward(op, args, backend, hub):
 def _run_backward(op, grad, args, needs, backend, hub):
     return _hub(hub).run_backward(op, grad, args, needs, backend)
 
-
-def _inline_impl(op, args, backend, hub):
-    return _hub(hub).inline_impl(op, args, backend)

@@ -98,8 +98,11 @@ class TVLoss3d(nn.Module):
             else:  # the op averages over the corners of each volume; "sum" multiplies back by every volume's
                 corners = max(D - 1, 0) * max(H - 1, 0) * max(W - 1, 0) * math.prod(volume.shape[:-3])
                 c = w[0] if self.reduction == "mean" else w[0] * corners
-            handle = self._weighted[key] = self._op.weighted(
-                torch.tensor(c, dtype=accumulation_dtype(volume.dtype), device=volume.device))
+            handle = self._op.weighted(torch.tensor(c, dtype=accumulation_dtype(volume.dtype), device=volume.device))
+            # a tensor made while a graph is traced is the graph's: kept, it would be an output of the graph that a
+            # later run overwrites (CUDA graphs, mode="reduce-overhead"); traced, the graph makes it each run
+            if not torch.compiler.is_compiling():
+                self._weighted[key] = handle
         return handle
 
     def forward(self, volume: torch.Tensor) -> torch.Tensor:

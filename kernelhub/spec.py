@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 __all__ = ["Arg", "Tolerance", "SampleInput", "SampleSpace", "Case", "OpSpec", "Backend", "Impl", "ARG_KINDS", "lazy",
-           "layout_cache", "autograd_inline", "plan_call", "put_back", "to_slots"]
+           "layout_cache", "plan_call", "put_back", "to_slots"]
 
 # Argument kinds and their torch.library schema types. "tensors" is a list of tensors.
 ARG_KINDS = {
@@ -243,13 +243,6 @@ class Impl:
     ``tuned_only``, when not empty, says why priority alone never picks this impl: the tuner times it,
     and it serves calls whose shape bucket it won (or that force or pin its backend). The inductor
     backend, which compiles for seconds on first use, is one.
-    ``inline``, when set, is a function dynamo can trace whose value and autograd gradients are this impl's
-    results: where ``torch.compile`` traces a call (of sizes known at compile time) that the hub would serve with
-    this impl, the graph holds this function's ops instead of the op's opaque node. The inductor backend sets it
-    to the reference it compiles (plain torch ops, which the compiler fuses with the graph's other ops); cuda_ext
-    and triton to `autograd_inline` of their own functions (cuda_ext's registered operators, which have fake
-    implementations; triton's launches, which dynamo traces as user-defined Triton kernels), called from the
-    compiled graph without the hub's Python in between.
     ``weighted``: the impl's functions also take ``weights`` (a tensor of the output's shape, dtype and device,
     which needs no gradient) and then fuse a weighted handle's (`OpHandle.weighted`) work into their kernels:
     ``forward(*args, weights=w)`` returns the 0-d ``(op(*args) * w).sum()`` and ``backward(grad, *args,
@@ -273,7 +266,6 @@ class Impl:
     deterministic: bool = True
     forced_only: str = ""
     tuned_only: str = ""
-    inline: Callable[..., torch.Tensor] | None = None
     weighted: bool = False
     saves: bool = False
 
@@ -289,9 +281,8 @@ class Impl:
 
 def lazy(module: str, name: str) -> Callable:
     """``module.name``, imported at the first call: a backend registers its impls without importing its
-    kernels (or their dependencies, such as triton) until one is used. ``.resolve()`` imports it without a call:
-    dynamo cannot trace an import, so the function is resolved before a graph that holds it is traced
-    (`kernelhub.dispatch._inline_choice`)."""
+    kernels (or their dependencies, such as triton) until one is used. ``.resolve()`` imports it without a
+    call."""
     target: list[Callable] = []
 
     def resolve() -> Callable:
@@ -309,19 +300,8 @@ def lazy(module: str, name: str) -> Callable:
 
 def layout_cache(maxsize: int | None = 1024) -> Callable[[Callable], Callable]:
     """``functools.lru_cache(maxsize)`` for a launcher's host-side plan of a call (layouts, grids, device
-    properties), which dynamo traces where a backend's functions are inlined under ``torch.compile``: eagerly the
-    cached function; while dynamo traces, the plain one (dynamo would trace through the cache to it anyway, with a
-    warning per call site). ``cache_clear`` as lru_cache's."""
-    def wrap(fn: Callable) -> Callable:
-        cached = functools.lru_cache(maxsize=maxsize)(fn)
-
-        @functools.wraps(fn)
-        def call(*args):
-            return fn(*args) if torch.compiler.is_compiling() else cached(*args)
-
-        call.cache_clear = cached.cache_clear
-        return call
-    return wrap
+    properties): the one name the backends use for it, with lru_cache's ``cache_clear``."""
+    return functools.lru_cache(maxsize=maxsize)
 
 
 def plan_call(spec: OpSpec, args: Sequence[Any], offset: int) -> tuple:
@@ -332,7 +312,7 @@ def plan_call(spec: OpSpec, args: Sequence[Any], offset: int) -> tuple:
     by one, plus ``offset``: the glue's inputs before them) and count; and the positions of the other arguments
     that are lists (kept as tuples: the plan outlives the call, and no call's change to its lists reaches another).
     `put_back` puts the call back, `to_slots` puts its gradients in their slots. The one way every
-    autograd.Function of kernelhub (the eager fast path's, the operators' autograd formula, `autograd_inline`'s)
+    autograd.Function of kernelhub (the eager fast path's, the operators' autograd formula)
     takes a call apart."""
     others = list(args)
     positions, slots, k = [], [], offset
@@ -383,37 +363,3 @@ def to_slots(plan: tuple, needs: Sequence[bool], grads: Sequence[Any], needs_inp
                 for k, gk in enumerate(g, slot):
                     out[k] = gk if needs_input[k] else None
     return tuple(out)
-
-
-def autograd_inline(spec: OpSpec, forward: Callable, backward: Callable) -> Callable[..., torch.Tensor]:
-    """An `Impl.inline` made of an impl's own ``forward(*args)`` and ``backward(grad, *args, needs=...)``: one
-    ``torch.autograd.Function`` that calls them, for a backend whose functions dynamo can trace (torch ops,
-    operators with fake implementations and Triton kernel launches, static Python around them). Under
-    ``torch.compile`` the graph then calls the backend's operators or kernels directly: no hub decision, fallback
-    or output check per call (the decision was made while tracing), as with the inductor backend's inlined
-    reference. The Function takes the call's plan (`plan_call`) and its tensors one by one (a "tensors" argument's
-    too, so autograd sees them). Used only while dynamo traces, and AOTAutograd refuses double backward of a
-    compiled graph, so the Function need not."""
-
-    class Inline(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, plan, *tensors):
-            ctx.save_for_backward(*tensors)
-            ctx.plan = plan
-            return forward(*put_back(plan, tensors, ())[0])
-
-        @staticmethod
-        def backward(ctx, grad):
-            needs_input = ctx.needs_input_grad
-            args, needs = put_back(ctx.plan, ctx.saved_tensors, needs_input)
-            return to_slots(ctx.plan, needs, backward(grad, *args, needs=needs), needs_input)
-
-    Inline.__name__ = Inline.__qualname__ = f"Inline_{spec.name}"
-    # read here, not first while dynamo traces `inline`: a cached_property's first read takes a lock dynamo cannot
-    tensor_args, _ = spec.tensor_args, spec.differentiable
-
-    def inline(*args):
-        tensors = [t for i in tensor_args for t in (args[i] if isinstance(args[i], list) else (args[i],))]
-        return Inline.apply(plan_call(spec, args, 1), *tensors)
-
-    return inline

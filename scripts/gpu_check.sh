@@ -16,6 +16,10 @@
 #            $OUT/h200_cases.json for docs/results/
 #   report - scripts/bench_report.py record: kernelhub bench of every op at its benchmark shapes, recorded as
 #            $OUT/h200.json for docs/results/ (REPORT_OPS narrows it)
+#   compiled - compiled steps calling the hub against the compiled reference, default and reduce-overhead
+#            (benchmarks/host_overhead.py --compiled-steps; COMPILED_FAMILIES, default tv), as $OUT/compiled_*.json
+#   toolchain - benchmarks/toolchain.py: compile time of a two-op step; the K-Planes tomography step eager,
+#            compiled and under CUDA graphs against its GPU time, as $OUT/toolchain.json
 #   ddp    - two GPUs: examples/ddp_step.py under torchrun (NCCL) and the second-GPU tests
 #   all    - tests and bench (the default)
 # Several steps in one call: scripts/gpu_check.sh tests host examples
@@ -98,6 +102,17 @@ if has host; then  # recorded for docs/results/ (a record already at $HOST_RECOR
   timeout -k 10 "${HOST_TIMEOUT:-420}" python3 scripts/bench_report.py record-host --out "${HOST_RECORD:-$OUT/h200_host.json}" \
     -- ${HOST_ARGS:-} 2>&1 | tee "$OUT/host_overhead.txt" || rc=1
   timeout -k 10 120 python3 benchmarks/cuda_graph_step.py 2>&1 | tee "$OUT/cuda_graph_step.txt" || rc=1
+fi
+if has compiled; then
+  for mode in default reduce-overhead; do
+    timeout -k 10 "${COMPILED_TIMEOUT:-300}" python3 benchmarks/host_overhead.py --device cuda --compiled-steps \
+      --compile-mode $mode --families ${COMPILED_FAMILIES:-tv} --repeat 7 ${COMPILED_ARGS:-} --json "$OUT/compiled_$mode.json" 2>&1 \
+      | grep -v "^W[0-9]" | tee "$OUT/compiled_$mode.txt" || rc=1
+  done
+fi
+if has toolchain; then
+  timeout -k 10 "${TOOLCHAIN_TIMEOUT:-300}" python3 benchmarks/toolchain.py --device cuda --json "$OUT/toolchain.json" \
+    2>&1 | tee "$OUT/toolchain.txt" || rc=1
 fi
 if has ddp; then
   for dtype in float64 float32; do  # float32: atomics in the K-Planes backward, so a looser default --utol

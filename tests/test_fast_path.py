@@ -155,7 +155,7 @@ def test_the_fast_path_is_not_taken_while_dynamo_traces(monkeypatch):
         graphs.append(gm)
         return gm.forward
 
-    fn = kernelhub.op("tv_loss_sq_3d", backend="torch_ref")  # no Impl.inline: the graph holds the operator
+    fn = kernelhub.op("tv_loss_sq_3d", backend="torch_ref")
     compiled = torch.compile(lambda v: fn(v * 2.0), backend=backend, fullgraph=True)
     v = torch.randn(3, 4, 5, requires_grad=True)
     torch.testing.assert_close(compiled(v), fn(v * 2.0))

@@ -13,7 +13,7 @@ import torch
 
 from kernelhub import hookimpl
 from kernelhub.ops.kplanes import KPLANES_OPS
-from kernelhub.spec import Backend, Impl, autograd_inline
+from kernelhub.spec import Backend, Impl
 from kernelhub_cuda_ext import __version__
 
 NAME = "cuda_ext"
@@ -74,11 +74,8 @@ def kernelhub_register_impls(registry) -> None:
                                  unavailable_reason))
     from kernelhub_cuda_ext import ops  # plain Python over torch.ops: importing it neither builds nor loads
 
-    # every operator has a fake implementation (_lib._register_fakes) and ops.py's functions are static Python
-    # around them: under torch.compile the graph calls these operators directly (`autograd_inline`)
     for op, (fwd, bwd, dtypes, devices) in IMPLS.items():
         forward, backward = getattr(ops, fwd), getattr(ops, bwd)
         registry.add_impl(Impl(op=op, backend=NAME, forward=forward, backward=backward, dtypes=dtypes,
                                devices=devices, not_supported_reasons=REASONS.get(op, _cuda_built),
-                               deterministic=op not in NOT_DETERMINISTIC, weighted=op in WEIGHTED, saves=op in SAVES,
-                               inline=autograd_inline(registry.spec(op), forward, backward)))
+                               deterministic=op not in NOT_DETERMINISTIC, weighted=op in WEIGHTED, saves=op in SAVES))

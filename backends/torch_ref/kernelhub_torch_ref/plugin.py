@@ -73,10 +73,8 @@ def kernelhub_register_impls(registry) -> None:
                                devices=None))
         # inductor compiles the function the reference differentiates: for Tikhonov the closed form, since
         # the SVD is a cuSOLVER/LAPACK call inductor cannot generate code for, and on CUDA it synchronises
-        compiled_forward = DIFFERENTIATE.get(op, forward)
         registry.add_impl(Impl(op=op, backend="inductor",
-                               forward=inductor.compiled_pass(op, "forward", compiled_forward),
+                               forward=inductor.compiled_pass(op, "forward", DIFFERENTIATE.get(op, forward)),
                                backward=inductor.compiled_pass(op, "backward", backward), dtypes=spec.dtypes,
                                devices=("cpu", "cuda"), not_supported_reasons=inductor.reasons(op),
-                               deterministic=op not in SCATTERING_BACKWARD, tuned_only=inductor.TUNED_ONLY,
-                               inline=compiled_forward))
+                               deterministic=op not in SCATTERING_BACKWARD, tuned_only=inductor.TUNED_ONLY))

@@ -104,11 +104,10 @@ def launch(bound: Bound, grid: tuple, *args) -> None:
     of the key hand it the arguments and the current stream directly, as Triton's own launch does after its
     lookup, each tensor as its address (`_key`). The first call of a key, CPU tensors (Triton's interpreter), a
     triton without ``triton.knobs``, a launch on a device that is not the current one and a launch while a launch
-    hook is set (`_hooked`) take Triton's path; so does a launch that dynamo traces (the triton impls' ``inline``,
-    under ``torch.compile``), which puts it into the graph as a user-defined Triton kernel.
+    hook is set (`_hooked`) take Triton's path.
     """
     t = args[0]
-    if torch.compiler.is_compiling() or not t.is_cuda or _knobs is None:
+    if not t.is_cuda or _knobs is None:
         bound.kernel[grid](*_real(args), **bound.kwargs)
         return
     device = t.get_device()
@@ -148,29 +147,16 @@ def _hooked(runtime) -> bool:
 _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (  # what Triton's launch uses
     lambda device: torch.cuda.current_stream(device).cuda_stream)
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device  # no lazy-init check
-_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
-
-# reduction's buffers: (device index, raw stream, dtype) -> (partials, counter)
-_REDUCTION: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def reduction(t: torch.Tensor, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """For a kernel whose programs write partial results that the same launch's last program finishes (the one
-    that counts the others done): a flat buffer of at least ``numel`` elements of ``dtype`` for the partials and an
-    int32 counter at 0 (that program sets it back to 0), on ``t``'s device. One pair per device, stream and dtype,
-    kept (launches on one stream run one after the other, so they never share it at once), instead of two
-    allocations per call. While dynamo traces the launch (the graph allocates them; a kept buffer would be a
-    global the graph mutates) or a CUDA graph captures it, a new pair per launch: the counter's zeroing is captured
-    with the kernel, so a replay on any stream starts at 0."""
-    if torch.compiler.is_compiling() or (t.is_cuda and _is_capturing()):
-        return torch.empty(numel, dtype=dtype, device=t.device), torch.zeros(1, dtype=torch.int32, device=t.device)
-    index = t.get_device()
-    key = (index, _current_stream(index) if index >= 0 else 0, dtype)
-    kept = _REDUCTION.get(key)
-    if kept is None or kept[0].numel() < numel:
-        counter = kept[1] if kept is not None else torch.zeros(1, dtype=torch.int32, device=t.device)
-        kept = _REDUCTION[key] = torch.empty(max(numel, 1024), dtype=dtype, device=t.device), counter
-    return kept
+    that counts the others done): a flat buffer of ``numel`` elements of ``dtype`` for the partials and an int32
+    counter at 0, on ``t``'s device, new for each call. Never kept between calls: a buffer that outlived its call
+    would be memory of a CUDA graph's private pool that no output holds where it was first allocated while
+    ``torch.compile(mode="reduce-overhead")`` warmed a graph up ("tensors in the cudagraph pool not tracked as
+    outputs"), and a captured call replays its own counter's zeroing."""
+    return torch.empty(numel, dtype=dtype, device=t.device), torch.zeros(1, dtype=torch.int32, device=t.device)
 
 
 @layout_cache(maxsize=None)

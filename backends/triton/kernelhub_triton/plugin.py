@@ -15,7 +15,7 @@ import torch
 
 from kernelhub import hookimpl
 from kernelhub.ops.kplanes import KPLANES_OPS
-from kernelhub.spec import Backend, Impl, autograd_inline, lazy
+from kernelhub.spec import Backend, Impl, lazy
 from kernelhub_triton import __version__
 
 NAME = "triton"
@@ -71,9 +71,6 @@ def kernelhub_register_impls(registry) -> None:
     interpreted = interpret_mode()
     for op, (module, fwd, bwd, dtypes, reasons) in IMPLS.items():
         forward, backward = lazy(f"kernelhub_triton.{module}", fwd), lazy(f"kernelhub_triton.{module}", bwd)
-        # under torch.compile the launchers go into the graph: dynamo traces their Triton kernels as user-defined
-        # ones (the interpreter's CPU calls stay opaque: inductor compiles no user-defined Triton kernel for the CPU)
-        inline = None if interpreted else autograd_inline(registry.spec(op), forward, backward)
         registry.add_impl(Impl(
             op=op,
             backend=NAME,
@@ -84,6 +81,5 @@ def kernelhub_register_impls(registry) -> None:
             not_supported_reasons=lazy(f"kernelhub_triton.{module}", reasons) if reasons else _no_reasons,
             deterministic=op not in NOT_DETERMINISTIC,
             forced_only="TRITON_INTERPRET=1 runs Triton's interpreter, for tests only" if interpreted else "",
-            inline=inline,
             weighted=op in WEIGHTED,
         ))

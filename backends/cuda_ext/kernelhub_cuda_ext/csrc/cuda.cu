@@ -16,11 +16,8 @@
 #include <ATen/OpMathType.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include <map>
-#include <mutex>
 #include <tuple>
 
 namespace kernelhub_cuda_ext {
@@ -236,24 +233,12 @@ __global__ void tv_backward_kernel(const T* __restrict__ x, const typename at::o
   }
 }
 
-// The forward's buffers: the blocks' rows of partial sums and the counter of blocks done (0 between launches:
-// the last block sets it back). One pair per device, stream and dtype, kept (launches on one stream run one
-// after the other, so they never share it at once; `new`, so never destroyed at exit), instead of two
-// allocations per call. While a CUDA graph captures the stream, a new pair per launch: the counter's zeroing
-// is captured with the kernel, so a replay on any stream starts at 0.
+// The forward's buffers: the blocks' rows of partial sums and the counter of blocks done, at 0 (the last block
+// reads the partials). New for each call, never kept: a kept pair first allocated while
+// torch.compile(mode="reduce-overhead") warms a graph up would be memory of the graph's private pool that no
+// output holds ("tensors in the cudagraph pool not tracked as outputs"); a captured call replays its own zeroing.
 std::pair<at::Tensor, at::Tensor> tv_buffers(const at::Tensor& x, int64_t numel, at::ScalarType dtype) {
-  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None)
-    return {at::empty({numel}, x.options().dtype(dtype)), at::zeros({1}, x.options().dtype(at::kInt))};
-  static std::mutex mu;
-  static auto* kept = new std::map<std::tuple<int, cudaStream_t, int>, std::pair<at::Tensor, at::Tensor>>();
-  const int index = x.device().index();
-  const std::tuple<int, cudaStream_t, int> key{index, c10::cuda::getCurrentCUDAStream(index).stream(), int(dtype)};
-  std::lock_guard<std::mutex> lock(mu);
-  auto& kept_pair = (*kept)[key];
-  if (!kept_pair.second.defined()) kept_pair.second = at::zeros({1}, x.options().dtype(at::kInt));
-  if (!kept_pair.first.defined() || kept_pair.first.numel() < numel)
-    kept_pair.first = at::empty({std::max<int64_t>(numel, 3072)}, x.options().dtype(dtype));
-  return kept_pair;
+  return {at::empty({numel}, x.options().dtype(dtype)), at::zeros({1}, x.options().dtype(at::kInt))};
 }
 
 at::Tensor tv_forward_cuda(const at::Tensor& x_, int64_t mode, double eps, const std::optional<at::Tensor>& weights) {

@@ -141,14 +141,20 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
     return {"device": device_model(dev), "copy_GBps": bw / 1e9, "rows": rows}
 
 
-def plot(data: dict, path: str) -> None:
-    """`figure` of ``data`` written to ``path``; needs matplotlib."""
+def require_plot() -> None:
+    """Raise RuntimeError, with the install hint, where matplotlib (the ``plot`` extra) is missing."""
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib  # noqa: F401
     except ImportError as exc:
         raise RuntimeError("kernelhub bench --plot needs matplotlib: pip install 'kernelhub[plot]'") from exc
+
+
+def plot(data: dict, path: str) -> None:
+    """`figure` of ``data`` written to ``path``; needs matplotlib (`require_plot`)."""
+    require_plot()
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     fig = figure(data)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -15,6 +15,7 @@ import math
 import platform
 import shutil
 import sys
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -215,6 +216,9 @@ def _tune_calls(args: argparse.Namespace) -> list[tuple[str, tuple]]:
         spec = reg.spec(op)
         dtype = args.dtype or spec.default_dtype
         if dtype not in spec.dtypes:
+            if args.ops:  # an op the user named: say why it is not tuned
+                raise ValueError(f"--dtype: {op} takes {[str(d).removeprefix('torch.') for d in spec.dtypes]}, "
+                                 f"not {str(dtype).removeprefix('torch.')}")
             continue
         if args.shape:
             calls.append((op, _example_args(op, args.shape, args.arg or [], dtype, args.device)))
@@ -246,7 +250,7 @@ def cmd_tune(args: argparse.Namespace) -> dict:
     with Progress(console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task("tuning", total=sum(len(e) for _, _, e in plan))
         for op, call, eligible in plan:
-            progress.update(task, description=f"{op} {describe_args(call)}")
+            progress.update(task, description=escape(f"{op} {describe_args(call)}"))
             entry = hub.selector.tuning.tune(op, call, eligible, quick=args.quick,
                                              progress=lambda name: progress.advance(task))
             rows.append(entry)
@@ -294,7 +298,13 @@ def cmd_bench(args: argparse.Namespace) -> dict:
     ops = args.ops or sorted(hub.registry.specs)
     for op in ops:
         hub.registry.spec(op)  # an unknown op is an error before any timing
-    data = bench.run(ops, args.backends, device, quick=args.quick, log=Console(stderr=True).print, shapes=args.shapes)
+    unknown = sorted(set(args.backends or ()) - set(hub.registry.backends))
+    if unknown:
+        raise ValueError(f"--backends: unknown backend(s) {unknown}; registered: {sorted(hub.registry.backends)}")
+    if args.plot:
+        bench.require_plot()  # before the timings, not after them
+    data = bench.run(ops, args.backends, device, quick=args.quick, log=lambda m: Console(stderr=True).print(escape(m)),
+                     shapes=args.shapes)
     if args.plot:
         bench.plot(data, args.plot)
         data["plot"] = args.plot
@@ -426,8 +436,8 @@ def render_check(data: dict, console: Console) -> None:
         t.add_column(col, overflow="fold")
     style = {"pass": "[green]pass[/]", "fail": "[red]FAIL[/]", "not covered": "[red]not covered[/]",
              "skip": "[yellow]skip[/]"}
-    for r in data["rows"]:  # sample names are in brackets: escaped, or rich would take them for markup
-        t.add_row(escape(r["op"]), escape(r["check"]), style[r["status"]], escape(r["calls"]), escape(r["detail"]))
+    for r in data["rows"]:  # escaped by `main` (sample names are in brackets)
+        t.add_row(r["op"], r["check"], style[r["status"]], r["calls"], r["detail"])
     console.print(t)
 
 
@@ -445,6 +455,18 @@ COMMANDS = {
 }
 
 
+def _shape(text: str) -> list[int]:
+    """``--shape 4,64,64``: sizes >= 0 whose product is below 2**63 (the largest element count torch indexes)."""
+    try:
+        dims = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shape must be sizes separated by commas, e.g. 4,64,64, got {text!r}") \
+            from None
+    if any(d < 0 for d in dims) or math.prod(dims) >= 2 ** 63 or any(d >= 2 ** 63 for d in dims):
+        raise argparse.ArgumentTypeError(f"--shape sizes must be >= 0 with fewer than 2**63 elements, got {text!r}")
+    return dims
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kernelhub", description="kernelhub: fused kernels chosen per call")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -453,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         if name == "explain":
             p.add_argument("op", help="op name, e.g. tv_loss_l1_3d")
-            p.add_argument("--shape", action="append", type=lambda s: [int(x) for x in s.split(",") if x],
+            p.add_argument("--shape", action="append", type=_shape,
                            help="shape of each tensor argument in order, e.g. --shape 64,64,64 (repeat per tensor)")
             p.add_argument("--arg", action="append", metavar="NAME=VALUE",
                            help="a non-tensor argument, e.g. --arg semifield=log:2 --arg groups=1")
@@ -463,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("ops", nargs="*", help="ops to tune (default: all)")
             p.add_argument("--device", type=_device, help="cpu or cuda[:N] (default: cuda if present, else cpu)")
             p.add_argument("--dtype", type=_dtype, help="default: float32 (complex64 for complex-only ops)")
-            p.add_argument("--shape", action="append", type=lambda s: [int(x) for x in s.split(",") if x],
+            p.add_argument("--shape", action="append", type=_shape,
                            help="tune this call instead of the benchmark shapes: the shape of each tensor "
                                 "argument in order (repeat per tensor; one op only)")
             p.add_argument("--arg", action="append", metavar="NAME=VALUE", help="a non-tensor argument of --shape's call")
@@ -497,13 +519,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = cmd(args)
     except (KernelhubError, KeyError, ValueError, TypeError, RuntimeError) as exc:
-        Console(stderr=True).print(f"[red]kernelhub {args.command}: {exc}[/]")
+        Console(stderr=True).print(f"[red]kernelhub {args.command}: {escape(str(exc))}[/]")
         return 2
     if args.json:
         print(json.dumps(data, indent=2, default=str))
     else:
-        render(data, console)
+        render(_escaped(data), console)
     return 1 if data.get("failed") else 0  # `check`: a failed or not covered check
+
+
+def _escaped(data: Any) -> Any:
+    """``data`` with every string escaped for rich: what a user typed (an op name, a config value) or a plugin
+    reported is printed as it is, never read as markup (``[/]`` raised, ``[plot]`` vanished). The renderers add
+    their own markup around these values."""
+    if isinstance(data, str):
+        return escape(data)
+    if isinstance(data, dict):
+        return {k: _escaped(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return type(data)(_escaped(v) for v in data)
+    return data
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from kernelhub.errors import ConfigError
 
-__all__ = ["Config", "OpConfig", "TuneConfig", "load_config", "find_config_file", "make_private_dirs", "SHIPPED",
+__all__ = ["Config", "OpConfig", "TuneConfig", "load_config", "check_config", "find_config_file", "make_private_dirs", "SHIPPED",
            "DEFAULT_PRIORITY", "TUNE_MODES"]
 
 SHIPPED = Path(__file__).with_name("kernelhub.toml")
@@ -230,6 +230,8 @@ def parse_config(data: Mapping, source: str, known_backends: frozenset[str]) -> 
     _check_keys(tune, _TUNE_KEYS, f"{source}: [tune]")
     if tune.get("mode", "cached") not in TUNE_MODES:
         raise ConfigError(f"{source}: [tune].mode: {tune['mode']!r}; allowed: {list(TUNE_MODES)}")
+    if "\0" in tune.get("cache", ""):
+        raise ConfigError(f"{source}: [tune].cache: a path cannot hold a NUL character, got {tune['cache']!r}")
     return Config(
         kill_switch=data.get("kill_switch", False),
         strict=data.get("strict", False),
@@ -239,6 +241,35 @@ def parse_config(data: Mapping, source: str, known_backends: frozenset[str]) -> 
         tune=TuneConfig(mode=tune.get("mode", "cached"), cache=tune.get("cache", "")),
         source=source,
     )
+
+
+def check_config(config: Config, known_backends: frozenset[str]) -> Config:
+    """Raise ConfigError unless ``config`` (a `Config` built in code, for ``kernelhub.reload(config=...)`` or
+    ``Hub(config=...)``) holds what a file may: the same checks, naming the field and the allowed values."""
+    where = f"Config ({config.source})"
+
+    def flag(name: str) -> None:
+        if not isinstance(getattr(config, name), bool):
+            raise ConfigError(f"{where}: {name}: expected True or False, got {getattr(config, name)!r}")
+    flag("kill_switch")
+    flag("strict")
+    _names(list(config.disabled), f"{where}: disabled", known_backends)
+    _names(list(config.priority), f"{where}: priority", known_backends)
+    for name, table in config.ops.items():
+        if not isinstance(table, OpConfig):
+            raise ConfigError(f"{where}: ops[{name!r}]: expected an OpConfig, got {type(table).__name__}")
+        if table.pin and table.pin not in known_backends:
+            raise ConfigError(f"{where}: ops[{name!r}].pin: unknown backend {table.pin!r}; allowed: "
+                              f"{sorted(known_backends)}")
+        _names(list(table.priority), f"{where}: ops[{name!r}].priority", known_backends)
+        for case, names in table.cases.items():
+            _names(list(names), f"{where}: ops[{name!r}].cases[{case!r}]", known_backends)
+    tune = config.tune
+    if not isinstance(tune, TuneConfig) or tune.mode not in TUNE_MODES or not isinstance(tune.cache, str) \
+            or "\0" in tune.cache:
+        raise ConfigError(f"{where}: tune: expected TuneConfig(mode in {list(TUNE_MODES)}, cache a path without "
+                          f"NUL), got {tune!r}")
+    return config
 
 
 def load_config(known_backends: frozenset[str], path: Path | None = None) -> Config:
@@ -251,6 +282,8 @@ def load_config(known_backends: frozenset[str], path: Path | None = None) -> Con
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: not valid TOML (UTF-8): {exc}") from None
+        except RecursionError:
+            raise ConfigError(f"{path}: not read: its tables or arrays nest too deeply") from None
         except OSError as exc:
             raise ConfigError(f"{path}: cannot be read: {exc}") from None
         config = parse_config(data, str(path), known_backends)

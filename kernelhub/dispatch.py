@@ -51,7 +51,20 @@ __all__ = ["define_ops", "OpHandle", "NAMESPACE", "traced", "EAGER_FAST_PATH", "
 
 NAMESPACE = "kernelhub"
 _DEFINED: dict[str, tuple[Any, Any]] = {}
-EAGER_FAST_PATH = os.environ.get("KERNELHUB_EAGER_FAST_PATH", "1") != "0"
+def _switch(name: str, default: bool) -> bool:
+    """An on/off environment variable: 1/true/on/yes or 0/false/off/no (any case; unset or empty: ``default``);
+    anything else raises ValueError naming the variable."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in ("1", "true", "on", "yes"):
+        return True
+    if value in ("0", "false", "off", "no"):
+        return False
+    raise ValueError(f"{name}={os.environ[name]!r}: allowed values are 1/true/on/yes and 0/false/off/no")
+
+
+EAGER_FAST_PATH = _switch("KERNELHUB_EAGER_FAST_PATH", True)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active",
                             lambda: torch._C._functorch.peek_interpreter_stack() is not None)
@@ -332,11 +345,16 @@ class KernelhubFunction(torch.autograd.Function):
         keep: list = []  # what an impl that saves for its backward saved (`Impl.saves`), held by this node
         decision, out = hub.forward(handle.spec.name, args, handle.backend, decision, weights, keep)
         ctx.call = (handle, hub, decision, plan, weights, keep[0] if keep else None)
+        ctx.weights_version = None if weights is None else weights._version
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         handle, hub, decision, plan, weights, kept = ctx.call
+        if weights is not None and weights._version != ctx.weights_version:  # as autograd checks saved tensors
+            raise RuntimeError(f"kernelhub.{handle.spec.name}: argument 'weights' was modified in place after the "
+                               f"forward (version {ctx.weights_version}, now {weights._version}), so the backward "
+                               "would differentiate another loss; weigh with a copy (weights.clone()) if it changes")
         needs_input = ctx.needs_input_grad
         saved = ctx.saved_tensors  # read once: each read unpacks them (a saved-tensor hook's copy back, say)
         args, needs = put_back(plan, saved, needs_input)
@@ -363,14 +381,16 @@ class KernelhubFunction(torch.autograd.Function):
         if not create_graph:
             return out
         # gradients that raise if differentiated, as the operators' backward does: one error node (what
-        # once_differentiable makes, with a message) whose inputs are the gradients and the call's saved tensors.
-        # The saved tensors put the node on every path from the gradients back to the call's inputs, so
-        # torch.autograd.grad(f(g), inputs) reaches it and raises too, where with the gradients alone (what
+        # once_differentiable makes, with a message) whose inputs are the gradients, the call's saved tensors, the
+        # upstream gradient and the weights. These put the node on every path from the gradients back to whatever
+        # they depend on (the call's inputs; through the upstream gradient, a coefficient c of c * op(x); the
+        # weights), so torch.autograd.grad(f(g), that) reaches it and raises, where with the gradients alone (what
         # once_differentiable does) it would find no path: an error that names no op, or with allow_unused=True
         # a silent None (a gradient penalty's second-order term dropped)
+        extra = (*saved, grad) if weights is None else (*saved, grad, weights)
         err = torch._C._functions.DelayedError(
-            f"double backward is not supported by kernelhub.{handle.spec.name}".encode(), len(out) + len(saved))
-        return err(*[g if g is None else g.detach().requires_grad_() for g in out], *saved)[:len(out)]
+            f"double backward is not supported by kernelhub.{handle.spec.name}".encode(), len(out) + len(extra))
+        return err(*[g if g is None else g.detach().requires_grad_() for g in out], *extra)[:len(out)]
 
 
 def _check_weights(op: str, weights: torch.Tensor, output: tuple) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 import threading
@@ -11,7 +12,7 @@ from typing import Any
 
 import torch
 
-from kernelhub.config import Config, load_config
+from kernelhub.config import Config, check_config, load_config
 from kernelhub.dispatch import OpHandle, define_ops, flatten_grads, weighted_sum
 from kernelhub.errors import NoImplementationError, WrongOutputError
 from kernelhub.registry import CONTAINED, Registry, declared_backend_names
@@ -31,7 +32,7 @@ class Hub:
         _HUBS[self.key] = self
         extra_plugins = list(extra_plugins)
         known = declared_backend_names() | {name for name, _ in extra_plugins}
-        self.config = config if config is not None else load_config(known)
+        self.config = check_config(config, known) if config is not None else load_config(known)
         self.registry = Registry().load(extra_plugins, strict=self.config.strict)
         self.config.check_ops(self.registry.specs)
         self.selector = Selector(self.registry, self.config)
@@ -86,6 +87,9 @@ class Hub:
         (`Impl.weighted`), else the checked output weighed in torch ops. ``keep`` (a list, for a call whose
         backward follows): an impl that saves for its backward (`Impl.saves`) is called so, and (impl, saved)
         appended once its output passed the check, for `backward_grads`."""
+        if _autocast_on():  # docs/ops.md, "Autocast": an op computes in its inputs' dtype
+            with _no_autocast():
+                return self.forward(op, args, forced, decision, weights, keep)
         spec = self.registry.spec(op)
         if decision is None:
             decision = self.selector.decide(op, args, forced)
@@ -125,6 +129,9 @@ class Hub:
         ``weights`` (a weighted handle's; ``grad`` then the weighted sum's, 0-d): an impl that fuses them takes
         them as they are, the others the op's upstream gradient ``conj(weights) * grad``. ``saved``: the
         forward's (impl, saved) (`forward`'s ``keep``), given to that impl's backward only."""
+        if _autocast_on():
+            with _no_autocast():
+                return self.backward_grads(op, grad, args, needs, forced, decision, weights, saved)
         spec = self.registry.spec(op)
         if decision is None:
             decision = self.selector.decide(op, args, forced)
@@ -146,6 +153,17 @@ class Hub:
 
 
 _SCALAR = torch.Size([])  # a fused weighted sum's shape (`Hub.forward`)
+_autocast_on = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)  # one C call on every hub call
+
+
+def _no_autocast() -> contextlib.ExitStack:
+    """A context in which no autocast is on: impls compute in their inputs' dtype under ``torch.autocast`` as
+    outside it, the reference too (docs/ops.md, "Autocast")."""
+    stack = contextlib.ExitStack()
+    for device in ("cpu", "cuda"):
+        if torch.is_autocast_enabled(device):
+            stack.enter_context(torch.autocast(device, enabled=False))
+    return stack
 
 
 def _first(decision: Decision) -> Any:

@@ -63,7 +63,13 @@ class TVLoss3d(nn.Module):
             raise ValueError(f"TVLoss3d: kind must be one of {list(_TV_OPS)}, got {kind!r}")
         if reduction not in ("mean", "sum"):
             raise ValueError(f"TVLoss3d: reduction must be 'mean' or 'sum', got {reduction!r}")
-        w = (float(weights),) * 3 if isinstance(weights, (int, float)) else tuple(float(x) for x in weights)
+        number = (int, float)
+        if not (isinstance(weights, number) or (isinstance(weights, (list, tuple, torch.Tensor))
+                                                and all(isinstance(float(x) if isinstance(x, torch.Tensor) else x,
+                                                                   number) for x in weights))):
+            raise ValueError(f"TVLoss3d: weights must be a number or three (wz, wy, wx), finite and >= 0, got "
+                             f"{weights!r}")
+        w = (float(weights),) * 3 if isinstance(weights, number) else tuple(float(x) for x in weights)
         if len(w) != 3 or any(x < 0 or not math.isfinite(x) for x in w):
             raise ValueError(f"TVLoss3d: weights must be a number or three (wz, wy, wx), finite and >= 0, got {weights!r}")
         if kind != "l1" and len(set(w)) != 1:
@@ -161,8 +167,8 @@ class KPlanesField(nn.Module):
 
 def _scale_space(n: int, kernel_size: int, log: bool) -> torch.Tensor:
     """``n`` variances evenly (or log-evenly) spaced in ``[1, 2 (K//2)^2]``, shuffled: the scale-space init."""
-    top = 2.0 * (kernel_size // 2) ** 2
-    spaced = torch.logspace(0, math.log10(max(top, 1.0)), n) if log else torch.linspace(1.0, top, n)
+    top = max(2.0 * (kernel_size // 2) ** 2, 1.0)  # a 1x1 kernel: every variance 1 (0 would give -inf log_std)
+    spaced = torch.logspace(0, math.log10(top), n) if log else torch.linspace(1.0, top, n)
     return spaced[torch.randperm(n)]
 
 
@@ -181,6 +187,10 @@ class _Kernel2D(nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, grid_last: bool = True) -> None:
         super().__init__()
+        for name, value in (("in_channels", in_channels), ("out_channels", out_channels),
+                            ("kernel_size", kernel_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{type(self).__name__}: argument {name!r} must be a positive int, got {value!r}")
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, kernel_size
         grid = _pos_grid_2d(kernel_size)
         self.register_buffer("_pos_grid", grid[None, None] if grid_last else grid.T.contiguous())

@@ -64,14 +64,18 @@ def may_tune_now(args: Sequence[Any]) -> bool:
 
 
 def _fresh(args: Sequence[Any], seed: int = 0) -> tuple:
-    """Random tensors with the shapes, strides, dtypes and devices of ``args``; other arguments as given."""
+    """Random tensors with the shapes, strides, dtypes and devices of ``args``; other arguments as given. A layout
+    whose elements share memory (a stride-0, expanded dim) is kept: a random buffer of the memory it spans, viewed
+    with its strides (writing random values into such a layout itself would raise)."""
     gen: dict[torch.device, torch.Generator] = {}
 
     def fresh(t):
         if not (t.is_floating_point() or t.is_complex()):
             return t
         g = gen.setdefault(t.device, torch.Generator(device=t.device).manual_seed(seed))
-        return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).normal_(generator=g)
+        span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else 0
+        return torch.empty(span, dtype=t.dtype, device=t.device).normal_(generator=g).as_strided(t.size(),
+                                                                                                 t.stride())
 
     return map_tensors(args, fresh)
 

@@ -18,10 +18,12 @@ merged with whatever other processes wrote meanwhile. Online tuning (`Tuning.tun
 it tunes, and a process that then finds the entry written by another uses it: the ranks of one distributed job
 that share the file tune each shape bucket once.
 
-Only our own file is ever replaced: a path that holds anything but a winners file (JSON with our ``format``
-marker; a malformed one of ours is rewritten) is left untouched, no lock file is put beside it, and tuning
+Only our own file is ever replaced, and only a regular file: a path that holds anything else (a FIFO, a device,
+JSON without our ``format`` marker; a malformed one of ours is rewritten) is left untouched, never read past its
+type, no lock file is put beside it, and tuning
 results stay in this process's memory, with one warning. So are results that cannot be written (a directory at
-the path, a read-only place): calls keep being served, and `kernelhub tune` reports the path and exits 1.
+the path, a read-only file or place): calls keep being served, and `kernelhub tune` reports the path and exits 1.
+A symlink is followed: the file it names is the one read and replaced, its lock beside it.
 """
 
 from __future__ import annotations
@@ -52,20 +54,31 @@ def entry_key(op: str, args: Sequence[Any]) -> str:
 
 def _well_formed(entry: Any) -> bool:
     """Whether a cache entry has the shape the selector reads: candidates of backend name -> {"error": None or a
-    message, and with no error a finite "step_ms" > 0}, and text where messages quote it. Anything else in the file
+    message, and with no error a finite "step_ms" > 0; any spread or forward time a finite number >= 0}, a
+    "within_noise" list of names, and text where messages quote it. Anything else in the file
     (a hand edit, a truncated write from another tool) is ignored, never trusted or executed."""
     if not (isinstance(entry, dict) and isinstance(entry.get("candidates"), dict)):
         return False
     if not all(isinstance(entry.get(k, ""), str) for k in ("torch", "call", "tuned", "bucket")):
         return False
-    for cand in entry["candidates"].values():
-        if not isinstance(cand, dict) or not (cand.get("error") is None or isinstance(cand["error"], str)):
+    close = entry.get("within_noise", [])
+    if not (isinstance(close, list) and all(isinstance(n, str) for n in close)):
+        return False
+    for name, cand in entry["candidates"].items():
+        if not isinstance(cand, dict) or "error" not in cand or not (cand["error"] is None
+                                                                     or isinstance(cand["error"], str)):
             return False
-        step = cand.get("step_ms")
-        if cand.get("error") is None and not (isinstance(step, (int, float)) and not isinstance(step, bool)
-                                              and math.isfinite(step) and step > 0):
+        if cand["error"] is None and not _number(cand.get("step_ms"), positive=True):
+            return False
+        if not all(_number(cand[k]) for k in ("step_spread", "forward_ms", "forward_spread") if k in cand):
             return False
     return True
+
+
+def _number(x: Any, positive: bool = False) -> bool:
+    """A finite int or float (not a bool), > 0 where ``positive``, else >= 0."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and (x > 0 if positive
+                                                                                             else x >= 0)
 
 
 class WinnerCache:
@@ -87,17 +100,38 @@ class WinnerCache:
         if self._lock is None:
             from filelock import FileLock
 
-            make_private_dirs(self.path.parent)
-            self._lock = FileLock(str(self.path) + ".lock")
+            target = self._target()
+            make_private_dirs(target.parent)
+            self._lock = FileLock(str(target) + ".lock")  # beside the file itself: links to it share the lock
         return self._lock.acquire(timeout=timeout)
 
     def refresh(self) -> None:
         """Read the file again at the next lookup (another process may have written it)."""
         self._entries = None
 
+    def _target(self) -> Path:
+        """The file the path names: a symlink's target (a winners file shared through a link is written where it
+        is, never replaced by a copy), even where it does not exist yet."""
+        return Path(os.path.realpath(self.path))
+
     def _read(self) -> dict[str, dict]:
         self.not_ours = None
         try:
+            mode = os.stat(self.path).st_mode
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:  # no permission on a directory above it; a NUL byte
+            mode, error = None, exc
+        if mode is not None and not stat.S_ISREG(mode):  # a FIFO would block the read, /dev/zero never end it
+            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else \
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket"
+            self.not_ours = f"not a regular file ({kind})"
+            self._warn(f"tuning cache {self.path} is {self.not_ours}: left untouched, tuning results stay in memory "
+                       "(set [tune].cache to another path)")
+            return {}
+        try:
+            if mode is None:
+                raise error
             text = self.path.read_bytes()
         except FileNotFoundError:
             return {}
@@ -168,18 +202,24 @@ class WinnerCache:
                               "stay in memory", RuntimeWarning, stacklevel=3)
 
     def _write(self, entries: dict[str, dict]) -> None:
+        """Replace the file (a symlink's target: `_target`) atomically, keeping its mode; a read-only file (no
+        write bit for anyone) is left as it is, whoever owns its directory (root included): PermissionError."""
+        target = self._target()
         try:
-            mode = stat.S_IMODE(self.path.stat().st_mode)
+            mode = stat.S_IMODE(target.stat().st_mode)
         except FileNotFoundError:
             mode = 0o644
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-", suffix=".tmp")
+        else:
+            if not mode & 0o222:
+                raise PermissionError(f"a read-only file (mode {mode:#o}): left untouched")
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tuning-", suffix=".tmp")
         try:
             with os.fdopen(fd, "w") as f:
                 os.fchmod(f.fileno(), mode)
                 json.dump({"format": FORMAT, "entries": entries}, f, indent=1, sort_keys=True)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise

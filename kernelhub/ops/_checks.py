@@ -40,20 +40,30 @@ def dim(op: str, name: str, x: torch.Tensor, axis: int, expected: int) -> None:
                          f"got shape {tuple(x.shape)}")
 
 
-def positive_float(op: str, name: str, value: object) -> float:
+def _as_float(op: str, name: str, value: object) -> float:
+    """``float(value)`` of an int or float (not a bool); an int too large for a float is a ValueError naming the
+    op and argument, not Python's OverflowError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{op}: argument {name!r} must be a float, got {type(value).__name__}")
-    if not value > 0 or value == float("inf"):
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{op}: argument {name!r} must be a finite number, got an int of "
+                         f"{value.bit_length()} bits (too large for a float)") from None
+
+
+def positive_float(op: str, name: str, value: object) -> float:
+    x = _as_float(op, name, value)
+    if not x > 0 or x == float("inf"):
         raise ValueError(f"{op}: argument {name!r} must be a finite number > 0, got {value!r}")
-    return float(value)
+    return x
 
 
 def finite_float(op: str, name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{op}: argument {name!r} must be a float, got {type(value).__name__}")
-    if value != value or abs(value) == float("inf"):
+    x = _as_float(op, name, value)
+    if x != x or abs(x) == float("inf"):
         raise ValueError(f"{op}: argument {name!r} must be finite, got {value!r}")
-    return float(value)
+    return x
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

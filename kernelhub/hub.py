@@ -153,14 +153,20 @@ class Hub:
 
 
 _SCALAR = torch.Size([])  # a fused weighted sum's shape (`Hub.forward`)
-_autocast_on = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)  # one C call on every hub call
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)  # one C call on every hub call
+_AUTOCAST_DEVICES = ("cpu", "cuda")  # the devices kernelhub's backends serve
+
+
+def _autocast_on() -> bool:
+    """Whether autocast is on for a device kernelhub serves (false once `_no_autocast` is entered)."""
+    return _any_autocast() and any(torch.is_autocast_enabled(d) for d in _AUTOCAST_DEVICES)
 
 
 def _no_autocast() -> contextlib.ExitStack:
-    """A context in which no autocast is on: impls compute in their inputs' dtype under ``torch.autocast`` as
-    outside it, the reference too (docs/ops.md, "Autocast")."""
+    """A context in which autocast is off on the devices kernelhub serves: impls compute in their inputs' dtype
+    under ``torch.autocast`` as outside it, the reference too (docs/ops.md, "Autocast")."""
     stack = contextlib.ExitStack()
-    for device in ("cpu", "cuda"):
+    for device in _AUTOCAST_DEVICES:
         if torch.is_autocast_enabled(device):
             stack.enter_context(torch.autocast(device, enabled=False))
     return stack

@@ -64,7 +64,7 @@ def _well_formed(entry: Any) -> bool:
     close = entry.get("within_noise", [])
     if not (isinstance(close, list) and all(isinstance(n, str) for n in close)):
         return False
-    for name, cand in entry["candidates"].items():
+    for cand in entry["candidates"].values():
         if not isinstance(cand, dict) or "error" not in cand or not (cand["error"] is None
                                                                      or isinstance(cand["error"], str)):
             return False
@@ -117,27 +117,20 @@ class WinnerCache:
     def _read(self) -> dict[str, dict]:
         self.not_ours = None
         try:
-            mode = os.stat(self.path).st_mode
+            mode = os.stat(self.path).st_mode  # a FIFO would block the read, /dev/zero never end it: regular files only
+            text = self.path.read_bytes() if stat.S_ISREG(mode) else b""
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as exc:  # no permission on a directory above it; a NUL byte
-            mode, error = None, exc
-        if mode is not None and not stat.S_ISREG(mode):  # a FIFO would block the read, /dev/zero never end it
+        except (OSError, ValueError) as exc:  # no permission; a NUL byte in the path
+            self.not_ours = f"{type(exc).__name__}: {exc}"
+            self._warn(f"tuning cache {self.path} cannot be read ({self.not_ours}); tuning results stay in memory")
+            return {}
+        if not stat.S_ISREG(mode):
             kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else \
                 "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket"
             self.not_ours = f"not a regular file ({kind})"
             self._warn(f"tuning cache {self.path} is {self.not_ours}: left untouched, tuning results stay in memory "
                        "(set [tune].cache to another path)")
-            return {}
-        try:
-            if mode is None:
-                raise error
-            text = self.path.read_bytes()
-        except FileNotFoundError:
-            return {}
-        except OSError as exc:  # a directory at the path, no permission
-            self.not_ours = f"{type(exc).__name__}: {exc}"
-            self._warn(f"tuning cache {self.path} cannot be read ({self.not_ours}); tuning results stay in memory")
             return {}
         try:
             data = json.loads(text)

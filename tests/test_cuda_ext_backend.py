@@ -245,10 +245,11 @@ def test_tv_is_bitwise_deterministic_for_any_thread_count(op, device):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("op", ["tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d"])
 def test_tv_on_cuda_is_one_kernel_each_way_and_streams_keep_their_own_sums(op):
-    """On CUDA a TV forward is one kernel (its last block adds the blocks' partial sums) and a backward one kernel
-    (the upstream gradient read in its own dtype and strides: a stride-0 one, as ``sum()``'s backward gives, with
-    no copy); forwards issued on two streams at once, with no synchronisation between them, each give their own
-    volume's result (each stream has its own partial sums and counter)."""
+    """On CUDA a TV forward is one kernel (its last block adds the blocks' partial sums) after the zeroing of the
+    counter it reads (new per call: no buffer outlives a call, so CUDA graphs can capture it), and a backward one
+    kernel (the upstream gradient read in its own dtype and strides: a stride-0 one, as ``sum()``'s backward gives,
+    with no copy); forwards issued on two streams at once, with no synchronisation between them, each give their
+    own volume's result (each call has its own partial sums and counter)."""
     impl = kernelhub.get_hub().registry.impls(op)["cuda_ext"]
     extra = (1e-8,) if op == "tv_loss_iso_3d" else ()
     vols = [torch.randn((2, 40, 50, 60), generator=torch.Generator().manual_seed(s)).cuda() for s in (0, 1)]
@@ -258,14 +259,17 @@ def test_tv_on_cuda_is_one_kernel_each_way_and_streams_keep_their_own_sums(op):
     stride0 = torch.full((), 0.5, device="cuda").expand(grad.shape)
     torch.testing.assert_close(impl.backward(stride0, vols[0], *extra, needs=[True])[0],
                                impl.backward(grad, vols[0], *extra, needs=[True])[0], rtol=0, atol=0)
-    for run in (lambda: impl.forward(vols[0], *extra), lambda: impl.backward(grad, vols[0], *extra, needs=[True])):
+    for zeroing, run in ((1, lambda: impl.forward(vols[0], *extra)),
+                         (0, lambda: impl.backward(grad, vols[0], *extra, needs=[True]))):
         run()
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             run()
             torch.cuda.synchronize()
         launched = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        assert len(launched) == 1, launched
+        ours = [n for n in launched if "kernelhub_cuda_ext" in n]
+        fills = [n for n in launched if "FillFunctor" in n or "emset" in n]
+        assert len(ours) == 1 and len(fills) == zeroing and len(launched) == 1 + zeroing, launched
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     for s in streams:
         s.wait_stream(torch.cuda.current_stream())

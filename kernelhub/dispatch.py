@@ -30,8 +30,8 @@ output and gradient checks) without the operators' dispatch, through one `torch.
 input requires grad (or grad mode is off), the hub's forward alone. A repeated call of one layout (`_layout`:
 each tensor's type, device, dtype, shape and strides, every other argument's type and value) whose arguments the
 spec found canonical finds its decision by one dict lookup (`Selector.remembered`), skipping the spec's checks;
-any other call runs the checks and `Selector.decide`. ``KERNELHUB_EAGER_FAST_PATH=0`` (read at import) sends
-every call through the operators.
+any other call runs the checks and `Selector.decide`. ``KERNELHUB_EAGER_FAST_PATH=0`` (or false, off, no; read at
+import, `_switch`) sends every call through the operators.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ import torch
 import torch.autograd.forward_ad as _fwad
 
 from kernelhub.args import tensors_of
+from kernelhub.errors import ConfigError
 from kernelhub.spec import OpSpec, plan_call, put_back, to_slots
 
 __all__ = ["define_ops", "OpHandle", "NAMESPACE", "traced", "EAGER_FAST_PATH", "refuse_unsupported_autodiff"]
@@ -53,7 +54,7 @@ NAMESPACE = "kernelhub"
 _DEFINED: dict[str, tuple[Any, Any]] = {}
 def _switch(name: str, default: bool) -> bool:
     """An on/off environment variable: 1/true/on/yes or 0/false/off/no (any case; unset or empty: ``default``);
-    anything else raises ValueError naming the variable."""
+    anything else raises ConfigError naming the variable."""
     value = os.environ.get(name, "").strip().lower()
     if not value:
         return default
@@ -61,7 +62,7 @@ def _switch(name: str, default: bool) -> bool:
         return True
     if value in ("0", "false", "off", "no"):
         return False
-    raise ValueError(f"{name}={os.environ[name]!r}: allowed values are 1/true/on/yes and 0/false/off/no")
+    raise ConfigError(f"{name}={os.environ[name]!r}: allowed values are 1/true/on/yes and 0/false/off/no")
 
 
 EAGER_FAST_PATH = _switch("KERNELHUB_EAGER_FAST_PATH", True)

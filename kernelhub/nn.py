@@ -63,13 +63,16 @@ class TVLoss3d(nn.Module):
             raise ValueError(f"TVLoss3d: kind must be one of {list(_TV_OPS)}, got {kind!r}")
         if reduction not in ("mean", "sum"):
             raise ValueError(f"TVLoss3d: reduction must be 'mean' or 'sum', got {reduction!r}")
-        number = (int, float)
-        if not (isinstance(weights, number) or (isinstance(weights, (list, tuple, torch.Tensor))
-                                                and all(isinstance(float(x) if isinstance(x, torch.Tensor) else x,
-                                                                   number) for x in weights))):
-            raise ValueError(f"TVLoss3d: weights must be a number or three (wz, wy, wx), finite and >= 0, got "
-                             f"{weights!r}")
-        w = (float(weights),) * 3 if isinstance(weights, number) else tuple(float(x) for x in weights)
+        given = weights.tolist() if isinstance(weights, torch.Tensor) else weights
+
+        def number(x: object) -> bool:
+            return isinstance(x, (int, float)) and not isinstance(x, bool)
+        if number(given):
+            w = (float(given),) * 3
+        elif isinstance(given, (list, tuple)) and all(number(x) for x in given):  # a string is neither
+            w = tuple(float(x) for x in given)
+        else:
+            w = ()
         if len(w) != 3 or any(x < 0 or not math.isfinite(x) for x in w):
             raise ValueError(f"TVLoss3d: weights must be a number or three (wz, wy, wx), finite and >= 0, got {weights!r}")
         if kind != "l1" and len(set(w)) != 1:

@@ -32,11 +32,15 @@ from kernelhub_torch_ref import tv
 from kernelhub_torch_ref.plugin import vjp_backward
 
 
-def make(op, delay, scale):
+CALLS = {}  # backend name -> forward calls
+
+
+def make(name, op, delay, scale):
     ref = getattr(tv, op)
     ref_backward = vjp_backward(ref, (0,))
 
     def forward(volume):
+        CALLS[name] = CALLS.get(name, 0) + 1
         time.sleep(delay)
         return ref(volume) * scale
 
@@ -51,7 +55,7 @@ def kernelhub_register_impls(registry):
     for name, op, delay, scale in (("aslow", "tv_loss_sq_3d", 0.02, 1.0), ("bfast", "tv_loss_sq_3d", 0.004, 1.0),
                                    ("awrong", "tv_loss_sq_3d", 0.0, 1.01), ("cl1", "tv_loss_l1_3d", 0.0, 1.0)):
         registry.add_backend(Backend(name, "1.0"))
-        f, b = make(op, delay, scale)
+        f, b = make(name, op, delay, scale)
         registry.add_impl(Impl(op=op, backend=name, forward=f, backward=b, dtypes=(torch.float32,), devices=("cpu",)))
 '''
 
@@ -89,6 +93,24 @@ def test_the_tuner_ranks_by_measured_time(hub):
     entry = h.selector.tuning.tune("tv_loss_sq_3d", args, ["aslow", "bfast"], save=False)
     c = entry["candidates"]
     assert entry["winner"] == "bfast" and c["aslow"]["step_ms"] > 2 * c["bfast"]["step_ms"] > 2 * 4.0
+
+
+def test_a_compiled_step_runs_the_tuned_winner_without_recompiling(hub):
+    """Tuned winners reach compiled code as they reach eager calls: the graph holds the op's operator, which
+    selects when it runs (docs/user-guide.md, "torch.compile, torch.export, CUDA graphs")."""
+    hub()
+    calls = sys.modules["khtune_plugin"].CALLS
+    torch._dynamo.reset()
+    step = torch.compile(lambda v: kernelhub.op("tv_loss_sq_3d")(v) * 2, fullgraph=True, backend="aot_eager")
+    want = kernelhub.op("tv_loss_sq_3d", backend="torch_ref")(VOLUME) * 2
+    torch.testing.assert_close(step(VOLUME), want)
+    assert calls.get("aslow") == 1  # the priority's first
+    _tune_cli("tv_loss_sq_3d", "--shape", "1,8,8,8", "--quick")  # records the winner, drops cached decisions
+    winner = kernelhub.explain("tv_loss_sq_3d", VOLUME)
+    assert winner.chosen != "aslow" and "tuned winner" in str(winner), str(winner)
+    before = dict(calls)
+    torch.testing.assert_close(step(VOLUME), want)
+    assert calls.get("aslow") == before.get("aslow")  # the same compiled function, now the winner's call
 
 
 def test_winner_overrides_priority_and_a_wrong_backend_is_never_chosen(hub):

@@ -235,9 +235,9 @@ def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int, 
     inductor), calling the reference, the hub (its default choice; the graph holds the op's operator) and the hub
     with each other backend forced, against the eager hub step; and, for each backend but inductor, the backend's
     functions in the minimal autograd.Function (`minimal`) compiled the same way: what torch.compile costs around
-    those functions with no hub at all (``forced`` False: the reference, the hub and the eager hub only). The step takes the real part of a complex output. ``mode``:
-    torch.compile's (with "reduce-overhead" each compiled step replays CUDA graphs, the eager hub step stays
-    eager)."""
+    those functions with no hub at all (``forced`` False: the reference, the hub and the eager hub only). The step
+    takes the real part of a complex output. ``mode``: torch.compile's (with "reduce-overhead" each compiled step
+    replays CUDA graphs, the eager hub step stays eager)."""
     from kernelhub_torch_ref.plugin import DIFFERENTIATE, FORWARDS
 
     hub = kernelhub.get_hub()

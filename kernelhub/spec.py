@@ -281,20 +281,15 @@ class Impl:
 
 def lazy(module: str, name: str) -> Callable:
     """``module.name``, imported at the first call: a backend registers its impls without importing its
-    kernels (or their dependencies, such as triton) until one is used. ``.resolve()`` imports it without a
-    call."""
+    kernels (or their dependencies, such as triton) until one is used."""
     target: list[Callable] = []
 
-    def resolve() -> Callable:
+    def call(*args, **kwargs):
         if not target:
             target.append(getattr(importlib.import_module(module), name))
-        return target[0]
-
-    def call(*args, **kwargs):
-        return (target[0] if target else resolve())(*args, **kwargs)
+        return target[0](*args, **kwargs)
 
     call.__name__ = call.__qualname__ = f"{module}.{name}"
-    call.resolve = resolve
     return call
 
 

@@ -39,7 +39,8 @@ def test_a_second_order_term_through_the_upstream_gradient_raises_never_vanishes
         out = kernelhub.op(case)(*args)
         inputs = (c,)
     (g,) = torch.autograd.grad((c * out).sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError, match=f"double backward is not supported by kernelhub.{'tv_loss_l1_3d' if case == 'weighted' else case}"):
+    op = "tv_loss_l1_3d" if case == "weighted" else case
+    with pytest.raises(RuntimeError, match=f"double backward is not supported by kernelhub.{op}"):
         torch.autograd.grad(g.pow(2).sum(), inputs, allow_unused=True)
 
 

@@ -26,6 +26,7 @@ import kernelhub
 from kernelhub import testing
 from kernelhub.errors import KernelhubError
 from kernelhub.args import describe_args
+from kernelhub.registry import FIRST_PARTY_BACKENDS
 
 __all__ = ["main", "build_parser"]
 
@@ -75,7 +76,8 @@ def cmd_list(args: argparse.Namespace) -> dict:
         for bname, impl in sorted(reg.impls(op).items()):
             ops[op][bname] = {"devices": list(impl.devices) if impl.devices else ["any"],
                               "dtypes": [_short(d) for d in impl.dtypes], "deterministic": impl.deterministic,
-                              "available": reg.unavailable_reason(bname) is None}
+                              "available": reg.unavailable_reason(bname) is None, "version": impl.version,
+                              "op_version": reg.spec(op).version}
     errors = [{"plugin": e.plugin, "stage": e.stage, "error": e.error} for e in reg.plugin_errors]
     return {"backends": backends, "ops": ops, "plugin_errors": errors, "config": hub.config.source,
             "winners": _winners(hub)}
@@ -122,7 +124,8 @@ def render_list(data: dict, console: Console) -> None:
                 cells.append("-")
             else:
                 mark = "" if i["available"] else "[red](unavailable)[/] "
-                cells.append(f"{mark}{','.join(i['devices'])}: {' '.join(i['dtypes'])}")
+                old = f" [yellow]v{i['version']} of v{i['op_version']}[/]" if i["version"] < i["op_version"] else ""
+                cells.append(f"{mark}{','.join(i['devices'])}: {' '.join(i['dtypes'])}{old}")
         t.add_row(op, *cells)
     console.print(t)
     for e in data["plugin_errors"]:
@@ -350,7 +353,22 @@ def cmd_doctor(args: argparse.Namespace) -> dict:
                      for n, b in sorted(hub.registry.backends.items())},
         "plugin_errors": [{"plugin": e.plugin, "stage": e.stage, "error": e.error, "traceback": e.traceback}
                           for e in hub.registry.plugin_errors],
+        "contracts": _contracts(hub.registry),
     }
+
+
+def _contracts(reg) -> list[dict]:
+    """Each third-party impl's op contract version against the op's current one (docs/backend-guide.md, "When an
+    op's contract changes")."""
+    rows = []
+    for op in sorted(reg.specs):
+        spec = reg.spec(op)
+        for name, impl in sorted(reg.impls(op).items()):
+            if name not in FIRST_PARTY_BACKENDS:
+                later = [f"v{c.version}: {c.doc}" for c in spec.changes if c.version > impl.version]
+                rows.append({"op": op, "backend": name, "implements": impl.version, "current": spec.version,
+                             "missing": later})
+    return rows
 
 
 def render_doctor(data: dict, console: Console) -> None:
@@ -373,6 +391,15 @@ def render_doctor(data: dict, console: Console) -> None:
     for k in ("overrides", "kill_switch", "strict", "disabled", "priority", "ops"):
         t.add_row(k, json.dumps(cfg[k]))
     console.print(t)
+    if data["contracts"]:
+        t = Table(title="third-party impls: the op contract each implements")
+        for col in ("op", "backend", "implements", "op's version", "what it declines"):
+            t.add_column(col)
+        for r in data["contracts"]:
+            old = r["implements"] < r["current"]
+            t.add_row(r["op"], r["backend"], f"{'[yellow]' if old else ''}v{r['implements']}{'[/]' if old else ''}",
+                      f"v{r['current']}", "; ".join(r["missing"]) or "-")
+        console.print(t)
     if not data["plugin_errors"]:
         console.print("plugin errors: none")
     for e in data["plugin_errors"]:
@@ -393,7 +420,8 @@ def _outcome(check, allow: list[str]) -> dict:
         if testing.is_skip(exc):
             return {"status": "skip", "detail": str(exc), "calls": ""}
         return {"status": "fail", "detail": f"{type(exc).__name__}: {exc}", "calls": ""}
-    return {"status": "pass", "detail": reached.declines() if reached else "", "calls": reached.counts if reached else ""}
+    detail = "; ".join(filter(None, (reached.declines(), reached.not_in))) if reached else ""
+    return {"status": "pass", "detail": detail, "calls": reached.counts if reached else ""}
 
 
 STATUSES = ("pass", "fail", "not covered", "skip")

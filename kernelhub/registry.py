@@ -8,9 +8,11 @@ one at a time; a failure is recorded in ``plugin_errors`` and the plugin skipped
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import importlib
 import importlib.metadata
+import inspect
 import traceback
 import types
 from collections.abc import Iterable, Mapping
@@ -107,6 +109,10 @@ class Registry:
                 continue
             try:
                 self._pm.register(module, name=name)
+                unknown = _unknown_hooks(self._pm, module)
+                if unknown:
+                    self._pm.unregister(module)
+                    raise PluginValidationError(name, unknown)
                 registered.append(name)
             except CONTAINED as exc:
                 self._record(name, "import", exc, strict)
@@ -195,7 +201,7 @@ class Registry:
                 raise PluginValidationError(plugin, f"{where}: {field} is not callable")
         if impl.backend in self._impls.get(impl.op, {}):
             raise PluginValidationError(plugin, f"{where}: registered twice")
-        self._impls.setdefault(impl.op, {})[impl.backend] = impl
+        self._impls.setdefault(impl.op, {})[impl.backend] = at_version(spec, impl, plugin)
 
     # -- queries -----------------------------------------------------------
     def spec(self, op: str) -> OpSpec:
@@ -242,3 +248,119 @@ class Registry:
                     reason = f"availability check raised {type(exc).__name__}: {exc}"
             self._availability[backend] = reason
         return self._availability[backend]
+
+
+HOOKS = ("kernelhub_register_specs", "kernelhub_register_impls")
+
+
+def _unknown_hooks(pm: pluggy.PluginManager, module: object) -> str:
+    """What is wrong with a plugin's hooks, or '': a hook kernelhub does not define (a misspelling, which pluggy
+    would register and never call) or a function named like a hook but not marked ``@kernelhub.hookimpl``."""
+    problems = []
+    for caller in pm.get_hookcallers(module) or ():
+        if caller.name not in HOOKS:
+            near = difflib.get_close_matches(caller.name, HOOKS, n=1)
+            problems.append(f"hook {caller.name!r} is not a kernelhub hook" +
+                            (f" (did you mean {near[0]!r}?)" if near else f" (the hooks: {', '.join(HOOKS)})"))
+    marked = {c.name for c in pm.get_hookcallers(module) or ()}
+    for name in HOOKS:
+        if name not in marked and callable(getattr(module, name, None)):
+            problems.append(f"{name} is not marked with @kernelhub.hookimpl, so it would never run")
+    return "; ".join(problems)
+
+
+_OWN = ("weights", "saving", "saved", "needs")  # the keywords the hub passes besides the op's arguments
+
+
+def _signature(fn) -> inspect.Signature | None:
+    """``fn``'s signature, or None where it takes ``*args`` (it adapts to any call: `kernelhub.spec.lazy`'s
+    wrappers, a backend's generic dispatcher) or cannot be read (a builtin)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_POSITIONAL for p in sig.parameters.values()):
+        return None
+    return sig
+
+
+def inferred_version(spec: OpSpec, impl: Impl) -> int | None:
+    """The contract version whose argument count ``impl.forward``'s positional parameters (not counting the
+    hub's own keywords, `_OWN`) match; the current version where the signature says nothing (`_signature`);
+    None where no version has that many arguments."""
+    sig = _signature(impl.forward)
+    if sig is None:
+        return spec.version
+    count = sum(1 for p in sig.parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in _OWN)
+    return next((v for v in range(spec.version, 0, -1) if spec.arity(v) == count), None)
+
+
+def _mismatches(spec: OpSpec, impl: Impl, version: int) -> list[str]:
+    """Each of the impl's functions that cannot take contract ``version``'s call as the hub makes it."""
+    n = spec.arity(version)
+    calls = {"forward": ((None,) * n, {}), "backward": ((None,) * (n + 1), {"needs": None}),
+             "not_supported_reasons": ((None,), {})}
+    if impl.weighted:
+        calls["forward"][1]["weights"] = calls["backward"][1]["weights"] = None
+    if impl.saves:
+        calls["forward"][1]["saving"] = True
+        calls["backward"][1]["saved"] = None
+    out = []
+    for field, (args, kwargs) in calls.items():
+        fn = getattr(impl, field)
+        sig = _signature(fn)
+        if sig is None:
+            continue
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as exc:
+            takes = {"forward": f"the {n} arguments of {spec.name} v{version}",
+                     "backward": f"grad, the {n} arguments of {spec.name} v{version} and needs=",
+                     "not_supported_reasons": "one argument (the call's arguments)"}[field]
+            extra = f" and {', '.join(f'{k}=' for k in kwargs if k != 'needs')}" if set(kwargs) - {"needs"} else ""
+            out.append(f"{field}{sig} must take {takes}{extra} ({exc})")
+    return out
+
+
+def at_version(spec: OpSpec, impl: Impl, plugin: str) -> Impl:
+    """``impl`` with its contract version resolved (`Impl.version`; `inferred_version` where not given) and its
+    functions checked against that version's call; an impl of an older version adapted to today's calls: its
+    functions get the arguments of its version, and a call using a later version's arguments is declined with
+    a reason naming the version (`OpSpec.beyond`). Raises PluginValidationError naming the plugin, the op, the
+    function and the mismatch."""
+    where = f"impl of op {spec.name!r} by backend {impl.backend!r}"
+    version = impl.version
+    if version is None:
+        version = inferred_version(spec, impl)
+        if version is None:
+            counts = ", ".join(f"v{v} has {spec.arity(v)}" for v in range(1, spec.version + 1))
+            raise PluginValidationError(plugin, f"{where}: forward{_signature(impl.forward)} takes no version's "
+                                                f"arguments ({counts}); declare Impl(version=...)")
+    if type(version) is not int or version < 1:
+        raise PluginValidationError(plugin, f"{where}: version must be an int from 1, got {version!r}")
+    if version > spec.version:
+        raise PluginValidationError(plugin, f"{where}: implements {spec.name} v{version}, and this kernelhub knows "
+                                            f"{spec.name} up to v{spec.version}; upgrade kernelhub")
+    late = [str(d) for d in impl.dtypes if d not in spec.dtypes_at(version)]
+    if late:
+        raise PluginValidationError(plugin, f"{where}: dtypes {late} came after {spec.name} v{version}")
+    wrong = _mismatches(spec, impl, version)
+    if wrong:
+        raise PluginValidationError(plugin, f"{where}: " + "; ".join(wrong))
+    if version == spec.version:
+        return dataclasses.replace(impl, version=version)
+    n = spec.arity(version)
+    forward, backward, why = impl.forward, impl.backward, impl.not_supported_reasons
+
+    def forward_old(*args, **kwargs):
+        return forward(*args[:n], **kwargs)
+
+    def backward_old(grad, *args, **kwargs):
+        return backward(grad, *args[:n], **kwargs)
+
+    def reasons_old(args):
+        return spec.beyond(version, args) or why(tuple(args[:n]))
+
+    return dataclasses.replace(impl, version=version, forward=forward_old, backward=backward_old,
+                               not_supported_reasons=reasons_old)

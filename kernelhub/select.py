@@ -206,7 +206,7 @@ class Selector:
             if name in cfg.disabled:
                 reasons.append("disabled by config" + (f" ({', '.join(cfg.overrides)})" if cfg.overrides else ""))
             reasons += impl.static_reasons(device_type, dtype)
-            if not impl.deterministic and torch.are_deterministic_algorithms_enabled():
+            if not impl.deterministic_on(device_type) and torch.are_deterministic_algorithms_enabled():
                 reasons.append("not deterministic (it adds with atomics) and torch.use_deterministic_algorithms "
                                "is on")
             if impl.forced_only and name != forced:

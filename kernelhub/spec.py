@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["Arg", "Tolerance", "SampleInput", "SampleSpace", "Case", "OpSpec", "Backend", "Impl", "ARG_KINDS", "lazy",
+__all__ = ["Arg", "Tolerance", "SampleInput", "SampleSpace", "Case", "Change", "OpSpec", "Backend", "Impl", "ARG_KINDS",
+           "lazy",
            "layout_cache", "plan_call", "put_back", "to_slots"]
 
 # Argument kinds and their torch.library schema types. "tensors" is a list of tensors.
@@ -104,6 +105,22 @@ class Case:
 
 
 @dataclasses.dataclass(frozen=True)
+class Change:
+    """One change of an op's contract (docs/backend-guide.md, "When an op's contract changes"): version
+    ``version`` appended the arguments ``added`` (name, default: what a call that does not use them passes) and,
+    where given, took the ``dtypes``. A call whose added arguments are at their defaults is a call of the version
+    before; an impl written for that version serves it with the arguments it knows (`OpSpec.arity`), and
+    declines the rest (`OpSpec.beyond`). ``tags``: the `SampleSpace` tags only calls using the change carry,
+    which `kernelhub check` reports as "not in vN" for an impl of an older version."""
+
+    version: int
+    added: tuple[tuple[str, Any], ...]
+    doc: str
+    dtypes: tuple[torch.dtype, ...] = ()
+    tags: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class OpSpec:
     """The contract of one op. Backends implement it; the selector and testing kit read it.
 
@@ -117,7 +134,8 @@ class OpSpec:
     `Tolerance`, measured as documented in kernelhub/testing/tolerances.py; a dtype left out is
     `unmeasured`. ``space``, where given, is the op's `SampleSpace`: the kit draws calls from it until a partial
     impl's checks have reached each tag it requires; without one, the kit's calls are the samples. ``cases``:
-    the `Case`s the configuration may give their own priority.
+    the `Case`s the configuration may give their own priority. ``changes``: the contract's `Change`s after its
+    first version, in order (version 2, 3, ...); the op's current version is `version`.
     """
 
     name: str
@@ -132,6 +150,7 @@ class OpSpec:
     reference_backend: str = "torch_ref"
     space: SampleSpace | None = None
     cases: tuple[Case, ...] = ()
+    changes: tuple[Change, ...] = ()
 
     SAMPLE_SIZES = ("small", "medium", "edge", "benchmark")
 
@@ -149,6 +168,40 @@ class OpSpec:
         cases = [c.name for c in self.cases]
         if len(set(cases)) != len(cases):
             raise ValueError(f"OpSpec {self.name!r}: case names must be unique, got {cases}")
+        added = [name for c in self.changes for name, _ in c.added]
+        if [c.version for c in self.changes] != list(range(2, 2 + len(self.changes))) or \
+                added != names[len(names) - len(added):] or \
+                any(a.is_tensor for a in self.args[len(names) - len(added):]) or \
+                any(d not in self.dtypes for c in self.changes for d in c.dtypes):
+            raise ValueError(f"OpSpec {self.name!r}: changes must be versions 2, 3, ... in order, each appending "
+                             "non-tensor arguments (the spec's last ones, in order) and taking dtypes of the spec")
+
+    @property
+    def version(self) -> int:
+        """The contract's current version: 1, plus one per `Change`."""
+        return 1 + len(self.changes)
+
+    def arity(self, version: int) -> int:
+        """How many arguments a call of contract ``version`` has (an impl of that version takes them)."""
+        return len(self.args) - sum(len(c.added) for c in self.changes if c.version > version)
+
+    def dtypes_at(self, version: int) -> tuple[torch.dtype, ...]:
+        """The dtypes contract ``version`` takes."""
+        later = {d for c in self.changes if c.version > version for d in c.dtypes}
+        return tuple(d for d in self.dtypes if d not in later)
+
+    def beyond(self, version: int, args: Sequence[Any]) -> list[str]:
+        """Why a canonical call is not a call of contract ``version`` (an impl of it cannot serve the call): each
+        argument a later version added that is not at its default, naming the version it needs; [] where none."""
+        reasons = []
+        for change in self.changes:
+            if change.version > version:
+                for name, default in change.added:
+                    value = args[next(i for i, a in enumerate(self.args) if a.name == name)]
+                    if type(value) is not type(default) or value != default:
+                        reasons.append(f"implements {self.name} v{version}; {name}={value!r} needs "
+                                       f"v{change.version}")
+        return reasons
 
     def case_of(self, args: Sequence[Any]) -> str:
         """The name of the first of ``cases`` that a canonical call belongs to, or ''."""
@@ -236,7 +289,8 @@ class Impl:
     device and the non-tensor arguments other than floats, and nothing else (no tensor
     values, data pointers or float values: decisions are cached by the rest,
     `kernelhub.select.call_key`); it returns why this impl cannot serve the call, or [].
-    ``deterministic`` is False when results may vary run to run (atomics).
+    ``deterministic`` is False when results may vary run to run (atomics), or the device types where they do
+    not (torch_ref's K-Planes backward: ("cpu",); CUDA's grid_sample backward adds with atomics).
     ``forced_only``, when not empty, says why this impl serves only calls that force its
     backend (``kernelhub.op(name, backend=...)``) and is never picked by selection: the
     Triton interpreter (``TRITON_INTERPRET=1``), for example, runs kernels for tests only.
@@ -254,6 +308,10 @@ class Impl:
     (cuda_ext's semiconv saves each output's winner). It is the backend's own: checked by no one but its backward,
     held by the call's autograd node until its backward runs, and never seen by another backend (a fallback in the
     backward, and the torch.library operators, call ``backward`` without it).
+    ``version``: the op's contract version (`OpSpec.version`, `Change`) its functions take, the arguments of
+    that version (`OpSpec.arity`). None: the version whose argument count ``forward``'s positional parameters
+    match, or the current one where ``forward`` takes ``*args`` or its signature cannot be read (the registry
+    resolves it when the impl is added, docs/backend-guide.md).
     """
 
     op: str
@@ -263,11 +321,17 @@ class Impl:
     dtypes: tuple[torch.dtype, ...]
     devices: tuple[str, ...] | None = None
     not_supported_reasons: Callable[[Sequence[Any]], list[str]] = _any_reasons
-    deterministic: bool = True
+    deterministic: bool | tuple[str, ...] = True
     forced_only: str = ""
     tuned_only: str = ""
     weighted: bool = False
     saves: bool = False
+    version: int | None = None
+
+    def deterministic_on(self, device_type: str) -> bool:
+        """Whether results repeat run to run on ``device_type`` (`deterministic`)."""
+        d = self.deterministic
+        return d if isinstance(d, bool) else device_type in d
 
     def static_reasons(self, device_type: str, dtype: torch.dtype) -> list[str]:
         """Reasons that follow from the declared devices and dtypes alone."""

@@ -53,10 +53,13 @@ from kernelhub.spec import Backend, Impl
 def forward(volume):
     raise RuntimeError("kernel exploded")
 
+def backward(grad, volume, needs):
+    raise RuntimeError("kernel exploded")
+
 @hookimpl
 def kernelhub_register_impls(registry):
     registry.add_backend(Backend("flaky", "0.1"))
-    registry.add_impl(Impl(op="tv_loss_l1_3d", backend="flaky", forward=forward, backward=forward,
+    registry.add_impl(Impl(op="tv_loss_l1_3d", backend="flaky", forward=forward, backward=backward,
                            dtypes=(torch.float32,)))
 '''
 

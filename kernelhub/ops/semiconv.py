@@ -14,7 +14,7 @@ import torch
 
 from kernelhub.ops import _checks as c
 from kernelhub.ops.tolerances import MEASURED_ERRORS, tolerances_from
-from kernelhub.spec import Arg, Case, OpSpec, SampleInput, SampleSpace, layout_cache
+from kernelhub.spec import Arg, Case, Change, OpSpec, SampleInput, SampleSpace, layout_cache
 
 __all__ = ["SEMICONV", "parse_semifield", "zero_of", "output_size", "Lifted", "lift_3d", "lift_plan",
            "fold_broadcast", "out_channels"]
@@ -486,4 +486,6 @@ SEMICONV = OpSpec(
     bad_inputs=_bad_inputs,
     space=SampleSpace(tags=_tags, required=_REQUIRED, draw=_draw),
     cases=(TROPICAL_2D_DEPTHWISE,),
+    changes=(Change(2, (("group_broadcasting", False),), "group broadcasting: one kernel serves every group",
+                    tags=("group_broadcasting",)),),
 )

@@ -189,7 +189,8 @@ class Reached:
     """The calls a check reached: ``samples`` the impl accepted (the check runs each; ``run`` counts those it ran),
     ``declined`` how many it declined (``reasons``: how often each first reason), ``drawn`` how many of all came
     from the op's `SampleSpace` beyond its samples, and ``tags``: for each tag the check requires, how many
-    accepted calls carry it."""
+    accepted calls carry it; ``not_in``: for an impl of an older contract version (`kernelhub.spec.Change`), the
+    tags only later versions' calls carry, required of none of its checks ("not in v1: group_broadcasting")."""
 
     samples: list[SampleInput]
     declined: int = 0
@@ -197,6 +198,7 @@ class Reached:
     run: int = 0
     tags: dict[str, int] = dataclasses.field(default_factory=dict)
     reasons: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    not_in: str = ""
 
     def missing(self, allow: Iterable[str] = ()) -> list[str]:
         """The required tags below `MINIMUM` (``allow``: fnmatch patterns of tags a partial impl may leave out)
@@ -216,8 +218,8 @@ class Reached:
         return f"declined for {why}" if why else ""
 
     def summary(self) -> str:
-        """The counts, and why the impl declined."""
-        return "; ".join(filter(None, (self.counts, self.declines())))
+        """The counts, why the impl declined, and what is not in its contract version."""
+        return "; ".join(filter(None, (self.counts, self.declines(), self.not_in)))
 
 
 class NotCovered(AssertionError):
@@ -253,7 +255,11 @@ def reach(op: str, backend: str, size: str, dtype: torch.dtype, device: str = "c
         return True
 
     space = spec.space if sample is None else None
-    out.tags = {t: 0 for t in (space.required.get(size, ()) if space else ())}
+    later = {t: c.version for c in spec.changes if impl is not None and c.version > impl.version for t in c.tags}
+    required = space.required.get(size, ()) if space else ()
+    out.tags = {t: 0 for t in required if t not in later}
+    if impl is not None and any(t in later for t in required):
+        out.not_in = f"not in v{impl.version}: " + ", ".join(f"{t} (v{later[t]})" for t in required if t in later)
     for candidate in Case(op, backend, dtype, str(device), size, sample).samples(seed):
         offer(candidate)
     if space is not None:
@@ -344,7 +350,7 @@ def check_gradcheck(op: str, backend: str, device: str = "cpu", fast_mode: bool 
     overload = getattr(torch.ops.kernelhub, op).default
     fn = lambda *a: overload(*a, backend, 0)  # noqa: E731
     # an impl that adds with atomics gives backwards that differ in the last bits from run to run
-    nondet_tol = 0.0 if get_hub().registry.impls(op)[backend].deterministic else 1e-12
+    nondet_tol = 0.0 if get_hub().registry.impls(op)[backend].deterministic_on(torch.device(device).type) else 1e-12
     reached = reach(op, backend, "small", torch.float64, str(device), sample=sample)
     for checked in reached.samples:
         args = list(checked.args)

@@ -70,11 +70,11 @@ def kernelhub_register_impls(registry) -> None:
         spec = registry.spec(op)
         backward = vjp_backward(DIFFERENTIATE.get(op, forward), spec.differentiable)
         registry.add_impl(Impl(op=op, backend="torch_ref", forward=forward, backward=backward, dtypes=spec.dtypes,
-                               devices=None))
+                               devices=None, deterministic=("cpu",) if op in KPLANES_OPS else True))
         # inductor compiles the function the reference differentiates: for Tikhonov the closed form, since
         # the SVD is a cuSOLVER/LAPACK call inductor cannot generate code for, and on CUDA it synchronises
         registry.add_impl(Impl(op=op, backend="inductor",
                                forward=inductor.compiled_pass(op, "forward", DIFFERENTIATE.get(op, forward)),
                                backward=inductor.compiled_pass(op, "backward", backward), dtypes=spec.dtypes,
                                devices=("cpu", "cuda"), not_supported_reasons=inductor.reasons(op),
-                               deterministic=op not in SCATTERING_BACKWARD, tuned_only=inductor.TUNED_ONLY))
+                               deterministic=("cpu",) if op in SCATTERING_BACKWARD else True, tuned_only=inductor.TUNED_ONLY))

@@ -26,6 +26,7 @@ from torch import nn
 import kernelhub
 from kernelhub import accumulation_dtype
 from kernelhub.dispatch import OpHandle
+from kernelhub.ops.semiconv import SEMIFIELDS, parse_semifield
 
 __all__ = ["TVLoss3d", "KPlanesField", "SemiConv", "Closing", "Opening", "QuadraticKernelIso2D", "QuadraticKernelSpectral2D",
            "QuadraticKernelCholesky2D", "CovSpectral2D", "CovCholesky2D", "LearnedKernel", "LearnedKernel2D",
@@ -403,26 +404,50 @@ def _same_padding(kernel_size: Sequence[int], dilation) -> list[int]:
     return [p for k, d in zip(kernel_size, dil) for p in (((k - 1) // 2) * d, (k - 1 - (k - 1) // 2) * d)]
 
 
+def _semifield(semifield: object) -> str:
+    """The op's name of a `SemiConv` semifield (a pytorch_nd_semiconv alias resolved), checked at construction;
+    a pytorch_nd_semiconv semifield object is refused with the string that names it."""
+    if not isinstance(semifield, str):
+        hint = ""
+        if type(semifield).__module__.split(".")[0] == "pytorch_nd_semiconv":
+            hint = (" (a pytorch_nd_semiconv semifield: pass its name and parameter instead, e.g. "
+                    "BroadcastSemifield.log(2.0) -> 'log:2.0', BroadcastSemifield.tropical_min_negated() -> "
+                    "'tropical_min_negated', and its tropical options as SemiConv(..., spread_gradient=True, "
+                    "channels_add=True))")
+        raise TypeError(f"SemiConv: argument 'semifield' must be a str, got {type(semifield).__name__}{hint}")
+    name = SEMIFIELD_ALIASES.get(semifield, semifield)
+    try:
+        parse_semifield(name)
+    except ValueError as exc:
+        raise ValueError(f"SemiConv: argument 'semifield' must be one of {[*SEMIFIELDS, *SEMIFIELD_ALIASES]}, got "
+                         f"{semifield!r} ({exc})") from None
+    return name
+
+
 class SemiConv(nn.Module):
-    """``semiconv(x, kernel(), semifield, stride, padding, dilation, groups, kind, group_broadcasting)`` with the
+    """``semiconv(x, kernel(), semifield, stride, padding, dilation, groups, kind, group_broadcasting,
+    spread_gradient, channels_add)`` with the
     kernel from a module (called each forward: a learnable kernel) or a fixed tensor (a buffer). ``semifield``
     as the op takes it (docs/ops.md), or pytorch_nd_semiconv's ``"tropical_min_negated"`` (the op's
     ``tropical_min``). ``padding="same"`` is pytorch_nd_semiconv's (the stride-1 padding at any stride; an even
     kernel's extra step at the end), so a ported model computes what it did; the other padding forms are the
-    op's. ``backend`` forces one, as in ``kernelhub.op(name, backend=...)``."""
+    op's. ``spread_gradient`` and ``channels_add`` (tropical_max and tropical_min) are pytorch_nd_semiconv's
+    options of its tropical semifields (``BroadcastSemifield.tropical_max(channels_add, spread_gradient)``).
+    ``backend`` forces one, as in ``kernelhub.op(name, backend=...)``."""
 
     def __init__(self, kernel: nn.Module | torch.Tensor, semifield: str, stride=1, padding=0, dilation=1,
                  groups: int = 1, group_broadcasting: bool = False, kind: str = "conv",
-                 backend: str | None = None) -> None:
+                 backend: str | None = None, *, spread_gradient: bool = False, channels_add: bool = False) -> None:
         super().__init__()
         if isinstance(kernel, nn.Module):
             self.kernel = kernel
         else:
             self.register_buffer("fixed_kernel", torch.as_tensor(kernel))
             self.kernel = None
-        self.semifield = SEMIFIELD_ALIASES.get(semifield, semifield)
+        self.semifield = _semifield(semifield)
         self.stride, self.padding, self.dilation = stride, padding, dilation
         self.groups, self.group_broadcasting, self.kind = groups, group_broadcasting, kind
+        self.spread_gradient, self.channels_add = spread_gradient, channels_add
         self._op = kernelhub.op("semiconv", backend=backend)
 
     def weight(self) -> torch.Tensor:
@@ -431,13 +456,17 @@ class SemiConv(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k = self.weight()
         padding = _same_padding(k.shape[2:], self.dilation) if self.padding == "same" else self.padding
+        if self.spread_gradient or self.channels_add:
+            return self._op(x, k.to(x.dtype), self.semifield, self.stride, padding, self.dilation, self.groups,
+                            self.kind, self.group_broadcasting, self.spread_gradient, self.channels_add)
         return self._op(x, k.to(x.dtype), self.semifield, self.stride, padding, self.dilation, self.groups,
                         self.kind, self.group_broadcasting)
 
     def extra_repr(self) -> str:
         return (f"semifield={self.semifield!r}, stride={self.stride}, padding={self.padding}, "
                 f"dilation={self.dilation}, groups={self.groups}, group_broadcasting={self.group_broadcasting}, "
-                f"kind={self.kind!r}")
+                f"kind={self.kind!r}" + "".join(f", {n}=True" for n in ("spread_gradient", "channels_add")
+                                                 if getattr(self, n)))
 
 
 class _Morphology(nn.Module):

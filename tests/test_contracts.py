@@ -46,7 +46,7 @@ def _call(bcast=False, dtype=torch.float64):
 def test_the_v1_plugin_is_inferred_v1_and_serves_plain_calls_with_its_eight_arguments(hub_with):
     hub = hub_with(v1.plugin())
     assert hub.registry.plugin_errors == []
-    assert hub.registry.impls("semiconv")["semiconv_v1"].version == 1 and hub.registry.spec("semiconv").version == 2
+    assert hub.registry.impls("semiconv")["semiconv_v1"].version == 1 and hub.registry.spec("semiconv").version == 3
     for args in (_call(), _call()[:8]):  # group_broadcasting at its default, given or not
         got = kernelhub.op("semiconv", backend="semiconv_v1")(*args)
         want = kernelhub.op("semiconv", backend="torch_ref")(*args)
@@ -95,7 +95,7 @@ def test_a_plugin_asking_for_a_version_this_kernelhub_does_not_know_is_refused_a
     hub = hub_with(v1.plugin("future_version"))
     (error,) = hub.registry.plugin_errors
     assert error.plugin == "semiconv_v1" and error.stage == "register_impls"
-    assert "implements semiconv v3, and this kernelhub knows semiconv up to v2; upgrade kernelhub" in error.error
+    assert "implements semiconv v99, and this kernelhub knows semiconv up to v3; upgrade kernelhub" in error.error
     assert "semiconv_v1" not in hub.registry.impls("semiconv") and "semiconv_v1" not in hub.registry.backends
     torch.testing.assert_close(kernelhub.op("semiconv")(*_call()), kernelhub.op("semiconv", backend="torch_ref")(*_call()))
 
@@ -104,11 +104,12 @@ def test_doctor_and_list_show_each_third_party_impls_contract_version(hub_with, 
     hub_with(v1.plugin())
     assert cli.main(["doctor", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["contracts"]
-    assert rows == [{"op": "semiconv", "backend": "semiconv_v1", "implements": 1, "current": 2,
-                     "missing": ["v2: group broadcasting: one kernel serves every group"]}]
+    assert rows == [{"op": "semiconv", "backend": "semiconv_v1", "implements": 1, "current": 3,
+                     "missing": ["v2: group broadcasting: one kernel serves every group",
+                                 "v3: pytorch_nd_semiconv's tropical options: spread_gradient, channels_add"]}]
     assert cli.main(["list", "--json"]) == 0
     impl = json.loads(capsys.readouterr().out)["ops"]["semiconv"]["semiconv_v1"]
-    assert (impl["version"], impl["op_version"]) == (1, 2)
+    assert (impl["version"], impl["op_version"]) == (1, 3)
     assert cli.main(["doctor"]) == 0
     assert "the op contract each implements" in capsys.readouterr().out
 
@@ -138,7 +139,8 @@ def _bwd9(grad, img, kernel, semifield, stride, padding, dilation, groups, kind,
     (dict(forward=_fwd9, backward=_bwd9, not_supported_reasons=lambda: []),
      "not_supported_reasons() must take one argument"),
     (dict(forward=lambda img, kernel: img, backward=_bwd9),
-     "forward(img, kernel) takes no version's arguments (v1 has 8, v2 has 9); declare Impl(version=...)"),
+     "forward(img, kernel) takes no version's arguments (v1 has 8, v2 has 9, v3 has 11); declare "
+     "Impl(version=...)"),
     (dict(forward=_fwd9, backward=_bwd9, weighted=True),
      "forward(img, kernel, semifield, stride, padding, dilation, groups, kind, bcast) must take the 9 arguments of "
      "semiconv v2 and weights="),
@@ -163,7 +165,7 @@ def test_an_impl_whose_forward_takes_star_args_is_the_current_version_or_what_it
     kernelhub.op("semiconv", backend="probe")(*[a.detach() if isinstance(a, torch.Tensor) else a for a in _call()])
     assert seen == [8]
     hub = hub_with(_one_impl_plugin(forward=forward, backward=lambda grad, *a, needs: [None, None]), "probe")
-    assert hub.registry.impls("semiconv")["probe"].version == 2
+    assert hub.registry.impls("semiconv")["probe"].version == 3
 
 
 def test_a_misspelled_or_unmarked_hook_is_reported_at_load():

@@ -211,3 +211,50 @@ def test_kernel_modules_port_with_their_state_dicts(name, inits):
         if hasattr(theirs, "inspect_parameters"):
             for a, b in zip(ours.inspect_parameters(), theirs.inspect_parameters()):
                 torch.testing.assert_close(a, b)
+
+
+# -- pytorch_nd_semiconv's tropical options: spread_gradient and channels_add (semiconv v3) -------------------------
+@pytest.mark.skipif(not HAVE_PACKAGE, reason="pytorch_nd_semiconv is not installed")
+@pytest.mark.parametrize("semifield", ["tropical_max", "tropical_min_negated"])
+@pytest.mark.parametrize("spread_gradient, channels_add", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("integers", [False, True], ids=["random", "ties"])
+def test_spread_gradient_and_channels_add_equal_the_packages(semifield, spread_gradient, channels_add, integers):
+    """Values and both gradients equal pytorch_nd_semiconv's on random inputs and on small integers (many exact
+    ties: where spread_gradient differs from the first-winner rule); the hub serves them with a v3 backend (the
+    reference), triton's and cuda_ext's semiconv being v2."""
+    import pytorch_nd_semiconv as pnds
+    torch.manual_seed(3)
+    draw = (lambda *s: torch.randint(0, 3, s).double()) if integers else (lambda *s: torch.randn(*s).double())
+    x, k = draw(2, 4, 8, 9), draw(6, 2, 3, 3)
+    args = dict(stride=1, padding="same", dilation=1, groups=2, group_broadcasting=False, kind="conv")
+    xo, xt = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ours, theirs = _Fixed(k), _Fixed(k)
+    out = khnn.SemiConv(ours, semifield, spread_gradient=spread_gradient, channels_add=channels_add, **args)(xo)
+    conv = getattr(pnds.BroadcastSemifield, semifield)(channels_add=channels_add,
+                                                       spread_gradient=spread_gradient).dynamic()
+    want = pnds.GenericConv(theirs, conv, **args)(xt)
+    torch.testing.assert_close(out, want)
+    g = torch.randn_like(want)
+    out.backward(g)
+    want.backward(g)
+    torch.testing.assert_close(xo.grad, xt.grad)
+    torch.testing.assert_close(ours.kernel.grad, theirs.kernel.grad)
+    chosen = kernelhub.explain("semiconv", x, k, "tropical_max", 1, "same", 1, 2, "conv", False, spread_gradient,
+                               channels_add)
+    reasons = {c.backend: c.reasons for c in chosen.candidates}
+    assert chosen.chosen == "torch_ref" and any("needs v3" in r for r in reasons["cuda_ext"])
+
+
+def test_a_semifield_object_or_unknown_name_is_refused_at_construction_with_the_string_to_use():
+    k = torch.zeros(1, 1, 3, 3)
+    if HAVE_PACKAGE:
+        import pytorch_nd_semiconv as pnds
+        for obj in (pnds.BroadcastSemifield.log(2.0), pnds.BroadcastSemifield.log(2.0).dynamic()):
+            with pytest.raises(TypeError, match=r"must be a str, got \w+ \(a pytorch_nd_semiconv semifield: pass its "
+                                                r"name and parameter instead, e.g. BroadcastSemifield.log\(2.0\) -> "
+                                                r"'log:2.0'"):
+                khnn.SemiConv(k, obj)
+    with pytest.raises(ValueError, match=r"must be one of \['tropical_max', 'tropical_min', 'linear', 'root:p', "
+                                         r"'log:mu', 'tropical_min_negated'\], got 'tropical'"):
+        khnn.SemiConv(k, "tropical")
+    assert khnn.SemiConv(k, "tropical_min_negated").semifield == "tropical_min"

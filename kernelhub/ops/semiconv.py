@@ -1,7 +1,8 @@
 """Semifield convolution: morphology (max-plus, min-plus) and its smooth relatives (docs/ops.md).
 
 Canonical arguments: ``(img, kernel, semifield, stride[n], padding[2n] as (begin, end)
-pairs, dilation[n], groups, kind, group_broadcasting)`` with n the number of spatial dims.
+pairs, dilation[n], groups, kind, group_broadcasting, spread_gradient, channels_add)`` with n the number of spatial
+dims (contract v3; docs/ops.md lists the versions).
 """
 
 from __future__ import annotations
@@ -189,42 +190,45 @@ def _frozen(value):
     return tuple(out)
 
 
-def _seen_key(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting):
+def _seen_key(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting, spread_gradient,
+              channels_add):
     """Everything `_checked` looks at: both tensors' dtype, shape and device, and the other arguments (`_frozen`);
     None where one of them is not of a plain type."""
     if not (isinstance(img, torch.Tensor) and isinstance(kernel, torch.Tensor) and type(semifield) is str
-            and type(groups) is int and type(kind) is str and type(group_broadcasting) is bool):
+            and type(groups) is int and type(kind) is str and type(group_broadcasting) is bool
+            and type(spread_gradient) is bool and type(channels_add) is bool):
         return None
     key = (img.dtype, img.shape, img.device, kernel.dtype, kernel.shape, kernel.device, semifield, _frozen(stride),
-           _frozen(padding), _frozen(dilation), groups, kind, group_broadcasting)
+           _frozen(padding), _frozen(dilation), groups, kind, group_broadcasting, spread_gradient, channels_add)
     return None if None in key[7:10] else key
 
 
 def _normalize(img, kernel, semifield="tropical_max", stride=1, padding=0, dilation=1, groups=1,
-               kind="conv", group_broadcasting=False) -> tuple:
+               kind="conv", group_broadcasting=False, spread_gradient=False, channels_add=False) -> tuple:
     """The canonical arguments, checked (`_checked`) the first time a call's metadata and other arguments are seen
     and looked up after that: the checks cost 8 us of a semiconv call on the 2-core CPU, the lookup about 2.
     Under dynamo the checks run every time (no shared state in a trace); symbolic shapes are not looked up."""
+    rest = (group_broadcasting, spread_gradient, channels_add)
     if torch.compiler.is_compiling():
-        return _checked(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting)
-    key = _seen_key(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting)
+        return _checked(img, kernel, semifield, stride, padding, dilation, groups, kind, *rest)
+    key = _seen_key(img, kernel, semifield, stride, padding, dilation, groups, kind, *rest)
     try:
         geometry = None if key is None else _SEEN.get(key)
     except TypeError:  # a symbolic size (unhashable)
         key = geometry = None
     if geometry is None:
-        args = _checked(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting)
+        args = _checked(img, kernel, semifield, stride, padding, dilation, groups, kind, *rest)
         if key is not None:
             if len(_SEEN) >= _MAX_SEEN:
                 _SEEN.clear()
             _SEEN[key] = (tuple(args[3]), tuple(args[4]), tuple(args[5]))
         return args
     stride, padding, dilation = geometry
-    return (img, kernel, semifield, [*stride], [*padding], [*dilation], groups, kind, group_broadcasting)
+    return (img, kernel, semifield, [*stride], [*padding], [*dilation], groups, kind, *rest)
 
 
 def _checked(img, kernel, semifield="tropical_max", stride=1, padding=0, dilation=1, groups=1,
-             kind="conv", group_broadcasting=False) -> tuple:
+             kind="conv", group_broadcasting=False, spread_gradient=False, channels_add=False) -> tuple:
     c.tensor(OP, "img", img, c.FLOATS)
     if img.ndim not in (3, 4, 5):
         raise ValueError(f"{OP}: argument 'img' must be [B, C, *S] with 1, 2 or 3 spatial dims, "
@@ -237,8 +241,13 @@ def _checked(img, kernel, semifield="tropical_max", stride=1, padding=0, dilatio
         raise ValueError(f"{OP}: argument 'kind' must be 'conv' or 'corr', got {kind!r}")
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
         raise ValueError(f"{OP}: argument 'groups' must be an int >= 1, got {groups!r}")
-    if not isinstance(group_broadcasting, bool):
-        raise TypeError(f"{OP}: argument 'group_broadcasting' must be a bool, got {group_broadcasting!r}")
+    for name, flag in (("group_broadcasting", group_broadcasting), ("spread_gradient", spread_gradient),
+                       ("channels_add", channels_add)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{OP}: argument {name!r} must be a bool, got {flag!r}")
+        if flag and name != "group_broadcasting" and semifield not in ("tropical_max", "tropical_min"):
+            raise ValueError(f"{OP}: argument {name!r} applies to the semifields tropical_max and tropical_min, "
+                             f"got semifield {semifield!r}")
     C, O = img.shape[1], out_channels(kernel, groups, group_broadcasting)
     if C % groups or O % groups:
         raise ValueError(f"{OP}: argument 'groups' = {groups} must divide img channels C = {C} and "
@@ -267,10 +276,12 @@ def _checked(img, kernel, semifield="tropical_max", stride=1, padding=0, dilatio
     if math.prod(sizes) * img.shape[0] * O >= 2**48:  # no allocation of that size can succeed
         raise ValueError(f"{OP}: the output would be [{img.shape[0]}, {O}, "
                          f"{', '.join(map(str, sizes))}]; check 'padding', 'stride' and 'dilation'")
-    return (img, kernel, semifield, stride, pad, dilation, groups, kind, group_broadcasting)
+    return (img, kernel, semifield, stride, pad, dilation, groups, kind, group_broadcasting, spread_gradient,
+            channels_add)
 
 
-def _output(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting):
+def _output(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting, spread_gradient=False,
+            channels_add=False):
     nd = img.ndim - 2
     sizes = [output_size(img.shape[2 + i], kernel.shape[2 + i], stride[i], padding[2 * i], padding[2 * i + 1],
                          dilation[i]) for i in range(nd)]
@@ -343,9 +354,10 @@ def _samples(size: str, dtype: torch.dtype, device: torch.device, gen: torch.Gen
 _FAMILIES = ("tropical_max", "tropical_min", "linear", "root", "log")
 _REQUIRED = {
     "small": (*(f"semifield={f}" for f in _FAMILIES), "kind=conv", "kind=corr", "dims=1", "dims=2", "dims=3",
-              "stride>1", "dilation>1", "groups>1", "group_broadcasting", "padding=asymmetric"),
+              "stride>1", "dilation>1", "groups>1", "group_broadcasting", "padding=asymmetric", "spread_gradient",
+              "channels_add"),
     "edge": ("ties=tropical_max/conv", "ties=tropical_max/corr", "ties=tropical_min/conv", "ties=tropical_min/corr",
-             "values=nan", "values=inf", "batch=0"),
+             "values=nan", "values=inf", "batch=0", "ties=spread_gradient"),
 }
 
 
@@ -355,18 +367,20 @@ def _integral(t: torch.Tensor) -> bool:
 
 def _tags(args: tuple) -> frozenset[str]:
     """The parts of semiconv's parameter space one canonical call exercises (`SampleSpace.tags`)."""
-    img, kernel, semifield, stride, padding, dilation, groups, kind, bcast = args
+    img, kernel, semifield, stride, padding, dilation, groups, kind, bcast, spread, chan_add = args
     name, _ = parse_semifield(semifield)
     nd = img.ndim - 2
     tags = {f"semifield={name}", f"kind={kind}", f"dims={nd}"}
     tags |= {t for t, on in (("stride>1", max(stride) > 1), ("dilation>1", max(dilation) > 1),
                              ("groups>1", groups > 1), ("group_broadcasting", bcast),
+                             ("spread_gradient", spread), ("channels_add", chan_add),
                              ("padding=asymmetric", any(padding[2 * i] != padding[2 * i + 1] for i in range(nd))),
                              ("batch=0", img.shape[0] == 0),
                              ("values=nan", bool(img.isnan().any() or kernel.isnan().any())),
                              ("values=inf", bool(img.isinf().any() or kernel.isinf().any()))) if on}
     if name in ("tropical_max", "tropical_min") and _integral(img) and _integral(kernel):
-        tags.add(f"ties={name}/{kind}")  # small integers: many exact ties, decided by the (c, tap) order
+        # small integers: many exact ties, decided by the (c, tap) order (or shared, spread_gradient)
+        tags.add("ties=spread_gradient" if spread else f"ties={name}/{kind}")
     return frozenset(tags)
 
 
@@ -378,10 +392,12 @@ def _draw(size: str, tag: str, i: int, dtype: torch.dtype, device: torch.device,
     key, _, value = tag.partition("=")
     pick = lambda options: options[int(torch.randint(len(options), (1,), generator=gen, device=device))]  # noqa: E731
     chance = lambda p: float(torch.rand((), generator=gen, device=device)) < p  # noqa: E731
-    family = value if key == "semifield" else value.split("/")[0] if key == "ties" else pick(_FAMILIES)
+    v3 = tag in ("spread_gradient", "channels_add", "ties=spread_gradient")  # the v3 flags (`SEMICONV.changes`)
+    family = value if key == "semifield" else value.split("/")[0] if key == "ties" and not v3 else \
+        pick(("tropical_max", "tropical_min")) if v3 else pick(_FAMILIES)
     if key in ("values", "batch") and pick((0, 1)):
         family = pick(("tropical_max", "tropical_min"))  # the contract's NaN and Inf rules are the max/min ones
-    kind = value if key == "kind" else value.split("/")[1] if key == "ties" else pick(("conv", "corr"))
+    kind = value if key == "kind" else value.split("/")[1] if key == "ties" and not v3 else pick(("conv", "corr"))
     nd = int(value) if key == "dims" else 2 if chance(0.5) else pick((1, 3))
     stride = [pick((2, 3)) if (tag == "stride>1" and d == 0) or chance(0.1) else 1 for d in range(nd)]
     dilation = [2 if (tag == "dilation>1" and d == 0) or chance(0.1) else 1 for d in range(nd)]
@@ -424,10 +440,13 @@ def _draw(size: str, tag: str, i: int, dtype: torch.dtype, device: torch.device,
         flat[int(torch.randint(flat.numel(), (1,), generator=gen, device=device))] = \
             float("nan") if tag == "values=nan" else pick((1.0, -1.0)) * float("inf")
     semifield = {"root": f"root:{pick((2, 3))}", "log": f"log:{pick((-1.5, 0.5, 1, 2.5))}"}.get(family, family)
-    args = _normalize(img, ker, semifield, stride, padding, dilation, groups, kind, bcast)
+    flags = (tag in ("spread_gradient", "ties=spread_gradient") or (v3 and chance(0.5)),
+             tag == "channels_add" or (v3 and chance(0.5))) if v3 else (False, False)
+    args = _normalize(img, ker, semifield, stride, padding, dilation, groups, kind, bcast, *flags)
     return SampleInput(f"drawn_{tag}_{i}_{semifield}_{kind}_{'x'.join(map(str, ishape))}_k{'x'.join(map(str, kshape))}"
                        f"_s{'x'.join(map(str, stride))}_d{'x'.join(map(str, dilation))}_p{'x'.join(map(str, args[4]))}"
-                       f"_g{groups}" + ("_bcast" if bcast else ""), args)
+                       f"_g{groups}" + ("_bcast" if bcast else "") + ("_spread" if flags[0] else "")
+                       + ("_chadd" if flags[1] else ""), args)
 
 
 def _bad_inputs():
@@ -448,13 +467,16 @@ def _bad_inputs():
         ((img, ker, "root:1_000"), {}, ValueError, "semifield"),
         ((img, ker), {"padding": 2**62}, ValueError, "padding"),
         ((img, ker), {"group_broadcasting": 1}, TypeError, "group_broadcasting"),
+        ((img, ker, "linear"), {"spread_gradient": True}, ValueError, "spread_gradient"),
+        ((img, ker, "log:1"), {"channels_add": True}, ValueError, "channels_add"),
+        ((img, ker), {"channels_add": 0}, TypeError, "channels_add"),
         ((torch.zeros(1, 4, 5, 5), torch.zeros(2, 1, 3, 3)), {"groups": 2, "group_broadcasting": True}, ValueError,
          "kernel"),  # one group's kernel takes C/groups = 2 channels
     ]
 
 
 def _tropical_2d_depthwise(img, kernel, semifield, stride, padding, dilation, groups, kind,
-                           group_broadcasting=False) -> bool:
+                           group_broadcasting=False, spread_gradient=False, channels_add=False) -> bool:
     """`TROPICAL_2D_DEPTHWISE`'s test."""
     if semifield not in ("tropical_max", "tropical_min") or img.ndim != 4 or kernel.shape[1] != 1:
         return False
@@ -476,7 +498,9 @@ SEMICONV = OpSpec(
           Arg("semifield", "str", doc=" | ".join(SEMIFIELDS)),
           Arg("stride", "ints"), Arg("padding", "ints", doc="(begin, end) per spatial dim, flattened"),
           Arg("dilation", "ints"), Arg("groups", "int"), Arg("kind", "str", doc="'conv' flips the kernel, 'corr' not"),
-          Arg("group_broadcasting", "bool", doc="the kernel [O/groups, C/groups, *K] serves every group")),
+          Arg("group_broadcasting", "bool", doc="the kernel [O/groups, C/groups, *K] serves every group"),
+          Arg("spread_gradient", "bool", doc="max/min: an output's gradient split evenly among its tied winners"),
+          Arg("channels_add", "bool", doc="max/min: the channels' maxima (minima) summed, not max-ed (min-ed)")),
     doc="Convolution in a semifield: out = (+)_(c, tap) img_pad (x) kernel'; max/min gradients go to the first winner.",
     dtypes=c.FLOATS,
     tolerances=tolerances_from(MEASURED_ERRORS, OP),
@@ -487,5 +511,8 @@ SEMICONV = OpSpec(
     space=SampleSpace(tags=_tags, required=_REQUIRED, draw=_draw),
     cases=(TROPICAL_2D_DEPTHWISE,),
     changes=(Change(2, (("group_broadcasting", False),), "group broadcasting: one kernel serves every group",
-                    tags=("group_broadcasting",)),),
+                    tags=("group_broadcasting",)),
+             Change(3, (("spread_gradient", False), ("channels_add", False)),
+                    "pytorch_nd_semiconv's tropical options: spread_gradient, channels_add",
+                    tags=("spread_gradient", "channels_add", "ties=spread_gradient"))),
 )

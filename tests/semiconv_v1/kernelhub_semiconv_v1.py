@@ -19,7 +19,7 @@ from kernelhub import hookimpl
 from kernelhub.spec import Backend, Impl
 
 MISTAKES = {"kernel_sign": "tropical min adds the kernel instead of subtracting it",
-            "future_version": "declares Impl(version=3), a contract this kernelhub does not know"}
+            "future_version": "declares Impl(version=99), a contract this kernelhub does not know"}
 
 
 def _why_not(args) -> list[str]:
@@ -72,7 +72,7 @@ def _backward(mistake):
 
 
 def _impl(mistake: str | None) -> Impl:
-    extra = {"version": 3} if mistake == "future_version" else {}  # v1 declares nothing: its signature says v1
+    extra = {"version": 99} if mistake == "future_version" else {}  # v1 declares nothing: its signature says v1
     return Impl(op="semiconv", backend="semiconv_v1", forward=_forward(mistake), backward=_backward(mistake),
                 dtypes=(torch.float32, torch.float64), not_supported_reasons=_why_not, **extra)
 

@@ -42,6 +42,9 @@ NOT_DETERMINISTIC = set(KPLANES_OPS) | {"semiconv"}
 WEIGHTED = {"tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d"}
 # their forward saves what their backward reads instead of recomputing it (`Impl.saves`): semiconv's winners
 SAVES = {"semiconv"}
+# the op contract versions our functions take where they are not the op's current one (docs/backend-guide.md):
+# semiconv v2 (no spread_gradient, no channels_add: the hub sends those calls to another backend)
+VERSIONS = {"semiconv": 2}
 
 
 def unavailable_reason() -> str | None:
@@ -78,4 +81,5 @@ def kernelhub_register_impls(registry) -> None:
         forward, backward = getattr(ops, fwd), getattr(ops, bwd)
         registry.add_impl(Impl(op=op, backend=NAME, forward=forward, backward=backward, dtypes=dtypes,
                                devices=devices, not_supported_reasons=REASONS.get(op, _cuda_built),
-                               deterministic=op not in NOT_DETERMINISTIC, weighted=op in WEIGHTED, saves=op in SAVES))
+                               deterministic=op not in NOT_DETERMINISTIC, weighted=op in WEIGHTED, saves=op in SAVES,
+                               version=VERSIONS.get(op)))

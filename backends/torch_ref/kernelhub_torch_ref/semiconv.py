@@ -20,7 +20,8 @@ def _first_winner(a: torch.Tensor, largest: bool) -> torch.Tensor:
 
 
 def semiconv(img: torch.Tensor, kernel: torch.Tensor, semifield: str, stride: list[int], padding: list[int],
-             dilation: list[int], groups: int, kind: str, group_broadcasting: bool = False) -> torch.Tensor:
+             dilation: list[int], groups: int, kind: str, group_broadcasting: bool = False,
+             spread_gradient: bool = False, channels_add: bool = False) -> torch.Tensor:
     batch, channels = img.shape[0], out_channels(kernel, groups, group_broadcasting)
     img, groups = fold_broadcast(img, groups, group_broadcasting)  # one group's kernel: each group a batch entry
     name, param = parse_semifield(semifield)
@@ -46,12 +47,17 @@ def semiconv(img: torch.Tensor, kernel: torch.Tensor, semifield: str, stride: li
         a = xs - ks
     else:
         a = xs * ks
-    # [B, G, Og, Cg, *out, *taps] -> [B, G, Og, *out, Cg * taps]: (c, tap) in row-major order
-    a = a.movedim(3, 3 + nd).flatten(3 + nd)
-    if name == "tropical_max":
-        r = _first_winner(a, largest=True)
-    elif name == "tropical_min":
-        r = _first_winner(a, largest=False)
+    # [B, G, Og, Cg, *out, *taps] -> [B, G, Og, *out, Cg * taps]: (c, tap) in row-major order; with channels_add
+    # [B, G, Og, *out, Cg, taps]: each channel's taps reduced, then the channels summed
+    a = a.movedim(3, 3 + nd).flatten(4 + nd) if channels_add else a.movedim(3, 3 + nd).flatten(3 + nd)
+    if name in ("tropical_max", "tropical_min"):
+        largest = name == "tropical_max"
+        if spread_gradient:  # amax's and amin's gradients are shared evenly by equal values
+            r = a.amax(-1) if largest else a.amin(-1)
+        else:
+            r = _first_winner(a, largest)
+        if channels_add:
+            r = r.sum(-1)
     elif name == "linear":
         r = a.sum(-1)
     elif name == "root":

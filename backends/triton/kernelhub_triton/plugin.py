@@ -38,6 +38,10 @@ IMPLS = {
 # the planes gradient (semiconv: img and kernel gradients) is added with atomics: its sums may differ in the
 # last bits from run to run
 NOT_DETERMINISTIC = set(KPLANES_OPS) | {"semiconv"}
+# the op contract versions our functions take where they are not the op's current one (their lazy wrappers hide
+# their signatures from the registry's inference, docs/backend-guide.md): semiconv v2 (no spread_gradient, no
+# channels_add: the hub sends those calls to another backend)
+VERSIONS = {"semiconv": 2}
 # their functions take a weighted handle's weights (`Impl.weighted`): the weighted sum in the kernels
 WEIGHTED = {"tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d"}
 
@@ -82,4 +86,5 @@ def kernelhub_register_impls(registry) -> None:
             deterministic=op not in NOT_DETERMINISTIC,
             forced_only="TRITON_INTERPRET=1 runs Triton's interpreter, for tests only" if interpreted else "",
             weighted=op in WEIGHTED,
+            version=VERSIONS.get(op),
         ))

@@ -5,9 +5,9 @@ selection, tuning, the kill switch and `kernelhub.explain` apply to them as to a
 
 - `TVLoss3d`: the normalised, weighted total-variation term of ptychography and tomography codes, one scalar.
 - `KPlanesField`: tilted multi-scale K-Planes planes and rotations, features at points (and at TV taps).
-- `SemiConv`, `Closing`, `Opening`: semifield convolution and morphology, with the kernel given by a module
-  (`QuadraticKernelIso2D`, `QuadraticKernelSpectral2D`, `QuadraticKernelCholesky2D`, `LearnedKernel`) or a
-  tensor; the API of pytorch_nd_semiconv's ``GenericConv`` / ``GenericClosing`` and its quadratic kernels (same
+- `SemiConv`, `GenericClosing`, `Closing`, `Opening`: semifield convolution and morphology, with the kernel given
+  by a module (`QuadraticKernelIso2D`, `QuadraticKernelSpectral2D`, `QuadraticKernelCholesky2D`, `LearnedKernel`)
+  or a tensor; the API of pytorch_nd_semiconv's ``GenericConv`` / ``GenericClosing`` and its quadratic kernels (same
   parameterisations and initialisations), so a model ports by changing imports (the user guide's porting table).
 
 There is no trilinear or Tikhonov module: ``trilinear_interp`` takes each point's eight corner features (no state
@@ -17,6 +17,7 @@ nothing to learn from; call those ops directly.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 
@@ -28,7 +29,8 @@ from kernelhub import accumulation_dtype
 from kernelhub.dispatch import OpHandle
 from kernelhub.ops.semiconv import SEMIFIELDS, parse_semifield
 
-__all__ = ["TVLoss3d", "KPlanesField", "SemiConv", "Closing", "Opening", "QuadraticKernelIso2D", "QuadraticKernelSpectral2D",
+__all__ = ["TVLoss3d", "KPlanesField", "SemiConv", "GenericClosing", "Closing", "Opening", "from_pytorch_nd_semiconv",
+           "QuadraticKernelIso2D", "QuadraticKernelSpectral2D",
            "QuadraticKernelCholesky2D", "CovSpectral2D", "CovCholesky2D", "LearnedKernel", "LearnedKernel2D",
            "SEMIFIELD_ALIASES"]
 
@@ -469,34 +471,200 @@ class SemiConv(nn.Module):
                                                  if getattr(self, n)))
 
 
-class _Morphology(nn.Module):
-    """Two semiconvs with one kernel ``b``, ``first`` then ``second``: the dilation ``max_y x(p - y) + b(y)``
-    (tropical_max, kind "conv") and its adjoint erosion ``min_y x(p + y) - b(y)`` (tropical_min, kind "corr"), so
-    a closing is never below its input and an opening never above it, for any kernel."""
+def _geometry(owner: str, stride, padding, dilation, groups, group_broadcasting) -> None:
+    """Raise TypeError naming ``owner`` and the argument where one is not of a type the op takes (at construction:
+    a pytorch_nd_semiconv-style positional call, ``Closing(k, "tropical_max", ...)``, would put a semifield in
+    ``stride``)."""
+    ints = lambda v: isinstance(v, int) and not isinstance(v, bool) or isinstance(v, (list, tuple))  # noqa: E731
+    for name, value, ok in (("stride", stride, ints(stride)), ("dilation", dilation, ints(dilation)),
+                            ("padding", padding, ints(padding) or padding in ("same", "valid")),
+                            ("groups", groups, isinstance(groups, int) and not isinstance(groups, bool)),
+                            ("group_broadcasting", group_broadcasting, isinstance(group_broadcasting, bool))):
+        if not ok:
+            hint = (" (the semifields of a closing go to kernelhub.nn.GenericClosing(kernel, dilation_semifield, "
+                    "erosion_semifield, ...))" if isinstance(value, str) else "")
+            raise TypeError(f"{owner}: argument {name!r} got {value!r}{hint}")
 
-    _ORDER: tuple[str, str] = ("tropical_max", "tropical_min")
-    _KIND = {"tropical_max": "conv", "tropical_min": "corr"}
+
+class GenericClosing(nn.Module):
+    """pytorch_nd_semiconv's ``GenericClosing(kernel, conv_dilation, conv_erosion, stride, padding, dilation, groups,
+    group_broadcasting)`` with the two convolutions named by their semifields: ``semiconv(x, k,
+    dilation_semifield, kind="conv")`` then ``semiconv(., k, erosion_semifield, kind="corr")`` with one kernel
+    ``k = kernel()`` (a module, learnable, or a fixed tensor). The kernel is the module's ``kernel`` (a state dict's
+    ``kernel.*``, as the package's), so its checkpoints load with ``strict=True``. With the tropical pair this is
+    a closing (`Closing`), never below its input for any kernel."""
+
+    _KINDS = ("conv", "corr")
+
+    def __init__(self, kernel: nn.Module | torch.Tensor, dilation_semifield: str = "tropical_max",
+                 erosion_semifield: str = "tropical_min", stride=1, padding=0, dilation=1, groups: int = 1,
+                 group_broadcasting: bool = False) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        _geometry(owner, stride, padding, dilation, groups, group_broadcasting)
+        if isinstance(kernel, nn.Module):
+            self.kernel = kernel
+        else:
+            self.register_buffer("fixed_kernel", torch.as_tensor(kernel))
+            self.kernel = None
+        self.semifields = (_semifield(dilation_semifield), _semifield(erosion_semifield))
+        self.stride, self.padding, self.dilation = stride, padding, dilation
+        self.groups, self.group_broadcasting = groups, group_broadcasting
+        self._op = kernelhub.op("semiconv")
+
+    def weight(self) -> torch.Tensor:
+        return self.kernel() if self.kernel is not None else self.fixed_kernel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = self.weight().to(x.dtype)
+        padding = _same_padding(k.shape[2:], self.dilation) if self.padding == "same" else self.padding
+        for semifield, kind in zip(self.semifields, self._KINDS):
+            x = self._op(x, k, semifield, self.stride, padding, self.dilation, self.groups, kind,
+                         self.group_broadcasting)
+        return x
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # kernelhub before 2026-11-27 kept the kernel twice, under first.kernel.* and second.kernel.* (one module):
+        # such a checkpoint loads into kernel.*
+        for key in [k for k in state_dict if k.startswith(prefix + "first.kernel.")]:
+            state_dict[prefix + "kernel." + key[len(prefix + "first.kernel."):]] = state_dict.pop(key)
+        for key in [k for k in state_dict if k.startswith(prefix + "second.kernel.")]:
+            del state_dict[key]
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return (f"semifields={self.semifields}, stride={self.stride}, padding={self.padding}, "
+                f"dilation={self.dilation}, groups={self.groups}, group_broadcasting={self.group_broadcasting}")
+
+
+class Closing(GenericClosing):
+    """Morphological closing: a dilation (tropical_max, ``x + k``, kind "conv") then its adjoint erosion
+    (tropical_min, ``x - k``, kind "corr") with the same kernel, so never below its input for any kernel; the
+    kernel's parameters learn from both. ``Closing(kernel, stride, padding, dilation, groups, group_broadcasting)``;
+    other semifields: `GenericClosing`."""
 
     def __init__(self, kernel: nn.Module | torch.Tensor, stride=1, padding=0, dilation=1, groups: int = 1,
                  group_broadcasting: bool = False) -> None:
-        super().__init__()
-        first, second = self._ORDER
-        self.first = SemiConv(kernel, first, stride, padding, dilation, groups, group_broadcasting, self._KIND[first])
-        self.second = SemiConv(kernel, second, stride, padding, dilation, groups, group_broadcasting,
-                               self._KIND[second])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.second(self.first(x))
+        _geometry("Closing", stride, padding, dilation, groups, group_broadcasting)
+        super().__init__(kernel, "tropical_max", "tropical_min", stride, padding, dilation, groups,
+                         group_broadcasting)
 
 
-class Closing(_Morphology):
-    """Morphological closing: a dilation (tropical_max, ``x + k``) then an erosion (tropical_min, ``x - k``) with
-    the same kernel; the kernel module's parameters are shared, so they learn from both."""
+class Opening(GenericClosing):
+    """Morphological opening: the erosion (tropical_min, kind "corr") then its adjoint dilation (tropical_max, kind
+    "conv") with the same kernel (`Closing`'s order reversed), never above its input."""
 
-    _ORDER = ("tropical_max", "tropical_min")
+    _KINDS = ("corr", "conv")
+
+    def __init__(self, kernel: nn.Module | torch.Tensor, stride=1, padding=0, dilation=1, groups: int = 1,
+                 group_broadcasting: bool = False) -> None:
+        _geometry("Opening", stride, padding, dilation, groups, group_broadcasting)
+        super().__init__(kernel, "tropical_min", "tropical_max", stride, padding, dilation, groups,
+                         group_broadcasting)
 
 
-class Opening(_Morphology):
-    """Morphological opening: an erosion then a dilation with the same kernel (`Closing`'s order reversed)."""
+# -- from pytorch_nd_semiconv ------------------------------------------------------------------------------------
+_PNDS_FAMILIES = {"tropical_max": "tropical_max", "tropical_min_negated": "tropical_min", "linear": "linear",
+                  "log": "log", "root": "root"}
+_PNDS_KERNELS = ("QuadraticKernelIso2D", "QuadraticKernelSpectral2D", "QuadraticKernelCholesky2D")
 
-    _ORDER = ("tropical_min", "tropical_max")
+
+def _pnds_semifield(conv: nn.Module, where: str) -> tuple[str, dict]:
+    """(the op's semifield string, SemiConv's tropical options) of a pytorch_nd_semiconv convolution module
+    (``BroadcastSemifield.log(2.0).dynamic()``, ``SelectSemifield.tropical_max().lazy_fixed()``, ...), read from the
+    constructor its semifield's functions were made in; ValueError naming ``where`` for any other."""
+    sf = getattr(conv, "semifield", None)
+    fields = [getattr(sf, f) for f in getattr(sf, "_fields", ()) if callable(getattr(sf, f))]
+    family = param = None
+    for fn in fields:
+        parts = getattr(fn, "__qualname__", "").split(".")
+        if len(parts) > 2 and parts[0].endswith("Semifield") and parts[1] in _PNDS_FAMILIES:
+            family = parts[1]
+            cells = [c.cell_contents for c in (fn.__closure__ or ()) if isinstance(c.cell_contents, (int, float))]
+            param = param if not cells else cells[0]
+    if family is None or (family in ("log", "root") and param is None):
+        raise ValueError(f"kernelhub.nn.from_pytorch_nd_semiconv: {where}: cannot read the semifield of "
+                         f"{type(conv).__name__} (a semifield made by hand, not by one of pytorch_nd_semiconv's "
+                         "constructors); replace it by kernelhub.nn.SemiConv with the semifield's name")
+    name = _PNDS_FAMILIES[family] + (f":{float(param)!r}" if family in ("log", "root") else "")
+    options = {}
+    if family.startswith("tropical") and type(sf).__name__ == "BroadcastSemifield":
+        options["channels_add"] = sf.add_reduce_channels is not None
+        options["spread_gradient"] = not sf.add_reduce.__qualname__.startswith("_repeated_dim")
+    return name, options
+
+
+def _pnds_kernel(kernel: nn.Module, where: str) -> nn.Module:
+    """kernelhub's module for a pytorch_nd_semiconv kernel module, its state dict loaded (strict); any other
+    module as it is (a kernel module of the model's own)."""
+    name = type(kernel).__name__
+    if type(kernel).__module__.split(".")[0] != "pytorch_nd_semiconv":
+        return kernel
+    if name in _PNDS_KERNELS:
+        ours = globals()[name](kernel.in_channels, kernel.out_channels, kernel.kernel_size)
+    elif name == "LearnedKernel2D":
+        k = kernel.kernel
+        ours = LearnedKernel2D(k.shape[1], k.shape[0], k.shape[2])
+    else:
+        raise ValueError(f"kernelhub.nn.from_pytorch_nd_semiconv: {where}: no kernelhub equivalent of {name}")
+    state = kernel.state_dict()
+    first = next((t for t in state.values() if t.is_floating_point()), None)
+    if first is not None:  # its dtype and device (a model moved with .double(), .cuda())
+        ours = ours.to(device=first.device, dtype=first.dtype)
+    ours.load_state_dict(state, strict=True)
+    return ours
+
+
+def from_pytorch_nd_semiconv(model: nn.Module, inplace: bool = False) -> nn.Module:
+    """``model`` with every pytorch_nd_semiconv ``GenericConv`` replaced by `SemiConv`, every ``GenericClosing`` by
+    `Closing` (its tropical pair) or `GenericClosing`, and each of its kernel modules by kernelhub's, the weights
+    kept (a copy of ``model`` unless ``inplace``): the same values and gradients, through the hub. A module it
+    cannot convert (a semifield made by hand, ``TorchMaxPool2D``, ``TorchLinearConv2D``) raises ValueError naming
+    it and what to do; nothing is left half-converted (the copy is dropped, or ``model`` is untouched)."""
+    try:
+        import pytorch_nd_semiconv as pnds
+    except ImportError as exc:
+        raise ImportError("kernelhub.nn.from_pytorch_nd_semiconv needs pytorch_nd_semiconv installed") from exc
+    if isinstance(model, (pnds.GenericConv, pnds.GenericClosing)):
+        if inplace:
+            raise ValueError("kernelhub.nn.from_pytorch_nd_semiconv: a GenericConv or GenericClosing cannot be "
+                             "replaced in place by another class; convert the module holding it, or inplace=False")
+        holder = nn.Module()
+        holder.model = model
+        return from_pytorch_nd_semiconv(holder).model
+    work = copy.deepcopy(model)
+    _convert_children(work, pnds, "")  # raises before the caller's model is touched
+    if inplace:
+        _convert_children(model, pnds, "")
+        return model
+    return work
+
+
+def _convert_children(module: nn.Module, pnds, prefix: str) -> None:
+    for name, child in list(module.named_children()):
+        where = f"{prefix}{name}"
+        args = ("stride", "padding", "dilation", "groups", "group_broadcasting")
+        if isinstance(child, pnds.GenericConv):
+            semifield, options = _pnds_semifield(child.conv, where)
+            new = SemiConv(_pnds_kernel(child.kernel, where), semifield, *(getattr(child, a) for a in args),
+                           kind=child.kind, **{k: v for k, v in options.items() if v})
+        elif isinstance(child, pnds.GenericClosing):
+            (first, o1), (second, o2) = (_pnds_semifield(c, where) for c in (child.conv_dilation, child.conv_erosion))
+            if any(o1.values()) or any(o2.values()):
+                raise ValueError(f"kernelhub.nn.from_pytorch_nd_semiconv: {where}: a closing with spread_gradient or "
+                                 "channels_add; build it from two kernelhub.nn.SemiConv with those options")
+            kernel = _pnds_kernel(child.kernel, where)
+            new = Closing(kernel, *(getattr(child, a) for a in args)) if (first, second) == ("tropical_max",
+                                                                                            "tropical_min") else \
+                GenericClosing(kernel, first, second, *(getattr(child, a) for a in args))
+        elif type(child).__module__.split(".")[0] == "pytorch_nd_semiconv" and \
+                type(child).__name__ in ("TorchMaxPool2D", "TorchLinearConv2D"):
+            raise ValueError(f"kernelhub.nn.from_pytorch_nd_semiconv: {where}: {type(child).__name__} is torch's own "
+                             "layer in the package's interface; use torch.nn.MaxPool2d / torch.nn.Conv2d")
+        elif type(child).__module__.split(".")[0] == "pytorch_nd_semiconv" and \
+                type(child).__name__ in (*_PNDS_KERNELS, "LearnedKernel2D"):
+            new = _pnds_kernel(child, where)
+        else:
+            _convert_children(child, pnds, where + ".")
+            continue
+        setattr(module, name, new)

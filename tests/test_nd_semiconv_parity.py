@@ -258,3 +258,101 @@ def test_a_semifield_object_or_unknown_name_is_refused_at_construction_with_the_
                                          r"'log:mu', 'tropical_min_negated'\], got 'tropical'"):
         khnn.SemiConv(k, "tropical")
     assert khnn.SemiConv(k, "tropical_min_negated").semifield == "tropical_min"
+
+
+# -- closings: the package's checkpoints load, any two semifields -------------------------------------------------
+@pytest.mark.skipif(not HAVE_PACKAGE, reason="pytorch_nd_semiconv is not installed")
+@pytest.mark.parametrize("semifields", [("tropical_max", "tropical_min_negated"), ("log:2", "log:-1.5")])
+def test_a_packages_closing_checkpoint_loads_strictly_and_computes_the_same(semifields):
+    """A model holding pytorch_nd_semiconv's GenericClosing as ``close``: its state dict (``close.kernel.*``) loads
+    into the same model with kernelhub's GenericClosing (Closing for the tropical pair) with strict=True; ``.kernel``
+    is the kernel module; values and every gradient equal, for a log-semifield closing too."""
+    import pytorch_nd_semiconv as pnds
+    torch.manual_seed(4)
+    args = dict(stride=1, padding="same", dilation=1, groups=4, group_broadcasting=False)
+    convs = [getattr(pnds.BroadcastSemifield, SEMIFIELDS[s][3][0])(*SEMIFIELDS[s][3][1:]).dynamic() for s in semifields]
+    theirs = nn.Sequential()
+    theirs.close = pnds.GenericClosing(pnds.QuadraticKernelCholesky2D(1, 4, 3), *convs, **args)
+    ours = nn.Sequential()
+    kernel = khnn.QuadraticKernelCholesky2D(1, 4, 3)
+    ours.close = khnn.Closing(kernel, **args) if semifields[0] == "tropical_max" else \
+        khnn.GenericClosing(kernel, *semifields, **args)
+    assert sorted(ours.state_dict()) == sorted(theirs.state_dict()) and ours.close.kernel is kernel
+    ours.load_state_dict(theirs.state_dict(), strict=True)
+    x = torch.randn(2, 4, 9, 10, dtype=torch.float64)
+    xo, xt = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, want = ours.close(xo), theirs.close(xt)
+    torch.testing.assert_close(out, want)
+    g = torch.randn_like(want)
+    out.backward(g)
+    want.backward(g)
+    torch.testing.assert_close(xo.grad, xt.grad)
+    for (name, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)
+
+
+def test_a_checkpoint_of_the_old_closing_layout_loads_and_a_package_style_call_is_refused_at_construction():
+    kernel = khnn.QuadraticKernelIso2D(1, 2, 3)
+    old = {f"{part}.kernel.{k}": v for part in ("first", "second") for k, v in kernel.state_dict().items()}
+    close = khnn.Closing(khnn.QuadraticKernelIso2D(1, 2, 3), padding=1, groups=2)
+    close.load_state_dict(old, strict=True)
+    torch.testing.assert_close(close.kernel(), kernel())
+    with pytest.raises(TypeError, match=r"Closing: argument 'stride' got 'tropical_max' \(the semifields of a closing "
+                                        r"go to kernelhub.nn.GenericClosing\(kernel, dilation_semifield, "
+                                        r"erosion_semifield, ...\)\)"):
+        khnn.Closing(kernel, "tropical_max", "tropical_min_negated", groups=2)
+
+
+# -- the one-line conversion ---------------------------------------------------------------------------------------
+@pytest.mark.skipif(not HAVE_PACKAGE, reason="pytorch_nd_semiconv is not installed")
+@pytest.mark.parametrize("inplace", [False, True])
+def test_from_pytorch_nd_semiconv_converts_a_model_keeping_values_and_gradients(inplace):
+    """A five-layer pnds morphological model (quadratic Iso / Spectral / Cholesky kernels, a learned kernel with a
+    log semifield, stride 2, asymmetric padding, dilation, groups, a GenericClosing with group broadcasting,
+    kind="corr", a spread_gradient + channels_add layer) converted in one line: every pnds module replaced, the
+    same values and gradients on tied inputs."""
+    import pytorch_nd_semiconv as pnds
+    torch.manual_seed(5)
+    sf = pnds.BroadcastSemifield
+    model = nn.Sequential(
+        pnds.GenericConv(pnds.QuadraticKernelIso2D(1, 4, 3), sf.tropical_max().dynamic(), padding="same", groups=4),
+        pnds.GenericConv(pnds.QuadraticKernelSpectral2D(2, 4, 3), sf.tropical_min_negated().dynamic(), stride=2,
+                         padding=((0, 2), (1, 0)), groups=2, kind="corr"),
+        pnds.GenericConv(pnds.LearnedKernel2D(4, 4, 3), sf.log(2.0).dynamic(), padding="same", dilation=2),
+        pnds.GenericClosing(pnds.QuadraticKernelCholesky2D(1, 1, 3), sf.tropical_max().dynamic(),
+                            sf.tropical_min_negated().dynamic(), padding="same", groups=4, group_broadcasting=True),
+        pnds.GenericConv(pnds.QuadraticKernelIso2D(2, 4, 3), sf.tropical_max(channels_add=True,
+                                                                             spread_gradient=True).dynamic(),
+                         padding="same", groups=2),
+    ).double()
+    x = torch.randint(0, 4, (2, 4, 12, 11)).double()
+    xt, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want = model(xt)
+    converted = khnn.from_pytorch_nd_semiconv(model, inplace=inplace)
+    assert (converted is model) == inplace
+    assert not [m for m in converted.modules() if type(m).__module__.startswith("pytorch_nd_semiconv")]
+    assert [type(m).__name__ for m in converted] == ["SemiConv"] * 3 + ["Closing", "SemiConv"]
+    assert converted[4].spread_gradient and converted[4].channels_add and converted[2].semifield == "log:2.0"
+    out = converted(xo)
+    torch.testing.assert_close(out, want)
+    g = torch.randn_like(want)
+    want.backward(g)
+    out.backward(g)
+    torch.testing.assert_close(xo.grad, xt.grad)
+    if not inplace:  # the kernels' parameters: float32 rounding (the package's Cholesky kernel computes in float32
+        # whatever its parameters' dtype, so its gradients carry float32 sums taken in another order)
+        for (name, a), (_, b) in zip(converted.named_parameters(), model.named_parameters()):
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.skipif(not HAVE_PACKAGE, reason="pytorch_nd_semiconv is not installed")
+def test_from_pytorch_nd_semiconv_refuses_what_it_cannot_convert_and_leaves_the_model_whole():
+    import pytorch_nd_semiconv as pnds
+    manual = pnds.BroadcastSemifield(add_reduce=lambda a, d: a.sum(d), multiply=lambda a, b: a * b, zero=0.0)
+    model = nn.Sequential(pnds.GenericConv(pnds.QuadraticKernelIso2D(1, 2, 3), pnds.BroadcastSemifield.tropical_max()
+                                           .dynamic(), groups=2),
+                          pnds.GenericConv(pnds.QuadraticKernelIso2D(1, 2, 3), manual.dynamic(), groups=2))
+    with pytest.raises(ValueError, match=r"from_pytorch_nd_semiconv: 1: cannot read the semifield of BroadcastConv "
+                                         r"\(a semifield made by hand"):
+        khnn.from_pytorch_nd_semiconv(model, inplace=True)
+    assert isinstance(model[0], pnds.GenericConv)  # untouched

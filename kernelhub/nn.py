@@ -27,7 +27,7 @@ from torch import nn
 import kernelhub
 from kernelhub import accumulation_dtype
 from kernelhub.dispatch import OpHandle
-from kernelhub.ops.semiconv import SEMIFIELDS, parse_semifield
+from kernelhub.ops.semiconv import SEMIFIELDS, parse_semifield, same_padding
 
 __all__ = ["TVLoss3d", "KPlanesField", "SemiConv", "GenericClosing", "Closing", "Opening", "from_pytorch_nd_semiconv",
            "QuadraticKernelIso2D", "QuadraticKernelSpectral2D",
@@ -397,13 +397,13 @@ class LearnedKernel2D(LearnedKernel):
 
 
 def _same_padding(kernel_size: Sequence[int], dilation) -> list[int]:
-    """pytorch_nd_semiconv's ``padding="same"``: per spatial dim ``k - 1`` dilated steps, the odd one at the end,
-    whatever the stride (``[begin, end]`` per dim, the op's canonical form). The op's own ``"same"`` depends on the
-    stride (docs/ops.md); they agree for stride 1 and odd kernels."""
+    """The op's ``padding="same"`` (`kernelhub.ops.semiconv.same_padding`, pytorch_nd_semiconv's) for a module's
+    kernel, given to the op as pairs: the kernel's size is known only at the call, and a module's "same" is
+    pytorch_nd_semiconv's at every stride, with no warning about the op's earlier meaning."""
     dil = [dilation] * len(kernel_size) if isinstance(dilation, int) else list(dilation)
     if len(dil) != len(kernel_size):
         raise ValueError(f"SemiConv: dilation {dilation!r} does not match the kernel's {len(kernel_size)} spatial dims")
-    return [p for k, d in zip(kernel_size, dil) for p in (((k - 1) // 2) * d, (k - 1 - (k - 1) // 2) * d)]
+    return same_padding(kernel_size, dil)
 
 
 def _semifield(semifield: object) -> str:

@@ -339,7 +339,7 @@ def test_semiconv_checks_a_call_once_and_gives_new_canonical_lists_each_time(mon
     again = spec.canonical(_IMG, _KER, "tropical_max", 1, "same", 1)
     assert len(checked) == 1
     assert again[3:6] == ([1, 1], [1, 1, 1, 1], [1, 1])
-    spec.canonical(_IMG, _KER, "tropical_max", 2, "same", 1)  # another stride: checked
+    spec.canonical(_IMG, _KER, "tropical_max", 2, "same_strided", 1)  # another stride: checked
     spec.canonical(_IMG.double(), _KER.double(), "tropical_max", 1, "same", 1)  # another dtype: checked
     assert len(checked) == 3
     with pytest.raises(TypeError, match="semiconv: argument 'kernel' has dtype"):

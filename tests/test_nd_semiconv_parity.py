@@ -356,3 +356,19 @@ def test_from_pytorch_nd_semiconv_refuses_what_it_cannot_convert_and_leaves_the_
                                          r"\(a semifield made by hand"):
         khnn.from_pytorch_nd_semiconv(model, inplace=True)
     assert isinstance(model[0], pnds.GenericConv)  # untouched
+
+
+def test_same_means_the_packages_in_the_op_and_the_modules_and_the_old_meaning_is_same_strided():
+    """One "same": the op's is pytorch_nd_semiconv's (``d(k-1)`` per dim at any stride, as the modules'); where the
+    stride-aware one it had before differs, a call warns FutureWarning naming "same_strided", which keeps it."""
+    import warnings
+    x, k = torch.randn(2, 3, 10, 9, dtype=torch.float64), torch.randn(3, 1, 4, 3, dtype=torch.float64)
+    op, spec = kernelhub.op("semiconv"), kernelhub.get_hub().registry.spec("semiconv")
+    with pytest.warns(FutureWarning, match="padding='same' is pytorch_nd_semiconv's .* pass padding='same_strided'"):
+        out = op(x, k, "tropical_max", 2, "same", 1, 3)
+    torch.testing.assert_close(out, khnn.SemiConv(k, "tropical_max", stride=2, padding="same", groups=3)(x))
+    assert spec.canonical(x, k, "tropical_max", 2, "same", 1, 3)[4] == [1, 2, 1, 1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert spec.canonical(x, k, "tropical_max", 2, "same_strided", 1, 3)[4] == [1, 1, 1, 1]  # the old one
+        spec.canonical(x, k, "tropical_max", 1, "same", 1, 3)  # stride 1, no dilation: the two agree, no warning

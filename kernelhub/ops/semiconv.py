@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -142,18 +143,33 @@ def _ints(name: str, value, nd: int, minimum: int) -> list[int]:
     return list(value)
 
 
+def same_padding(ksize, dilation) -> list[int]:
+    """``padding="same"`` (pytorch_nd_semiconv's, docs/ops.md) for kernel sizes ``ksize`` and dilations
+    ``dilation`` (one per spatial dim): per dim ``k - 1`` dilated steps, the odd one at the end, whatever the
+    stride, as ``[begin, end]`` per dim (the canonical form)."""
+    return [p for k, d in zip(ksize, dilation) for p in (((k - 1) // 2) * d, (k - 1 - (k - 1) // 2) * d)]
+
+
 def _padding(padding, nd: int, spatial, ksize, stride, dilation) -> list[int]:
     if padding == "valid":
         return [0] * (2 * nd)
-    if padding == "same":
-        flat = []
+    if padding in ("same", "same_strided"):
+        flat, changed = [], False
         for n, k, s, d in zip(spatial, ksize, stride, dilation):
+            plain = same_padding([k], [d])
             total = max((math.ceil(n / s) - 1) * s + d * (k - 1) + 1 - n, 0)
-            flat += [total // 2, total - total // 2]  # the odd step goes at the end
+            strided = [total // 2, total - total // 2]  # ceil(n / s) outputs; the odd step goes at the end
+            flat += strided if padding == "same_strided" else plain
+            changed |= plain != strided
+        if changed and padding == "same":
+            warnings.warn(f"{OP}: padding='same' is pytorch_nd_semiconv's (k - 1 dilated steps per dim, the odd one "
+                          "at the end, at any stride), which here differs from the stride-aware 'same' of kernelhub "
+                          "before 2026-11-27: pass padding='same_strided' for that one, or the padding itself "
+                          "(docs/ops.md)", FutureWarning, stacklevel=2)
         return flat
     if isinstance(padding, str):
-        raise ValueError(f"{OP}: argument 'padding' must be an int, ints, (begin, end) pairs, 'valid' or 'same', "
-                         f"got {padding!r}")
+        raise ValueError(f"{OP}: argument 'padding' must be an int, ints, (begin, end) pairs, 'valid', 'same' or "
+                         f"'same_strided', got {padding!r}")
     if isinstance(padding, (list, tuple)) and padding and all(isinstance(p, (list, tuple)) for p in padding):
         if len(padding) != nd or not all(len(p) == 2 for p in padding):
             raise ValueError(f"{OP}: argument 'padding' as pairs needs {nd} (begin, end) pairs, got {padding!r}")
@@ -301,7 +317,7 @@ _CASES = {
     ],
     "medium": [
         ((2, 8, 24, 20), (8, 1, 5, 5), "tropical_max", 1, 2, 1, 8, "conv"),
-        ((2, 4, 20, 18), (6, 4, 3, 3), "tropical_min", 2, "same", 1, 1, "corr"),
+        ((2, 4, 20, 18), (6, 4, 3, 3), "tropical_min", 2, "same_strided", 1, 1, "corr"),
         ((2, 4, 8, 9, 7), (4, 2, 3, 3, 3), "log:1", 1, 1, 1, 2, "conv"),
         ((2, 6, 16, 15), (6, 3, 3, 3), "root:2", 1, 1, 2, 2, "corr"),
         ((3, 4, 40), (4, 4, 5), "linear", 1, "same", 1, 1, "conv"),
@@ -425,6 +441,8 @@ def _draw(size: str, tag: str, i: int, dtype: torch.dtype, device: torch.device,
         padding = pick((0, "valid", "same", [(1, 1)] * nd, 1))
         if padding in (1, [(1, 1)] * nd) and min(reach) < 2:
             padding = 0
+        if padding == "same" and (max(stride) > 1 or any(d > 1 and k % 2 == 0 for d, k in zip(dilation, ksize))):
+            padding = "same_strided"  # where the two "same" differ, the stride-aware one (docs/ops.md)
     batch = 0 if tag == "batch=0" else pick((1, 2))
     kshape = (out // groups if bcast else out, cin // groups, *ksize)
     ishape = (batch, cin, *spatial)

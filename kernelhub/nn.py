@@ -410,13 +410,7 @@ def _semifield(semifield: object) -> str:
     """The op's name of a `SemiConv` semifield (a pytorch_nd_semiconv alias resolved), checked at construction;
     a pytorch_nd_semiconv semifield object is refused with the string that names it."""
     if not isinstance(semifield, str):
-        hint = ""
-        if type(semifield).__module__.split(".")[0] == "pytorch_nd_semiconv":
-            hint = (" (a pytorch_nd_semiconv semifield: pass its name and parameter instead, e.g. "
-                    "BroadcastSemifield.log(2.0) -> 'log:2.0', BroadcastSemifield.tropical_min_negated() -> "
-                    "'tropical_min_negated', and its tropical options as SemiConv(..., spread_gradient=True, "
-                    "channels_add=True))")
-        raise TypeError(f"SemiConv: argument 'semifield' must be a str, got {type(semifield).__name__}{hint}")
+        parse_semifield(semifield)  # its TypeError, with the string that names a pytorch_nd_semiconv semifield
     name = SEMIFIELD_ALIASES.get(semifield, semifield)
     try:
         parse_semifield(name)

@@ -250,10 +250,11 @@ def test_a_semifield_object_or_unknown_name_is_refused_at_construction_with_the_
     if HAVE_PACKAGE:
         import pytorch_nd_semiconv as pnds
         for obj in (pnds.BroadcastSemifield.log(2.0), pnds.BroadcastSemifield.log(2.0).dynamic()):
-            with pytest.raises(TypeError, match=r"must be a str, got \w+ \(a pytorch_nd_semiconv semifield: pass its "
-                                                r"name and parameter instead, e.g. BroadcastSemifield.log\(2.0\) -> "
-                                                r"'log:2.0'"):
-                khnn.SemiConv(k, obj)
+            for make in (lambda: khnn.SemiConv(k, obj), lambda: kernelhub.op("semiconv")(k, k, obj)):
+                with pytest.raises(TypeError, match=r"semiconv: argument 'semifield' must be a str, got \w+ \(a "
+                                                    r"pytorch_nd_semiconv semifield: pass its name and parameter "
+                                                    r"instead, e.g. BroadcastSemifield.log\(2.0\) -> 'log:2.0'"):
+                    make()
     with pytest.raises(ValueError, match=r"must be one of \['tropical_max', 'tropical_min', 'linear', 'root:p', "
                                          r"'log:mu', 'tropical_min_negated'\], got 'tropical'"):
         khnn.SemiConv(k, "tropical")
@@ -372,3 +373,11 @@ def test_same_means_the_packages_in_the_op_and_the_modules_and_the_old_meaning_i
         warnings.simplefilter("error")
         assert spec.canonical(x, k, "tropical_max", 2, "same_strided", 1, 3)[4] == [1, 1, 1, 1]  # the old one
         spec.canonical(x, k, "tropical_max", 1, "same", 1, 3)  # stride 1, no dilation: the two agree, no warning
+
+
+@pytest.mark.skipif(not HAVE_PACKAGE, reason="pytorch_nd_semiconv is not installed")
+def test_from_pytorch_nd_semiconv_refuses_the_packages_torch_wrappers_naming_torchs_layer():
+    import pytorch_nd_semiconv as pnds
+    with pytest.raises(ValueError, match=r"from_pytorch_nd_semiconv: pool: TorchMaxPool2D is torch's own layer in the "
+                                         r"package's interface; use torch.nn.MaxPool2d / torch.nn.Conv2d"):
+        khnn.from_pytorch_nd_semiconv(nn.ModuleDict({"pool": pnds.TorchMaxPool2D(3)}))

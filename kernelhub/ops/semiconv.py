@@ -30,7 +30,13 @@ _INT_MAX = 2**31 - 1  # stride, padding and dilation beyond this reach no kernel
 def parse_semifield(semifield: str) -> tuple[str, float]:
     """``"root:2"`` -> ("root", 2.0); ``"tropical_max"`` -> ("tropical_max", 0.0)."""
     if not isinstance(semifield, str):
-        raise TypeError(f"{OP}: argument 'semifield' must be a str, got {type(semifield).__name__}")
+        hint = ""
+        if type(semifield).__module__.split(".")[0] == "pytorch_nd_semiconv":
+            hint = (" (a pytorch_nd_semiconv semifield: pass its name and parameter instead, e.g. "
+                    "BroadcastSemifield.log(2.0) -> 'log:2.0', BroadcastSemifield.tropical_min_negated() -> "
+                    "'tropical_min' ('tropical_min_negated' in kernelhub.nn), and its tropical options as "
+                    "spread_gradient=True, channels_add=True; kernelhub.nn.from_pytorch_nd_semiconv converts a model)")
+        raise TypeError(f"{OP}: argument 'semifield' must be a str, got {type(semifield).__name__}{hint}")
     name, sep, param = semifield.partition(":")
     if name in ("tropical_max", "tropical_min", "linear") and not sep:
         return name, 0.0

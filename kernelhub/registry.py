@@ -37,6 +37,7 @@ FIRST_PARTY_BACKENDS = ("torch_ref", "inductor", "triton", "cuda_ext")
 FIRST_PARTY_DISTRIBUTIONS = {"torch_ref": "kernelhub-torch-ref", "inductor": "kernelhub-torch-ref",
                              "triton": "kernelhub-triton", "cuda_ext": "kernelhub-cuda-ext"}
 OPS_PLUGIN = "kernelhub.ops"  # the plugin that registers kernelhub's own op specs
+HOOKS = tuple(n for n in hookspecs.__all__ if n.startswith("kernelhub_"))  # the hooks, in the order they run
 CONTAINED = (Exception, SystemExit)  # what a plugin may raise without ending the host program
 _SOURCE_SUFFIXES = (".py", ".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp")
 
@@ -118,7 +119,7 @@ class Registry:
                 self._record(name, "import", exc, strict)
         self._first_party = {OPS_PLUGIN, *(e.name for e in first if e.name in registered)}
         failed: set[str] = set()
-        for stage in ("kernelhub_register_specs", "kernelhub_register_impls"):
+        for stage in HOOKS:
             for name in registered:
                 if name not in failed and not self._call_plugin(name, stage, strict):
                     failed.add(name)
@@ -249,8 +250,6 @@ class Registry:
             self._availability[backend] = reason
         return self._availability[backend]
 
-
-HOOKS = ("kernelhub_register_specs", "kernelhub_register_impls")
 
 
 def _unknown_hooks(pm: pluggy.PluginManager, module: object) -> str:

@@ -60,6 +60,11 @@ def _short(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+# dtype names as the tables print them
+_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64", "complex64": "c64",
+          "complex128": "c128"}
+
+
 # -- list -------------------------------------------------------------------
 def cmd_list(args: argparse.Namespace) -> dict:
     hub = kernelhub.get_hub()
@@ -111,22 +116,17 @@ def render_list(data: dict, console: Console) -> None:
             status += " [yellow](disabled by config)[/]"
         t.add_row(name, b["version"] or "-", status)
     console.print(t)
-    names = list(data["backends"])
-    t = Table(title=f"ops x backends (config: {data['config']})")
-    t.add_column("op")
-    for n in names:
-        t.add_column(n)
+    # one row per (op, backend), the op named on its first: whole names in any width (80 columns: a CI log)
+    t = Table(title=f"ops x backends (config: {escape(str(data['config']))})")
+    t.add_column("op", no_wrap=True)
+    for col in ("backend", "devices", "dtypes"):
+        t.add_column(col)
     for op, impls in data["ops"].items():
-        cells = []
-        for n in names:
-            i = impls.get(n)
-            if i is None:
-                cells.append("-")
-            else:
-                mark = "" if i["available"] else "[red](unavailable)[/] "
-                old = f" [yellow]v{i['version']} of v{i['op_version']}[/]" if i["version"] < i["op_version"] else ""
-                cells.append(f"{mark}{','.join(i['devices'])}: {' '.join(i['dtypes'])}{old}")
-        t.add_row(op, *cells)
+        for k, (name, i) in enumerate(impls.items()):
+            mark = "" if i["available"] else " [red](unavailable)[/]"
+            old = f" [yellow](v{i['version']} of v{i['op_version']})[/]" if i["version"] < i["op_version"] else ""
+            t.add_row(op if k == 0 else "", name + mark, " ".join(i["devices"]),
+                      " ".join(_SHORT.get(d, d) for d in i["dtypes"]) + old, end_section=k == len(impls) - 1)
     console.print(t)
     for e in data["plugin_errors"]:
         console.print(f"[red]plugin {e['plugin']!r} failed at {e['stage']}:[/] {e['error']}")
@@ -265,26 +265,27 @@ def cmd_tune(args: argparse.Namespace) -> dict:
 
 
 def render_tune(data: dict, console: Console) -> None:
-    t = Table(title=f"tuned on {data['device']} -> {data['cache']}")
-    for col in ("op", "call", "backend", "first call s", "forward ms", "forward+backward ms", "outcome"):
-        t.add_column(col)
+    # one small table per tuned call under its name: whole op names and calls in any width (80 columns: a CI log)
+    console.print(f"tuned on {data['device']} -> {escape(str(data['cache']))}")
     for e in data["tuned"]:
         close = e.get("within_noise", [])
         fastest = e["winner"] or (close[0] if close else None)
-        for i, (name, c) in enumerate(sorted(e["candidates"].items(), key=lambda x: x[1].get("step_ms") or 1e30)):
+        t = Table(title=f"{e['op']}({escape(e['call'])})", title_justify="left")
+        for col in ("backend", "first call s", "forward ms", "fwd+bwd ms", "outcome"):
+            t.add_column(col)
+        for name, c in sorted(e["candidates"].items(), key=lambda x: x[1].get("step_ms") or 1e30):
             outcome = (f"[red]{escape(c['error'])}[/]" if c["error"] else
                        "[green]winner[/]" if name == e["winner"] else
                        "[yellow]within noise[/]: priority order decides" if name in close else
                        f"{c['step_ms'] / e['candidates'][fastest]['step_ms']:.2f}x slower")
             if c.get("step_spread") is not None:
                 outcome += f" (spread {c['step_spread']:.0%})"
-            t.add_row(e["op"] if i == 0 else "", e["call"] if i == 0 else "", name,
-                      f"{c['first_call_s']:.3g}" if c.get("first_call_s") is not None else "-",
+            t.add_row(name, f"{c['first_call_s']:.3g}" if c.get("first_call_s") is not None else "-",
                       f"{c['forward_ms']:.4g}" if c.get("forward_ms") is not None else "-",
                       f"{c['step_ms']:.4g}" if c.get("step_ms") is not None else "-", outcome)
-    console.print(t)
-    for s in data["skipped"]:
-        console.print(f"[dim]not tuned: {s['op']}({s['call']}): {s['why']}[/]")
+        console.print(t)
+    for skipped in data["skipped"]:
+        console.print(f"[dim]not tuned: {skipped['op']}({escape(skipped['call'])}): {escape(skipped['why'])}[/]")
     if data["not_timed"]:
         console.print(f"--quick did not time {', '.join(data['not_timed'])} (compiles on first use; "
                       "`kernelhub tune` without --quick does)")

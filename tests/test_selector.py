@@ -513,3 +513,27 @@ def test_cli_check_runs_opcheck_and_gradcheck_where_float64_is_declared(capsys):
 def test_cli_check_refuses_an_op_the_backend_does_not_serve(capsys):
     assert cli.main(["check", "torch_ref", "--op", "no_such_op"]) == 2
     assert "--op 'no_such_op'" in " ".join(capsys.readouterr().err.split())
+
+
+def test_list_and_tune_print_whole_names_in_80_columns(monkeypatch, capsys):
+    """A CI log, a pipe, a laptop terminal: `kernelhub list`'s op names and `kernelhub tune`'s calls come whole
+    (no "kplanes_inte…", no call folded over five lines of a cell), and no line is wider than the terminal."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= 80 and "…" not in out
+    for op in kernelhub.get_hub().registry.specs:
+        assert f" {op} " in out
+    call = "float32[4, 64, 64, 64]@cuda:0, " * 3 + "'tropical_max'"
+    data = {"device": "cuda:0 NVIDIA H200", "cache": "/home/user/.cache/kernelhub/winners.json", "skipped": [],
+            "not_timed": [], "failed": [],
+            "tuned": [{"op": "kplanes_interp_tilted_taps", "call": call, "winner": "triton", "within_noise": [],
+                       "candidates": {"triton": {"error": "", "first_call_s": 0.5, "forward_ms": 0.25, "step_ms": 1.0},
+                                      "cuda_ext": {"error": "", "first_call_s": 2.0, "forward_ms": 0.5,
+                                                   "step_ms": 1.6}}}]}
+    from rich.console import Console
+    console = Console(width=80, record=True)
+    cli.render_tune(data, console)
+    text = console.export_text()
+    assert max(map(len, text.splitlines())) <= 80
+    assert "kplanes_interp_tilted_taps(float32[4, 64, 64, 64]@cuda:0," in text and "1.60x slower" in text

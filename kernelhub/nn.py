@@ -27,7 +27,7 @@ from torch import nn
 import kernelhub
 from kernelhub import accumulation_dtype
 from kernelhub.dispatch import OpHandle
-from kernelhub.ops.semiconv import SEMIFIELDS, parse_semifield, same_padding
+from kernelhub.ops.semiconv import SEMIFIELDS, parse_semifield, pnds_class, same_padding
 
 __all__ = ["TVLoss3d", "KPlanesField", "SemiConv", "GenericClosing", "Closing", "Opening", "from_pytorch_nd_semiconv",
            "QuadraticKernelIso2D", "QuadraticKernelSpectral2D",
@@ -420,7 +420,30 @@ def _semifield(semifield: object) -> str:
     return name
 
 
-class SemiConv(nn.Module):
+class _KernelConv(nn.Module):
+    """What `SemiConv` and `GenericClosing` share: the kernel from a module (called each forward: a learnable
+    kernel) or a fixed tensor (a buffer, ``fixed_kernel``), and the geometry the op takes, with
+    ``padding="same"`` resolved for each call's kernel (`_same_padding`)."""
+
+    def __init__(self, kernel: nn.Module | torch.Tensor, stride, padding, dilation, groups: int,
+                 group_broadcasting: bool) -> None:
+        super().__init__()
+        if isinstance(kernel, nn.Module):
+            self.kernel = kernel
+        else:
+            self.register_buffer("fixed_kernel", torch.as_tensor(kernel))
+            self.kernel = None
+        self.stride, self.padding, self.dilation = stride, padding, dilation
+        self.groups, self.group_broadcasting = groups, group_broadcasting
+
+    def weight(self) -> torch.Tensor:
+        return self.kernel() if self.kernel is not None else self.fixed_kernel
+
+    def _padding_for(self, k: torch.Tensor):
+        return _same_padding(k.shape[2:], self.dilation) if self.padding == "same" else self.padding
+
+
+class SemiConv(_KernelConv):
     """``semiconv(x, kernel(), semifield, stride, padding, dilation, groups, kind, group_broadcasting,
     spread_gradient, channels_add)`` with the
     kernel from a module (called each forward: a learnable kernel) or a fixed tensor (a buffer). ``semifield``
@@ -434,29 +457,15 @@ class SemiConv(nn.Module):
     def __init__(self, kernel: nn.Module | torch.Tensor, semifield: str, stride=1, padding=0, dilation=1,
                  groups: int = 1, group_broadcasting: bool = False, kind: str = "conv",
                  backend: str | None = None, *, spread_gradient: bool = False, channels_add: bool = False) -> None:
-        super().__init__()
-        if isinstance(kernel, nn.Module):
-            self.kernel = kernel
-        else:
-            self.register_buffer("fixed_kernel", torch.as_tensor(kernel))
-            self.kernel = None
+        super().__init__(kernel, stride, padding, dilation, groups, group_broadcasting)
         self.semifield = _semifield(semifield)
-        self.stride, self.padding, self.dilation = stride, padding, dilation
-        self.groups, self.group_broadcasting, self.kind = groups, group_broadcasting, kind
-        self.spread_gradient, self.channels_add = spread_gradient, channels_add
+        self.kind, self.spread_gradient, self.channels_add = kind, spread_gradient, channels_add
         self._op = kernelhub.op("semiconv", backend=backend)
-
-    def weight(self) -> torch.Tensor:
-        return self.kernel() if self.kernel is not None else self.fixed_kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k = self.weight()
-        padding = _same_padding(k.shape[2:], self.dilation) if self.padding == "same" else self.padding
-        if self.spread_gradient or self.channels_add:
-            return self._op(x, k.to(x.dtype), self.semifield, self.stride, padding, self.dilation, self.groups,
-                            self.kind, self.group_broadcasting, self.spread_gradient, self.channels_add)
-        return self._op(x, k.to(x.dtype), self.semifield, self.stride, padding, self.dilation, self.groups,
-                        self.kind, self.group_broadcasting)
+        return self._op(x, k.to(x.dtype), self.semifield, self.stride, self._padding_for(k), self.dilation,
+                        self.groups, self.kind, self.group_broadcasting, self.spread_gradient, self.channels_add)
 
     def extra_repr(self) -> str:
         return (f"semifield={self.semifield!r}, stride={self.stride}, padding={self.padding}, "
@@ -480,7 +489,7 @@ def _geometry(owner: str, stride, padding, dilation, groups, group_broadcasting)
             raise TypeError(f"{owner}: argument {name!r} got {value!r}{hint}")
 
 
-class GenericClosing(nn.Module):
+class GenericClosing(_KernelConv):
     """pytorch_nd_semiconv's ``GenericClosing(kernel, conv_dilation, conv_erosion, stride, padding, dilation, groups,
     group_broadcasting)`` with the two convolutions named by their semifields: ``semiconv(x, k,
     dilation_semifield, kind="conv")`` then ``semiconv(., k, erosion_semifield, kind="corr")`` with one kernel
@@ -493,25 +502,14 @@ class GenericClosing(nn.Module):
     def __init__(self, kernel: nn.Module | torch.Tensor, dilation_semifield: str = "tropical_max",
                  erosion_semifield: str = "tropical_min", stride=1, padding=0, dilation=1, groups: int = 1,
                  group_broadcasting: bool = False) -> None:
-        super().__init__()
-        owner = type(self).__name__
-        _geometry(owner, stride, padding, dilation, groups, group_broadcasting)
-        if isinstance(kernel, nn.Module):
-            self.kernel = kernel
-        else:
-            self.register_buffer("fixed_kernel", torch.as_tensor(kernel))
-            self.kernel = None
+        _geometry(type(self).__name__, stride, padding, dilation, groups, group_broadcasting)  # Closing, Opening too
+        super().__init__(kernel, stride, padding, dilation, groups, group_broadcasting)
         self.semifields = (_semifield(dilation_semifield), _semifield(erosion_semifield))
-        self.stride, self.padding, self.dilation = stride, padding, dilation
-        self.groups, self.group_broadcasting = groups, group_broadcasting
         self._op = kernelhub.op("semiconv")
-
-    def weight(self) -> torch.Tensor:
-        return self.kernel() if self.kernel is not None else self.fixed_kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k = self.weight().to(x.dtype)
-        padding = _same_padding(k.shape[2:], self.dilation) if self.padding == "same" else self.padding
+        padding = self._padding_for(k)
         for semifield, kind in zip(self.semifields, self._KINDS):
             x = self._op(x, k, semifield, self.stride, padding, self.dilation, self.groups, kind,
                          self.group_broadcasting)
@@ -539,7 +537,6 @@ class Closing(GenericClosing):
 
     def __init__(self, kernel: nn.Module | torch.Tensor, stride=1, padding=0, dilation=1, groups: int = 1,
                  group_broadcasting: bool = False) -> None:
-        _geometry("Closing", stride, padding, dilation, groups, group_broadcasting)
         super().__init__(kernel, "tropical_max", "tropical_min", stride, padding, dilation, groups,
                          group_broadcasting)
 
@@ -552,7 +549,6 @@ class Opening(GenericClosing):
 
     def __init__(self, kernel: nn.Module | torch.Tensor, stride=1, padding=0, dilation=1, groups: int = 1,
                  group_broadcasting: bool = False) -> None:
-        _geometry("Opening", stride, padding, dilation, groups, group_broadcasting)
         super().__init__(kernel, "tropical_min", "tropical_max", stride, padding, dilation, groups,
                          group_broadcasting)
 
@@ -591,8 +587,8 @@ def _pnds_semifield(conv: nn.Module, where: str) -> tuple[str, dict]:
 def _pnds_kernel(kernel: nn.Module, where: str) -> nn.Module:
     """kernelhub's module for a pytorch_nd_semiconv kernel module, its state dict loaded (strict); any other
     module as it is (a kernel module of the model's own)."""
-    name = type(kernel).__name__
-    if type(kernel).__module__.split(".")[0] != "pytorch_nd_semiconv":
+    name = pnds_class(kernel)
+    if name is None:
         return kernel
     if name in _PNDS_KERNELS:
         ours = globals()[name](kernel.in_channels, kernel.out_channels, kernel.kernel_size)
@@ -651,12 +647,10 @@ def _convert_children(module: nn.Module, pnds, prefix: str) -> None:
             new = Closing(kernel, *(getattr(child, a) for a in args)) if (first, second) == ("tropical_max",
                                                                                             "tropical_min") else \
                 GenericClosing(kernel, first, second, *(getattr(child, a) for a in args))
-        elif type(child).__module__.split(".")[0] == "pytorch_nd_semiconv" and \
-                type(child).__name__ in ("TorchMaxPool2D", "TorchLinearConv2D"):
+        elif pnds_class(child) in ("TorchMaxPool2D", "TorchLinearConv2D"):
             raise ValueError(f"kernelhub.nn.from_pytorch_nd_semiconv: {where}: {type(child).__name__} is torch's own "
                              "layer in the package's interface; use torch.nn.MaxPool2d / torch.nn.Conv2d")
-        elif type(child).__module__.split(".")[0] == "pytorch_nd_semiconv" and \
-                type(child).__name__ in (*_PNDS_KERNELS, "LearnedKernel2D"):
+        elif pnds_class(child) in (*_PNDS_KERNELS, "LearnedKernel2D"):
             new = _pnds_kernel(child, where)
         else:
             _convert_children(child, pnds, where + ".")

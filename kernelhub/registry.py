@@ -256,12 +256,11 @@ def _unknown_hooks(pm: pluggy.PluginManager, module: object) -> str:
     """What is wrong with a plugin's hooks, or '': a hook kernelhub does not define (a misspelling, which pluggy
     would register and never call) or a function named like a hook but not marked ``@kernelhub.hookimpl``."""
     problems = []
-    for caller in pm.get_hookcallers(module) or ():
-        if caller.name not in HOOKS:
-            near = difflib.get_close_matches(caller.name, HOOKS, n=1)
-            problems.append(f"hook {caller.name!r} is not a kernelhub hook" +
-                            (f" (did you mean {near[0]!r}?)" if near else f" (the hooks: {', '.join(HOOKS)})"))
     marked = {c.name for c in pm.get_hookcallers(module) or ()}
+    for name in sorted(marked - set(HOOKS)):
+        near = difflib.get_close_matches(name, HOOKS, n=1)
+        problems.append(f"hook {name!r} is not a kernelhub hook" +
+                        (f" (did you mean {near[0]!r}?)" if near else f" (the hooks: {', '.join(HOOKS)})"))
     for name in HOOKS:
         if name not in marked and callable(getattr(module, name, None)):
             problems.append(f"{name} is not marked with @kernelhub.hookimpl, so it would never run")

@@ -123,8 +123,8 @@ class Selector:
             self.remembered[memo_key] = (decision, rest, plan)
 
     def peek(self, op: str, args: Sequence[Any], forced: str = "") -> Decision:
-        """The decision for a call without caching a new one: for the fake tensors of a graph being compiled,
-        whose impls' ``not_supported_reasons`` may not see what they would see in a real call."""
+        """The decision for a call without caching a new one: for fake tensors (`kernelhub explain` of a shape too
+        large to allocate), which impls' ``not_supported_reasons`` may not see as they would see a real call."""
         key = call_key(op, args, forced)
         decision = self._cache.get(key)
         return decision if decision is not None else self._decide(op, args, forced, key, tuned=True)[0]

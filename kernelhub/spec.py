@@ -18,8 +18,7 @@ from typing import Any
 import torch
 
 __all__ = ["Arg", "Tolerance", "SampleInput", "SampleSpace", "Case", "Change", "OpSpec", "Backend", "Impl", "ARG_KINDS",
-           "lazy",
-           "layout_cache", "plan_call", "put_back", "to_slots"]
+           "lazy", "layout_cache", "plan_call", "put_back", "to_slots"]
 
 # Argument kinds and their torch.library schema types. "tensors" is a list of tensors.
 ARG_KINDS = {

@@ -27,11 +27,17 @@ _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _INT_MAX = 2**31 - 1  # stride, padding and dilation beyond this reach no kernel (32-bit sizes there)
 
 
+def pnds_class(obj: object) -> str | None:
+    """The class name of a pytorch_nd_semiconv object (what its users port from), None for anything else."""
+    kind = type(obj)
+    return kind.__name__ if kind.__module__.split(".")[0] == "pytorch_nd_semiconv" else None
+
+
 def parse_semifield(semifield: str) -> tuple[str, float]:
     """``"root:2"`` -> ("root", 2.0); ``"tropical_max"`` -> ("tropical_max", 0.0)."""
     if not isinstance(semifield, str):
         hint = ""
-        if type(semifield).__module__.split(".")[0] == "pytorch_nd_semiconv":
+        if pnds_class(semifield) is not None:
             hint = (" (a pytorch_nd_semiconv semifield: pass its name and parameter instead, e.g. "
                     "BroadcastSemifield.log(2.0) -> 'log:2.0', BroadcastSemifield.tropical_min_negated() -> "
                     "'tropical_min' ('tropical_min_negated' in kernelhub.nn), and its tropical options as "

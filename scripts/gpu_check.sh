@@ -75,6 +75,8 @@ if has tests || has all; then
   workers=""
   if [ "${PYTEST_WORKERS:-8}" != 0 ] && python3 -c "import xdist" 2>/dev/null; then
     workers="-n ${PYTEST_WORKERS:-8} --dist loadgroup"
+    # one thread and no compile-worker pool per pytest worker: 16 cores, not 16 threads times the workers
+    export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TORCHINDUCTOR_COMPILE_THREADS="${TORCHINDUCTOR_COMPILE_THREADS:-1}"
   fi
   echo "pytest: tier $KERNELHUB_TEST_TIER, ${workers:-one process}"
   rm -f "$OUT/pytest_cuda.xml" "$OUT/not_finished.txt"

@@ -28,17 +28,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
-import time
 import types
 import warnings
 
 import torch
 
 import kernelhub
-from kernelhub import testing
+from kernelhub import testing, timing
 from kernelhub.timing import device_model
 
 # family -> (op, {size: a function (device, generator) -> canonical args})
@@ -127,35 +125,14 @@ def minimal(impl, spec):
     return Minimal.apply
 
 
-def timed_rounds(fns: dict, sync, repeat: int, budget_s: float = 0.05, best: dict | None = None,
+def timed_rounds(fns: dict, device: torch.device, repeat: int, budget_s: float = 0.05, best: dict | None = None,
                  rounds: dict | None = None) -> dict:
-    """Wall us per call of each callable: back-to-back calls (as many as fit in ``budget_s``), one sync per round;
-    the rounds go over every callable, each round in a new order (seeded: so a drift of the machine's speed hits
-    them alike, and no callable always comes first after the synchronisation), median. ``best`` (a dict): filled
-    with each callable's best round, the least disturbed one (on a GPU host whose per-call times wander, the two
-    tell apart what the code costs and what the host's noise does); ``rounds`` (a dict): with each callable's list
-    of rounds, for ratios taken round by round (`paired`)."""
-    number = {}
-    for label, fn in fns.items():
-        for _ in range(3):
-            fn()
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        number[label] = max(1, min(2000, int(budget_s / max(time.perf_counter() - start, 1e-6))))
-    times: dict = {label: [] for label in fns}
-    order, rng = list(fns), random.Random(0)
-    for _ in range(repeat):
-        rng.shuffle(order)
-        for label in order:
-            fn = fns[label]
-            sync()
-            start = time.perf_counter()
-            for _ in range(number[label]):
-                fn()
-            sync()
-            times[label].append((time.perf_counter() - start) / number[label] * 1e6)
+    """Microseconds per call of each callable, the median over ``repeat`` interleaved rounds of
+    `kernelhub.timing.rounds` (the tuner's timing: back-to-back calls filling ``budget_s``, each round in a new
+    order; CUDA events on CUDA). ``best`` (a dict): filled with each callable's best round, the least disturbed one
+    (on a GPU host whose per-call times wander, the two tell apart what the code costs and what the host's noise
+    does); ``rounds`` (a dict): with each callable's list of rounds, for ratios taken round by round (`paired`)."""
+    times = {label: [ms * 1e3 for ms in t] for label, t in timing.rounds(fns, device, repeat, budget_s * 1e3).items()}
     if best is not None:
         best.update({label: min(t) for label, t in times.items()})
     if rounds is not None:
@@ -164,10 +141,10 @@ def timed_rounds(fns: dict, sync, repeat: int, budget_s: float = 0.05, best: dic
 
 
 def paired(rounds: dict, label: str, base: str) -> float:
-    """The median over the rounds of ``label``'s time / ``base``'s in the same round: a ratio that a drift of the
-    host's speed from round to round (the same for both rows of a round) leaves alone, where the ratio of the two
-    medians takes each row's noise on its own."""
-    return statistics.median(a / b for a, b in zip(rounds[label], rounds[base]))
+    """The median over the rounds of ``label``'s time / ``base``'s in the same round (`kernelhub.timing.paired`): a
+    ratio that a drift of the host's speed from round to round (the same for both rows of a round) leaves alone,
+    where the ratio of the two medians takes each row's noise on its own."""
+    return timing.paired(rounds, label, base)[0]
 
 
 def rows_for(op: str, args: tuple, device: torch.device, repeat: int, compile_ref: bool,
@@ -179,7 +156,6 @@ def rows_for(op: str, args: tuple, device: torch.device, repeat: int, compile_re
 
     hub = kernelhub.get_hub()
     spec = hub.registry.spec(op)
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     args = spec.normalize(*args)  # the canonical form every backend's functions take
     diff = spec.differentiable
     leaves_args = testing.with_grad(op, args)
@@ -218,8 +194,8 @@ def rows_for(op: str, args: tuple, device: torch.device, repeat: int, compile_re
             print(f"  {op}: {label} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:100]})", file=sys.stderr)
     f_best, s_best, f_rounds, s_rounds = {}, {}, {}, {}
     with torch.no_grad():
-        f_us = timed_rounds({k: v[0] for k, v in runnable.items()}, sync, repeat, best=f_best, rounds=f_rounds)
-    s_us = timed_rounds({k: v[1] for k, v in runnable.items()}, sync, repeat, best=s_best, rounds=s_rounds)
+        f_us = timed_rounds({k: v[0] for k, v in runnable.items()}, device, repeat, best=f_best, rounds=f_rounds)
+    s_us = timed_rounds({k: v[1] for k, v in runnable.items()}, device, repeat, best=s_best, rounds=s_rounds)
     rows = {label: {"forward_us": f_us[label], "step_us": s_us[label], "forward_best_us": f_best[label],
                     "step_best_us": s_best[label]} for label in runnable}
     for label in rows:
@@ -242,7 +218,6 @@ def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int, 
 
     hub = kernelhub.get_hub()
     spec = hub.registry.spec(op)
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     args = testing.with_grad(op, spec.normalize(*args))
     leaves = testing.leaves(op, args)
     w = torch.randn_like(kernelhub.op(op)(*args).detach())
@@ -277,7 +252,7 @@ def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int, 
             fns[label] = fn
         except Exception as exc:
             print(f"  {op}: {label} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:100]})", file=sys.stderr)
-    return timed_rounds(fns, sync, repeat)
+    return timed_rounds(fns, device, repeat)
 
 
 def launch_rows(device: torch.device, repeat: int) -> dict:
@@ -315,7 +290,7 @@ def launch_rows(device: torch.device, repeat: int) -> dict:
             grad, *args, needs=needs)
     for fn in fns.values():
         fn()
-    us = timed_rounds(fns, sync, repeat)
+    us = timed_rounds(fns, device, repeat)
     kernels = {label: kernels_launched(fn, sync) for label, fn in fns.items()}
     print("launchers (tiny sizes, the functions alone): wall us per call")
     base = us["trivial kernel[grid]"]

@@ -27,6 +27,7 @@ from kernelhub import testing
 from kernelhub.errors import KernelhubError
 from kernelhub.args import describe_args
 from kernelhub.registry import FIRST_PARTY_BACKENDS
+from kernelhub.tune import versus
 
 __all__ = ["main", "build_parser"]
 
@@ -274,12 +275,12 @@ def render_tune(data: dict, console: Console) -> None:
         for col in ("backend", "first call s", "forward ms", "fwd+bwd ms", "outcome"):
             t.add_column(col)
         for name, c in sorted(e["candidates"].items(), key=lambda x: x[1].get("step_ms") or 1e30):
+            how = versus(c) or (f"{c['step_ms'] / e['candidates'][fastest]['step_ms']:.2f}x slower"
+                                if not c["error"] and name != fastest else "")
             outcome = (f"[red]{escape(c['error'])}[/]" if c["error"] else
                        "[green]winner[/]" if name == e["winner"] else
-                       "[yellow]within noise[/]: priority order decides" if name in close else
-                       f"{c['step_ms'] / e['candidates'][fastest]['step_ms']:.2f}x slower")
-            if c.get("step_spread") is not None:
-                outcome += f" (spread {c['step_spread']:.0%})"
+                       "[yellow]within noise[/]" + (f" ({how})" if how else "") if name in close else
+                       how)
             t.add_row(name, f"{c['first_call_s']:.3g}" if c.get("first_call_s") is not None else "-",
                       f"{c['forward_ms']:.4g}" if c.get("forward_ms") is not None else "-",
                       f"{c['step_ms']:.4g}" if c.get("step_ms") is not None else "-", outcome)

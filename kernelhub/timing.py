@@ -1,21 +1,26 @@
-"""Timing: what a timing depends on (`device_model`) and the median time of a call after warm-up (`time_ms`), with
-its spread (`timed`).
+"""Timing: what a timing depends on (`device_model`), the median time of a call after warm-up (`time_ms`), with
+its spread (`timed`), and several callables timed against each other in interleaved rounds (`rounds`, `paired`).
 
-`time_ms` uses `triton.testing.do_bench` on CUDA (CUDA events when triton is missing) and
-`torch.utils.benchmark.Timer.blocked_autorange` on the CPU. The tuner (`kernelhub.tune`) and `kernelhub bench`
-time with it.
+`timed` uses `triton.testing.do_bench` on CUDA (CUDA events when triton is missing) and
+`torch.utils.benchmark.Timer.blocked_autorange` on the CPU; `kernelhub bench` times with it. `rounds` is what the
+tuner (`kernelhub.tune`) and benchmarks/host_overhead.py compare candidates with: a drift of the machine's speed
+hits every candidate of a round alike, so the per-round ratio of two candidates (`paired`) stays stable where each
+one's own spread is wide.
 """
 
 from __future__ import annotations
 
 import functools
 import platform
+import random
+import statistics
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["cpu_name", "device_model", "time_ms", "timed", "Timing"]
+__all__ = ["cpu_name", "device_model", "time_ms", "timed", "Timing", "rounds", "paired"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -83,3 +88,51 @@ def timed(fn: Callable[[], Any], device: torch.device, quick: bool = False) -> T
 def time_ms(fn: Callable[[], Any], device: torch.device, quick: bool = False) -> float:
     """Median time of ``fn()`` in milliseconds, after warm-up."""
     return timed(fn, device, quick).ms
+
+
+def rounds(fns: dict[str, Callable[[], Any]], device: torch.device, repeat: int,
+           budget_ms: float = 20.0) -> dict[str, list[float]]:
+    """Milliseconds per call of each callable, one value per round: each callable is warmed up and calibrated (as
+    many back-to-back calls as fit in ``budget_ms``, at least one), then ``repeat`` rounds go over every callable,
+    each round in a new order (seeded, so no callable always comes first after a synchronisation). A round's time
+    is its calls' span over their number: on CUDA between two CUDA events (the device's timeline: its kernels' time
+    where the calls are device-bound, the host's enqueueing where they are host-bound), on the CPU by the clock."""
+    cuda = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    number = {}
+    for label, fn in fns.items():
+        for _ in range(2):
+            fn()
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        number[label] = max(1, min(1000, int(budget_ms / 1e3 / max(time.perf_counter() - start, 1e-7))))
+    times: dict[str, list[float]] = {label: [] for label in fns}
+    order, rng = list(fns), random.Random(0)
+    for _ in range(repeat):
+        rng.shuffle(order)
+        for label in order:
+            fn, n = fns[label], number[label]
+            sync()
+            if cuda:
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                for _ in range(n):
+                    fn()
+                end.record()
+                end.synchronize()
+                times[label].append(begin.elapsed_time(end) / n)
+            else:
+                start = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                times[label].append((time.perf_counter() - start) * 1e3 / n)
+    return times
+
+
+def paired(times: dict[str, list[float]], label: str, base: str) -> tuple[float, int]:
+    """``label`` against ``base`` over the rounds of `rounds`: the median of the per-round ratios (label's time /
+    base's in the same round) and in how many rounds ``label`` was the slower."""
+    ratios = [a / b for a, b in zip(times[label], times[base])]
+    return statistics.median(ratios), sum(r > 1 for r in ratios)

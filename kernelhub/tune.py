@@ -7,8 +7,8 @@ sources, `Registry.fingerprint`), its median forward and forward+backward times,
 It serves a call only while torch is the same and every backend now eligible for the call was timed
 with its current fingerprint, so a new or changed backend invalidates only the entries of the ops it
 implements. Among the eligible backends that passed parity the fastest forward+backward wins (the
-backward always runs on the backend that ran the forward, so one winner serves both passes), but only by more
-than the noise (`within_noise`: each time's spread, at least `NOISE_FLOOR`); where the fastest are within noise
+backward always runs on the backend that ran the forward, so one winner serves both passes), but only where it
+is faster by more than the noise (`within_noise`, a paired-rounds test: below); where the fastest are within noise
 of each other no winner is recorded, the priority order stands among them (a tuned-only backend among them,
 inductor, is set aside: it serves a call only as the winner), and `explain` says so. Tuning a bucket
 again warns when the winner changed. A backend
@@ -20,8 +20,15 @@ tolerances, measured on small samples, widened where eager torch's own error at 
 spec's reference backend is the judge and is never rejected for parity.
 
 Timing: the first call (a backend that compiles, such as inductor, compiles then) is timed on its own
-and recorded as ``first_call_s``, never mixed into the median after warm-up, which goes through the
-hub's operator with the backend forced (each pays the same dispatch cost), by `kernelhub.timing.timed`.
+and recorded as ``first_call_s``, never mixed into the times after warm-up. Those go through the hub's operator with
+the backend forced (each pays the same dispatch cost), every candidate in each of `ROUNDS` interleaved rounds
+(`kernelhub.timing.rounds`: CUDA events on CUDA). A candidate is slower than the fastest (the least median) where
+its per-round ratio to the fastest has a median of at least 1 + `NOISE_FLOOR` and it was the slower in so many
+rounds that a tie would give that with probability at most 5% (`rounds_needed`: 5 of 5 rounds with ``--quick``, 8 of
+9 without; a one-sided sign test). So a stable ordering wins even where each candidate's own spread is wide, and a
+pair whose order flips between rounds, or whose gap is under `NOISE_FLOOR`, is a tie. The entry records each
+candidate's round times and its comparison with the fastest (``vs_fastest``), which `explain` and ``kernelhub
+tune`` print.
 Parity: forward and backward against the float64 reference on the same fresh random inputs, within the call's
 tolerance (above).
 
@@ -34,6 +41,8 @@ out-of-memory, a transient fault) only loses its place as a winner.
 from __future__ import annotations
 
 import datetime
+import math
+import statistics
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -43,12 +52,14 @@ import torch
 
 from kernelhub.args import bucket, describe_args, first_tensor, map_tensors
 from kernelhub.parity import call_tolerance, parity_error, reference_with_upstream, run
-from kernelhub.timing import device_model, timed
+from kernelhub.timing import device_model, paired, rounds
 from kernelhub.winners import WinnerCache, entry_key
 
-__all__ = ["Tuning", "may_tune_now", "within_noise", "NOISE_FLOOR"]
+__all__ = ["Tuning", "may_tune_now", "within_noise", "NOISE_FLOOR", "ROUNDS", "rounds_needed"]
 
-NOISE_FLOOR = 0.05  # the least relative noise a timing is taken to have: runs move more than one run's repeats
+NOISE_FLOOR = 0.05  # the least gap (median per-round ratio - 1) called a difference: runs move more than that
+ROUNDS = {True: 5, False: 9}  # interleaved rounds, with --quick and without
+ROUND_MS = {True: 5.0, False: 20.0}  # the calls of one candidate in one round last about this long (at least one)
 FAILED_PARITY = "failed parity"  # how a candidate's error starts when it ran but disagreed with the reference
 SHARED_TUNE_WAIT_S = 900.0  # how long online tuning waits for another process tuning under the file's lock
 
@@ -80,16 +91,35 @@ def _fresh(args: Sequence[Any], seed: int = 0) -> tuple:
     return map_tensors(args, fresh)
 
 
+def rounds_needed(n: int) -> int:
+    """The least number of rounds out of ``n`` in which a candidate must be the slower to be called slower: where
+    the two tie (each round a coin flip), that many or more happen with probability at most 5%."""
+    return next(k for k in range(n + 2) if sum(math.comb(n, i) for i in range(k, n + 1)) <= 0.05 * 2 ** n)
+
+
 def within_noise(cands: dict[str, dict]) -> list[str]:
-    """The candidates that passed whose forward+backward time is within noise of the fastest's, fastest first: the
-    relative gap at most the larger spread of the two (`kernelhub.timing.Timing`), and at least `NOISE_FLOOR`. One
+    """The candidates that passed whose forward+backward is not slower than the fastest's (the least median of its
+    ``step_rounds``), fastest first, by the paired-rounds rule (the module's docstring). Each other candidate that
+    passed gets ``vs_fastest``: {"ratio": median per-round ratio, "slower_in": rounds, "rounds": rounds timed}. One
     name: a clear winner; several: none, the priority order stands among them; none: nothing passed."""
     ok = sorted((n for n, c in cands.items() if c["error"] is None), key=lambda n: cands[n]["step_ms"])
     if not ok:
         return []
-    noise = lambda n: max(cands[n].get("step_spread", 0.0), NOISE_FLOOR)  # noqa: E731
-    best = cands[ok[0]]["step_ms"]
-    return [n for n in ok if cands[n]["step_ms"] <= best * (1 + max(noise(ok[0]), noise(n)))]
+    close = [ok[0]]
+    steps = {n: cands[n]["step_rounds"] for n in ok}
+    for n in ok[1:]:
+        ratio, slower = paired(steps, n, ok[0])
+        cands[n]["vs_fastest"] = {"ratio": round(ratio, 4), "slower_in": slower, "rounds": len(steps[n])}
+        if ratio < 1 + NOISE_FLOOR or slower < rounds_needed(len(steps[n])):
+            close.append(n)
+    return close
+
+
+def versus(cand: dict) -> str:
+    """How a candidate compared with the fastest, in words ("1.59x, slower in 5 of 5 rounds"), or '' (an entry tuned
+    before the paired rounds)."""
+    vs = cand.get("vs_fastest")
+    return f"{vs['ratio']:.2f}x, slower in {vs['slower_in']} of {vs['rounds']} rounds" if vs else ""
 
 
 class Tuning:
@@ -165,27 +195,39 @@ class Tuning:
             spec = self.registry.spec(op)
             ref_out, grad, ref_grads = reference = reference_with_upstream(spec, fresh)
             tol = call_tolerance(spec, fresh, reference=reference)
-            cands = {}
+            cands, forwards, steps = {}, {}, {}
+            overload = getattr(torch.ops.kernelhub, op).default
             for name in eligible:
                 cand: dict[str, Any] = {"fingerprint": self.registry.fingerprint(name), "error": None}
                 start = time.perf_counter()
                 cand["error"] = self._parity(op, name, fresh, ref_out, grad, ref_grads, tol)  # compiles, if it must
                 cand["first_call_s"] = time.perf_counter() - start
-                if cand["error"] is not None:  # checked here: `rank` need not check it again in this process
-                    self._verified[(entry_key(op, args), name)] = cand["error"]
+                self._verified[(entry_key(op, args), name)] = cand["error"]  # `rank` need not check it again here
                 if cand["error"] is None:
-                    try:
-                        overload = getattr(torch.ops.kernelhub, op).default
-                        cand["forward_ms"], cand["forward_spread"] = timed(lambda: overload(*fresh, name, 0),
-                                                                           first.device, quick)
-                        cand["step_ms"], cand["step_spread"] = timed(lambda: run(spec, name, fresh, grad),
-                                                                     first.device, quick)
-                        self._verified[(entry_key(op, args), name)] = None
-                    except Exception as exc:
-                        cand["error"] = f"raised {type(exc).__name__}: {exc}"
+                    forwards[name] = lambda name=name: overload(*fresh, name, 0)
+                    steps[name] = lambda name=name: run(spec, name, fresh, grad)
                 cands[name] = cand
                 if progress is not None:
                     progress(name)
+            for key, fns in (("forward", forwards), ("step", steps)):
+                try:
+                    times = rounds(fns, first.device, ROUNDS[quick], ROUND_MS[quick])
+                except Exception:  # which one raised: each alone
+                    times = {}
+                    for name, fn in fns.items():
+                        try:
+                            times[name] = rounds({name: fn}, first.device, ROUNDS[quick], ROUND_MS[quick])[name]
+                        except Exception as exc:
+                            cands[name]["error"] = f"raised {type(exc).__name__}: {exc}"
+                            self._verified.pop((entry_key(op, args), name), None)
+                    forwards = {n: f for n, f in forwards.items() if cands[n]["error"] is None}
+                    steps = {n: f for n, f in steps.items() if cands[n]["error"] is None}
+                for name, ms in times.items():
+                    if cands[name]["error"] is None:
+                        q1, median, q3 = statistics.quantiles(ms, n=4) if len(ms) > 1 else (ms[0],) * 3
+                        cands[name][f"{key}_ms"], cands[name][f"{key}_spread"] = median, (q3 - q1) / median
+                        if key == "step":
+                            cands[name]["step_rounds"] = [float(f"{t:.4g}") for t in ms]
         close = within_noise(cands)
         entry = {"op": op, "device": device_model(first.device), "dtype": str(first.dtype).removeprefix("torch."),
                  "bucket": bucket(args), "call": describe_args(args), "torch": torch.__version__,
@@ -273,13 +315,16 @@ class Tuning:
         if len(close) > 1:
             fastest = min(cands[n]["step_ms"] for n in close)
             for n in close:
+                how = versus(cands[n]) or f"spread {cands[n].get('step_spread', 0):.0%}"
                 why[n] = (f"within noise of the fastest for bucket {entry.get('bucket', '?')}: {cands[n]['step_ms']:.4g} ms "
-                          f"vs {fastest:.4g} ms forward+backward (spread {cands[n].get('step_spread', 0):.0%}, at least "
-                          f"{NOISE_FLOOR:.0%}): priority order among {', '.join(close)} ({entry.get('tuned', '?')})")
+                          f"vs {fastest:.4g} ms forward+backward"
+                          + (f" ({how})" if cands[n]["step_ms"] != fastest else "")
+                          + f": priority order among {', '.join(close)} ({entry.get('tuned', '?')})")
         elif passed:
             why[passed[0]] = (f"tuned winner for bucket {entry.get('bucket', '?')}: {cands[passed[0]]['step_ms']:.4g} ms "
                               f"forward+backward ({entry.get('tuned', '?')})")
         for n in passed[len(head):]:  # against the one that runs: the first placed
             t, best = cands[n]["step_ms"], cands[passed[0]]["step_ms"]
-            why[n] = f"lost on time: {t:.4g} ms vs {best:.4g} ms forward+backward ({t / best:.2f}x slower)"
+            why[n] = (f"lost on time: {t:.4g} ms vs {best:.4g} ms forward+backward ("
+                      + (versus(cands[n]) or f"{t / best:.2f}x slower") + ")")
         return passed, why, failed, (passed[0] if len(head) == 1 else None)

@@ -54,7 +54,8 @@ def entry_key(op: str, args: Sequence[Any]) -> str:
 
 def _well_formed(entry: Any) -> bool:
     """Whether a cache entry has the shape the selector reads: candidates of backend name -> {"error": None or a
-    message, and with no error a finite "step_ms" > 0; any spread or forward time a finite number >= 0}, a
+    message, and with no error a finite "step_ms" > 0; any spread or forward time a finite number >= 0, a "vs_fastest" {"ratio": a number, "slower_in" and "rounds":
+    ints}}, a
     "within_noise" list of names, and text where messages quote it. Anything else in the file
     (a hand edit, a truncated write from another tool) is ignored, never trusted or executed."""
     if not (isinstance(entry, dict) and isinstance(entry.get("candidates"), dict)):
@@ -71,6 +72,10 @@ def _well_formed(entry: Any) -> bool:
         if cand["error"] is None and not _number(cand.get("step_ms"), positive=True):
             return False
         if not all(_number(cand[k]) for k in ("step_spread", "forward_ms", "forward_spread") if k in cand):
+            return False
+        vs = cand.get("vs_fastest", {"ratio": 1, "slower_in": 0, "rounds": 0})
+        if not (isinstance(vs, dict) and _number(vs.get("ratio")) and all(
+                isinstance(vs.get(k), int) and not isinstance(vs.get(k), bool) for k in ("slower_in", "rounds"))):
             return False
     return True
 

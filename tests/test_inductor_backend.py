@@ -34,8 +34,9 @@ def test_priority_alone_never_picks_it():
 def test_tied_within_noise_it_does_not_serve_the_call(monkeypatch):
     """A tuned-only backend serves a call only as the tuned winner: tied with torch_ref within noise (equal
     timings, as a loaded machine may give), there is no winner and it is set aside, as untuned."""
-    from kernelhub import timing, tune
-    monkeypatch.setattr(tune, "timed", lambda fn, device, quick=False: (fn(), timing.Timing(1.0, 0.02))[1])
+    from kernelhub import tune
+    monkeypatch.setattr(tune, "rounds", lambda fns, device, repeat, budget_ms: {n: (f(), [1.0] * repeat)[1]
+                                                                               for n, f in fns.items()})
     data = cli.cmd_tune(cli.build_parser().parse_args(["tune", "trilinear_interp", "--shape", "4096,8,32", "--shape",
                                                        "4096,3", "--device", "cpu"]))
     assert data["tuned"][0]["winner"] is None and set(data["tuned"][0]["within_noise"]) == {"inductor", "torch_ref"}
@@ -48,15 +49,15 @@ def test_tied_within_noise_it_does_not_serve_the_call(monkeypatch):
 def test_the_tuner_picks_it_where_it_is_fastest_and_reports_its_compile_time(monkeypatch):
     monkeypatch.setattr(inductor, "_COMPILED", {})  # compiled by an earlier test of this process: compile again
     from kernelhub import tune
-    timed, seen = tune.timed, []
+    rounds, seen = tune.rounds, []
 
-    def watched(fn, device, quick=False):  # the graphs dynamo holds before and after each timed run
+    def watched(fns, device, repeat, budget_ms):  # the graphs dynamo holds before and after each timed run
         before = inductor.graphs()
-        result = timed(fn, device, quick)
+        result = rounds(fns, device, repeat, budget_ms)
         seen.append((before, inductor.graphs()))
         return result
 
-    monkeypatch.setattr(tune, "timed", watched)
+    monkeypatch.setattr(tune, "rounds", watched)
     parser = cli.build_parser()
     data = cli.cmd_tune(parser.parse_args(["tune", "trilinear_interp", "--shape", "4096,8,32", "--shape", "4096,3",
                                            "--device", "cpu"]))

@@ -11,8 +11,11 @@ each was measured among them. A user's file is looked up in this order, first fo
 Its keys replace the shipped file's; ``[tune]`` and each ``[ops.<op>]`` table are merged key by key (a user's
 ``[ops.semiconv] pin`` keeps the shipped priority for semiconv, a user's ``priority`` there replaces it). An op's
 ``cases`` (``[ops.<op>.cases.<case>] priority``: the order for the calls of one of the op's `kernelhub.spec.Case`s,
-tried before the op's own) merge case by case; a user's op ``priority`` without ``cases`` drops the shipped file's
-cases of that op too, so the user's order holds for every call of it.
+tried before the op's own) merge case by case; an op's ``sizes`` (``[[ops.<op>.sizes]]`` tables of ``min_elements``
+and ``priority``: the order for the calls whose first tensor has at least that many elements, the largest such
+``min_elements`` deciding; tried before the case's and the op's) are replaced whole by a user's. A user's op
+``priority`` without ``cases`` (``sizes``) drops the shipped file's cases (sizes) of that op too, so the user's order
+holds for every call of it.
 
 Environment overrides, applied on top of the file:
 
@@ -61,12 +64,19 @@ def make_private_dirs(path: Path) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class OpConfig:
-    """One ``[ops.<op>]`` table: its priority, pin, and each case's priority (case name -> backends)."""
+    """One ``[ops.<op>]`` table: its priority, pin, each case's priority (case name -> backends), and its size
+    ranges ((min_elements, backends), ascending)."""
 
     priority: tuple[str, ...] = ()
     pin: str = ""
     cases: Mapping[str, tuple[str, ...]] = dataclasses.field(
         default_factory=lambda: types.MappingProxyType({}), hash=False)
+    sizes: tuple[tuple[int, tuple[str, ...]], ...] = ()
+
+    def size_range(self, elements: int) -> tuple[int, tuple[str, ...]] | None:
+        """The size range a call whose first tensor has ``elements`` elements falls in: the one with the largest
+        ``min_elements`` at most ``elements``; None where there is none."""
+        return next((r for r in reversed(self.sizes) if r[0] <= elements), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,12 +110,15 @@ class Config:
     def op(self, name: str) -> OpConfig:
         return self.ops.get(name) or OpConfig()
 
-    def priority_for(self, op: str, backends: list[str], reference: str, case: str = "") -> list[str]:
-        """Order ``backends``: the priority of the call's ``case`` of the op (if configured), then the op's, then
-        the global one; backends named in none go alphabetically just before the op's ``reference`` backend (so
-        installing a backend puts it to use), the reference last unless a list places it elsewhere."""
+    def priority_for(self, op: str, backends: list[str], reference: str, case: str = "",
+                     elements: int | None = None) -> list[str]:
+        """Order ``backends``: the priority of the op's size range for a call of ``elements`` elements (its first
+        tensor's; `OpConfig.size_range`), then that of the call's ``case`` of the op (if configured), then the op's,
+        then the global one; backends named in none go alphabetically just before the op's ``reference`` backend
+        (so installing a backend puts it to use), the reference last unless a list places it elsewhere."""
         order: list[str] = []
-        for names in (self.op(op).cases.get(case, ()), self.op(op).priority, self.priority):
+        size = self.op(op).size_range(elements) if elements is not None else None
+        for names in (size[1] if size else (), self.op(op).cases.get(case, ()), self.op(op).priority, self.priority):
             order += [b for b in names if b not in order]
         unlisted = sorted(b for b in backends if b not in order and b != reference)
         at = order.index(reference) if reference in order else len(order)
@@ -135,14 +148,17 @@ class Config:
             "disabled": sorted(self.disabled),
             "priority": list(self.priority),
             "ops": {k: {"priority": list(v.priority), "pin": v.pin,
-                        "cases": {c: {"priority": list(p)} for c, p in v.cases.items()}} for k, v in self.ops.items()},
+                        "cases": {c: {"priority": list(p)} for c, p in v.cases.items()},
+                        "sizes": [{"min_elements": n, "priority": list(p)} for n, p in v.sizes]}
+                    for k, v in self.ops.items()},
             "tune": {"mode": self.tune.mode, "cache": self.tune.cache, "cache_path": str(self.tune.cache_path())},
         }
 
 
 _TOP_KEYS = {"kill_switch": bool, "strict": bool, "disabled": list, "priority": list, "ops": dict, "tune": dict}
-_OP_KEYS = {"priority": list, "pin": str, "cases": dict}
+_OP_KEYS = {"priority": list, "pin": str, "cases": dict, "sizes": list}
 _CASE_KEYS = {"priority": list}
+_SIZE_KEYS = {"min_elements": int, "priority": list}
 _TUNE_KEYS = {"mode": str, "cache": str}
 
 
@@ -201,11 +217,26 @@ def _over_shipped(data: Mapping) -> dict:
             if isinstance(table, dict) and name in SHIPPED_DATA.get("ops", {}):
                 shipped = SHIPPED_DATA["ops"][name]
                 merged["ops"][name] = {**shipped, **table}
-                if "priority" in table and "cases" not in table:
-                    merged["ops"][name].pop("cases", None)  # the user's order holds for every call of the op
-                elif isinstance(table.get("cases"), dict):
+                for key in ("cases", "sizes"):
+                    if "priority" in table and key not in table:
+                        merged["ops"][name].pop(key, None)  # the user's order holds for every call of the op
+                if isinstance(table.get("cases"), dict):
                     merged["ops"][name]["cases"] = {**shipped.get("cases", {}), **table["cases"]}
     return merged
+
+
+def _sizes(tables: list, where: str, known_backends: frozenset[str]) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    """An op's size ranges, ascending: each table a whole ``min_elements`` >= 1 (each once) and a ``priority``."""
+    ranges = []
+    for i, table in enumerate(tables):
+        _check_table(table, _SIZE_KEYS, f"{where} #{i + 1}")
+        least = table.get("min_elements")
+        if isinstance(least, bool) or not isinstance(least, int) or least < 1:
+            raise ConfigError(f"{where} #{i + 1}.min_elements: expected a whole number >= 1, got {least!r}")
+        if least in [n for n, _ in ranges]:
+            raise ConfigError(f"{where} #{i + 1}.min_elements: {least} is given twice")
+        ranges.append((least, _names(table.get("priority", []), f"{where} #{i + 1}.priority", known_backends)))
+    return tuple(sorted(ranges))
 
 
 def parse_config(data: Mapping, source: str, known_backends: frozenset[str]) -> Config:
@@ -225,7 +256,8 @@ def parse_config(data: Mapping, source: str, known_backends: frozenset[str]) -> 
             _check_table(case_table, _CASE_KEYS, case_where)
             cases[case] = _names(case_table.get("priority", []), f"{case_where}.priority", known_backends)
         ops[name] = OpConfig(priority=_names(table.get("priority", []), f"{where}.priority", known_backends), pin=pin,
-                             cases=types.MappingProxyType(cases))
+                             cases=types.MappingProxyType(cases),
+                             sizes=_sizes(table.get("sizes", []), f"{source}: [[ops.{name}.sizes]]", known_backends))
     tune = data.get("tune", {})
     _check_keys(tune, _TUNE_KEYS, f"{source}: [tune]")
     if tune.get("mode", "cached") not in TUNE_MODES:
@@ -264,6 +296,12 @@ def check_config(config: Config, known_backends: frozenset[str]) -> Config:
         _names(list(table.priority), f"{where}: ops[{name!r}].priority", known_backends)
         for case, names in table.cases.items():
             _names(list(names), f"{where}: ops[{name!r}].cases[{case!r}]", known_backends)
+        if tuple(sorted(table.sizes)) != table.sizes or len({n for n, _ in table.sizes}) != len(table.sizes) or any(
+                isinstance(n, bool) or not isinstance(n, int) or n < 1 for n, _ in table.sizes):
+            raise ConfigError(f"{where}: ops[{name!r}].sizes: expected (min_elements >= 1, backends) pairs, ascending "
+                              f"and each min_elements once, got {table.sizes!r}")
+        for n, names in table.sizes:
+            _names(list(names), f"{where}: ops[{name!r}].sizes[{n}]", known_backends)
     tune = config.tune
     if not isinstance(tune, TuneConfig) or tune.mode not in TUNE_MODES or not isinstance(tune.cache, str) \
             or "\0" in tune.cache:

@@ -158,7 +158,10 @@ class Selector:
         impls, spec = self.registry.impls(op), self.registry.spec(op)
         rejected = self._rejected(op, args, forced, key)
         case = self._case(op, spec, args) if self.config.op(op).cases else ""  # one the config orders on its own
-        ordered = self.config.priority_for(op, [n for n in impls if n not in rejected], spec.reference_backend, case)
+        elements = first_tensor(args).numel() if self.config.op(op).sizes else None
+        size = self.config.op(op).size_range(elements) if elements is not None else None
+        ordered = self.config.priority_for(op, [n for n in impls if n not in rejected], spec.reference_backend, case,
+                                           elements)
         pin = self.config.op(op).pin
         whys: dict[str, str] = {}
         note, cacheable, winner = "", True, None
@@ -167,7 +170,9 @@ class Selector:
             ordered, whys, winner, note, cacheable = self._tuned_order(op, args, ordered, rejected)
         if tuned:
             self._drop_tuned_only(op, ordered, rejected, keep={forced, pin, winner})
-        order = ("priority order " + " > ".join(ordered) + (f" (case {case} of {op})" if case else "")
+        where = ([f"case {case} of {op}"] if case else []) + (
+            [f"{op} calls of >= {size[0]:,} elements, this one {elements:,}"] if size else [])
+        order = ("priority order " + " > ".join(ordered) + (f" ({'; '.join(where)})" if where else "")
                  if ordered else "")
         ordered, why = self._forced_or_pinned(op, args, ordered, rejected, forced, pin, order + note)
         return self._decision(op, args, ordered, rejected, whys, why, forced), cacheable

@@ -20,6 +20,8 @@
 #            (benchmarks/host_overhead.py --compiled-steps; COMPILED_FAMILIES, default tv), as $OUT/compiled_*.json
 #   toolchain - benchmarks/toolchain.py: compile time of a two-op step; the K-Planes tomography step eager,
 #            compiled and under CUDA graphs against its GPU time, as $OUT/toolchain.json
+#   defaults - benchmarks/defaults.py: the untuned hub against cuda_ext and triton forced at every op's benchmark
+#            samples, host sizes and the sizes around the shipped size ranges (DEFAULTS_ARGS narrows), as $OUT/defaults.json
 #   ddp    - two GPUs: examples/ddp_step.py under torchrun (NCCL) and the second-GPU tests
 #   all    - tests and bench (the default)
 # Several steps in one call: scripts/gpu_check.sh tests host examples
@@ -115,6 +117,10 @@ fi
 if has toolchain; then
   timeout -k 10 "${TOOLCHAIN_TIMEOUT:-300}" python3 benchmarks/toolchain.py --device cuda --json "$OUT/toolchain.json" \
     2>&1 | tee "$OUT/toolchain.txt" || rc=1
+fi
+if has defaults; then
+  timeout -k 10 "${DEFAULTS_TIMEOUT:-420}" python3 benchmarks/defaults.py --device cuda ${DEFAULTS_ARGS:-} \
+    --json "$OUT/defaults.json" 2>&1 | grep -v "^W[0-9]" | tee "$OUT/defaults.txt" || rc=1
 fi
 if has ddp; then
   for dtype in float64 float32; do  # float32: atomics in the K-Planes backward, so a looser default --utol

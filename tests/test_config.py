@@ -26,7 +26,9 @@ def test_defaults_are_the_shipped_file_and_a_user_file_merges_over_it(tmp_path):
     assert (default.kill_switch, default.strict, default.disabled, default.priority, default.tune.mode) == \
            (False, False, frozenset(), DEFAULT_PRIORITY, "cached")
     assert default.op("tv_loss_l1_3d").pin == "" and default.op("tv_loss_l1_3d").priority == ()
-    assert default.op("kplanes_interp_tilted_taps").priority == ("triton",)
+    assert default.op("kplanes_interp_tilted_taps").priority == ()
+    assert default.op("kplanes_interp_tilted_taps").sizes == ((98_304, ("triton",)),)
+    assert default.op("tv_loss_l1_3d").sizes == ((67_108_864, ("triton",)),)
     assert default.op("semiconv").priority == ("triton",)
     user = load_config(KNOWN, write(tmp_path / "kernelhub.toml", """
         priority = ["torch_ref"]
@@ -68,11 +70,14 @@ def test_a_files_own_op_priority_replaces_the_built_in_one_and_a_pin_alone_keeps
         pin = "torch_ref"
     """)
     cfg = load_config(KNOWN, tmp_path / "kernelhub.toml")
-    assert cfg.op("kplanes_interp_tilted").priority == ("cuda_ext",)
-    assert cfg.op("kplanes_interp_tilted_ms") == kernelhub.config.OpConfig(priority=("triton",), pin="torch_ref")
-    assert cfg.op("kplanes_interp_tilted_taps").priority == ("triton",)  # the global list alone does not replace it
-    assert cfg.priority_for("kplanes_interp_tilted_taps", ["torch_ref", "cuda_ext", "triton"], "torch_ref") == \
-        ["triton", "cuda_ext", "torch_ref"]
+    assert cfg.op("kplanes_interp_tilted").priority == ("cuda_ext",) and cfg.op("kplanes_interp_tilted").sizes == ()
+    assert cfg.op("kplanes_interp_tilted_ms") == kernelhub.config.OpConfig(pin="torch_ref",
+                                                                           sizes=((98_304, ("triton",)),))
+    # the global list alone does not replace the op's size ranges
+    assert cfg.priority_for("kplanes_interp_tilted_taps", ["torch_ref", "cuda_ext", "triton"], "torch_ref",
+                            elements=3 * 65536) == ["triton", "cuda_ext", "torch_ref"]
+    assert cfg.priority_for("kplanes_interp_tilted_taps", ["torch_ref", "cuda_ext", "triton"], "torch_ref",
+                            elements=3 * 16384) == ["cuda_ext", "triton", "torch_ref"]
 
 
 def test_a_case_priority_merges_case_by_case_and_an_op_priority_alone_drops_the_shipped_cases(tmp_path):
@@ -94,6 +99,55 @@ def test_a_case_priority_merges_case_by_case_and_an_op_priority_alone_drops_the_
     assert case.cases == {"tropical_2d_depthwise": ("torch_ref",)} and case.priority == ("triton",)
     own = load_config(KNOWN, write(tmp_path / "c.toml", "[ops.semiconv]\npriority = ['cuda_ext']\n")).op("semiconv")
     assert own.cases == {} and own.priority == ("cuda_ext",)
+
+
+def test_size_ranges_order_calls_by_their_elements_and_explain_names_the_range(tmp_path):
+    """[[ops.<op>.sizes]]: the range with the largest min_elements a call reaches orders it first (an empty
+    priority ends the range below); a file's own sizes replace the shipped ones whole; explain names the range."""
+    path = write(tmp_path / "kernelhub.toml", """
+        [[ops.tv_loss_sq_3d.sizes]]
+        min_elements = 4096
+        priority = ["torch_ref"]
+        [[ops.tv_loss_sq_3d.sizes]]
+        min_elements = 100
+        priority = ["cuda_ext", "torch_ref"]
+        [[ops.tv_loss_sq_3d.sizes]]
+        min_elements = 10_000
+        priority = []
+    """)
+    cfg = load_config(KNOWN, path)
+    assert cfg.op("tv_loss_sq_3d").sizes == ((100, ("cuda_ext", "torch_ref")), (4096, ("torch_ref",)), (10_000, ()))
+    order = lambda n: cfg.priority_for("tv_loss_sq_3d", ["torch_ref", "cuda_ext"], "torch_ref", elements=n)  # noqa
+    assert [order(n) for n in (99, 100, 4095, 4096, 9999, 10_000)] == [["cuda_ext", "torch_ref"]] * 3 + [
+        ["torch_ref", "cuda_ext"]] * 2 + [["cuda_ext", "torch_ref"]]
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("KERNELHUB_CONFIG", str(path))
+        kernelhub.reload()
+        try:
+            import torch
+            for shape, chosen, named in (((1, 16, 16, 16), "torch_ref", "calls of >= 4,096 elements, this one 4,096"),
+                                         ((1, 8, 8, 8), "cuda_ext", "calls of >= 100 elements, this one 512"),
+                                         ((1, 4, 4, 4), "cuda_ext", None)):
+                decision = kernelhub.explain("tv_loss_sq_3d", torch.randn(shape))
+                reason = decision.candidates[0].reasons[0]
+                assert decision.chosen == chosen and ((named in reason) if named else "elements" not in reason)
+        finally:
+            m.delenv("KERNELHUB_CONFIG")
+            kernelhub.reload()
+
+
+@pytest.mark.parametrize("sizes, message", [
+    ("min_elements = 0\npriority = ['triton']", "min_elements: expected a whole number >= 1, got 0"),
+    ("min_elements = true\npriority = ['triton']", "min_elements: expected a whole number >= 1, got True"),
+    ("priority = ['triton']", "min_elements: expected a whole number >= 1, got None"),
+    ("min_elements = 5\npriority = ['tritonn']", "unknown backend 'tritonn'"),
+    ("min_elements = 5\nprio = []", "unknown key 'prio'; allowed keys: \\['min_elements', 'priority'\\]"),
+    ("min_elements = 5\n[[ops.tv_loss_l1_3d.sizes]]\nmin_elements = 5", "5 is given twice"),
+])
+def test_a_bad_size_range_is_an_error_naming_the_file_op_and_key(tmp_path, sizes, message):
+    path = write(tmp_path / "kernelhub.toml", "[[ops.tv_loss_l1_3d.sizes]]\n" + sizes + "\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: [[ops.tv_loss_l1_3d.sizes]] #") + ".*" + message):
+        load_config(KNOWN, path)
 
 
 def test_an_unknown_case_is_an_error_naming_the_op_and_its_cases(tmp_path):

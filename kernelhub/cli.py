@@ -86,7 +86,7 @@ def cmd_list(args: argparse.Namespace) -> dict:
                               "op_version": reg.spec(op).version}
     errors = [{"plugin": e.plugin, "stage": e.stage, "error": e.error} for e in reg.plugin_errors]
     return {"backends": backends, "ops": ops, "plugin_errors": errors, "config": hub.config.source,
-            "winners": _winners(hub)}
+            "winners": _winners(hub), "wide": args.wide}
 
 
 def _winners(hub) -> dict:
@@ -135,16 +135,20 @@ def render_list(data: dict, console: Console) -> None:
     if not w["devices"]:
         console.print(f"tuned winners: none yet ({w['cache']}; `kernelhub tune` times the backends)")
     for device, rows in w["devices"].items():
+        # two lines an entry, whole at 80 columns: the op, then its dtype and shape bucket; every time with --wide
         t = Table(title=f"tuned winners on {device} (mode {w['mode']}, {w['cache']})")
-        for col in ("op", "dtype", "bucket", "winner", "forward+backward ms", "note"):
+        t.add_column("op / dtype, bucket", no_wrap=True)
+        for col in ("winner, fwd+bwd ms",) + ("every candidate, fwd+bwd ms",) * data["wide"] + ("note",):
             t.add_column(col)
         for r in rows:
-            times = ", ".join(f"{n} {ms:.4g}" for n, ms in sorted(r["step_ms"].items(), key=lambda x: x[1] or 1e30)
-                              if ms is not None)
+            ranked = sorted(((n, ms) for n, ms in r["step_ms"].items() if ms is not None), key=lambda x: x[1])
             note = "; ".join([f"[red]{n} failed[/]" for n in r["failed"]] + ([f"[yellow]stale: {r['stale']}[/]"]
                                                                            if r["stale"] else []))
-            winner = r["winner"] or (f"none: within noise ({', '.join(r['within_noise'])})" if r["within_noise"] else "-")
-            t.add_row(r["op"], r["dtype"], r["bucket"], winner, times, note)
+            winner = (f"{r['winner']} {r['step_ms'][r['winner']]:.3g}" if r["winner"] else
+                      f"none, tied: {', '.join(r['within_noise'])}" if r["within_noise"] else "-")
+            times = [", ".join(f"{n} {ms:.4g}" for n, ms in ranked)] * data["wide"]
+            t.add_row(f"{r['op']}\n[dim]  {_SHORT.get(r['dtype'], r['dtype'])} {r['bucket']}[/]", winner, *times,
+                      note)
         console.print(t)
 
 
@@ -503,6 +507,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (_, _, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        p.add_argument("--wide", action="store_true",
+                       help="print the tables at full width, with every column (default: the terminal's width, "
+                            "80 columns in a pipe)")
         if name == "explain":
             p.add_argument("op", help="op name, e.g. tv_loss_l1_3d")
             p.add_argument("--shape", action="append", type=_shape,
@@ -545,7 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     cmd, render, _ = COMMANDS[args.command]
-    console = Console()
+    console = Console(width=400) if args.wide else Console()
     try:
         data = cmd(args)
     except (KernelhubError, KeyError, ValueError, TypeError, RuntimeError) as exc:

@@ -537,3 +537,32 @@ def test_list_and_tune_print_whole_names_in_80_columns(monkeypatch, capsys):
     text = console.export_text()
     assert max(map(len, text.splitlines())) <= 80
     assert "kplanes_interp_tilted_taps(float32[4, 64, 64, 64]@cuda:0," in text and "1.60x slower" in text
+
+
+@pytest.mark.parametrize("columns", ["80", None])  # a terminal of 80 columns; a pipe (rich then uses 80)
+def test_the_tuned_winners_table_keeps_every_op_whole_in_80_columns_and_wide_shows_every_time(monkeypatch, capsys,
+                                                                                               columns):
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    data = cli.cmd_list(cli.build_parser().parse_args(["list"]))
+    ops = sorted(kernelhub.get_hub().registry.specs)
+    row = lambda op: {"op": op, "dtype": "float32", "bucket": "1048576x4 4x4x4 16x32x256x256",  # noqa: E731
+                      "winner": "triton", "within_noise": [], "failed": {}, "stale": "cuda_ext changed",
+                      "step_ms": {"triton": 0.5123, "cuda_ext": 0.7345, "torch_ref": 12.5}}
+    data["winners"] = {"cache": "/home/user/.cache/kernelhub/tuning.json", "mode": "cached",
+                       "devices": {"NVIDIA H200": [row(op) for op in ops]}}
+    monkeypatch.setitem(cli.COMMANDS, "list", (lambda args: {**data, "wide": args.wide}, *cli.COMMANDS["list"][1:]))
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("tuned winners on"):]
+    assert max(map(len, out.splitlines())) <= 80 and "…" not in out
+    for op in ops:
+        assert f" {op} " in table and "triton 0.512" in table
+    # each entry takes at most two lines of the table
+    assert len([line for line in table.splitlines() if line.startswith("│")]) <= 2 * len(ops)
+    assert "cuda_ext 0.7345" not in table
+    assert cli.main(["list", "--wide"]) == 0
+    wide = capsys.readouterr().out
+    assert "triton 0.5123, cuda_ext 0.7345, torch_ref 12.5" in wide and "stale: cuda_ext changed" in wide

@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     device = torch.device(a.device)
-    hub = kernelhub.get_hub()
+    hub = kernelhub.reload()  # the configuration above, also where kernelhub was imported before this module
     rows = []
     for op in a.ops or sorted(hub.registry.specs):
         for kind, label, args in calls(op, device, set(a.only)):

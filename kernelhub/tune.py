@@ -24,8 +24,8 @@ and recorded as ``first_call_s``, never mixed into the times after warm-up. Thos
 the backend forced (each pays the same dispatch cost), every candidate in each of `ROUNDS` interleaved rounds
 (`kernelhub.timing.rounds`: CUDA events on CUDA). A candidate is slower than the fastest (the least median) where
 its per-round ratio to the fastest has a median of at least 1 + `NOISE_FLOOR` and it was the slower in so many
-rounds that a tie would give that with probability at most 5% (`rounds_needed`: 5 of 5 rounds with ``--quick``, 8 of
-9 without; a one-sided sign test). So a stable ordering wins even where each candidate's own spread is wide, and a
+rounds that a tie would give that with probability at most 5% (`rounds_needed`: 8 of 9 rounds with ``--quick``, 12
+of 15 without; a one-sided sign test: one or two rounds a machine's hiccup turns do not make a tie). So a stable ordering wins even where each candidate's own spread is wide, and a
 pair whose order flips between rounds, or whose gap is under `NOISE_FLOOR`, is a tie. The entry records each
 candidate's round times and its comparison with the fastest (``vs_fastest``), which `explain` and ``kernelhub
 tune`` print.
@@ -58,7 +58,7 @@ from kernelhub.winners import WinnerCache, entry_key
 __all__ = ["Tuning", "may_tune_now", "within_noise", "NOISE_FLOOR", "ROUNDS", "rounds_needed"]
 
 NOISE_FLOOR = 0.05  # the least gap (median per-round ratio - 1) called a difference: runs move more than that
-ROUNDS = {True: 5, False: 9}  # interleaved rounds, with --quick and without
+ROUNDS = {True: 9, False: 15}  # interleaved rounds, with --quick and without
 ROUND_MS = {True: 5.0, False: 20.0}  # the calls of one candidate in one round last about this long (at least one)
 FAILED_PARITY = "failed parity"  # how a candidate's error starts when it ran but disagreed with the reference
 SHARED_TUNE_WAIT_S = 900.0  # how long online tuning waits for another process tuning under the file's lock
@@ -116,7 +116,7 @@ def within_noise(cands: dict[str, dict]) -> list[str]:
 
 
 def versus(cand: dict) -> str:
-    """How a candidate compared with the fastest, in words ("1.59x, slower in 5 of 5 rounds"), or '' (an entry tuned
+    """How a candidate compared with the fastest, in words ("1.59x, slower in 9 of 9 rounds"), or '' (an entry tuned
     before the paired rounds)."""
     vs = cand.get("vs_fastest")
     return f"{vs['ratio']:.2f}x, slower in {vs['slower_in']} of {vs['rounds']} rounds" if vs else ""

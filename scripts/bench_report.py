@@ -44,7 +44,9 @@ FORMAT = "kernelhub-bench-record/1"
 HOST_FORMAT = "kernelhub-host-record/1"
 NN_FORMAT = "kernelhub-nn-record/1"
 CASES_FORMAT = "kernelhub-semiconv-cases-record/1"
-SCRIPTS = {"nd_semiconv": NN_FORMAT, "semiconv_cases": CASES_FORMAT}  # record-nn, record-cases
+DEFAULTS_FORMAT = "kernelhub-defaults-record/1"
+SCRIPTS = {"nd_semiconv": NN_FORMAT, "semiconv_cases": CASES_FORMAT,  # record-nn, record-cases, record-defaults
+           "defaults": DEFAULTS_FORMAT}
 BASELINES = ("torch_ref", "compiled")
 
 
@@ -328,8 +330,13 @@ def host_report(data: dict) -> list[str]:
         command = f"`{r['command'][len(prefix):]}`" if prefix and r["command"].startswith(prefix) \
             else f"`{r['command']}`"
         runs.setdefault((r["date"], r["commit"]), []).append(command + (f" ({r['note']})" if "note" in r else ""))
+    latest = max(date for date, _ in runs)
+    earlier = sum(len(cmds) for (date, _), cmds in runs.items() if date != latest)
     where = (f"Commands `{prefix}ARGS`, with ARGS: " if prefix else "") + \
-        " ".join(f"{date}, commit {commit}: {'; '.join(cmds)}." for (date, commit), cmds in runs.items())
+        " ".join(f"{date}, commit {commit}: {'; '.join(cmds)}." for (date, commit), cmds in runs.items()
+                 if date == latest) + \
+        (f" Rows of {earlier} earlier runs stay where no later run measured them again (each run's date, commit "
+         f"and command: the record in docs/results/)." if earlier else "")
     parts = [f"### {data['device']}", "", f"{data.get('threads', '?')} threads, {v}. {where}", ""]
     families = list(dict.fromkeys(k.split("/")[0] for k in data["rows"]))  # in the order first recorded
     sizes = ("tiny", "medium", "large")
@@ -414,6 +421,29 @@ def host_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def defaults_report(data: dict) -> list[str]:
+    """docs/benchmarks.md's section of one benchmarks/defaults.py record: per op, how many calls the untuned hub
+    served within 1.05x of the fastest backend forced, and its worst call."""
+    v = ", ".join(f"{k} {x}" for k, x in data["versions"].items())
+    b = data.get("before")
+    rows = data["rows"]
+    within = sum(r["hub_vs_fastest"] <= 1.05 for r in rows)
+    parts = [f"### {data['device']}", "", f"{v}. {data['date']}, commit {data['commit']}: `{data['command']}`. "
+             f"**{within} of {len(rows)} calls within 1.05x**" +
+             (f" ({b['within']} of {b['calls']} with {b['what']}, commit {b['commit']}; worst {b['worst']:.2f}, "
+              f"{b['worst_call']})." if b else "."), "",
+             "| op | calls | within 1.05x | worst hub / fastest | that call: the hub picks, fastest (x) |",
+             "|---|---:|---:|---:|---|"]
+    for op in sorted({r["op"] for r in rows}):
+        mine = [r for r in rows if r["op"] == op]
+        w = max(mine, key=lambda r: r["hub_vs_fastest"])
+        pick = f"{w['picked']}, {w['fastest']}" + (f" ({w['picked_vs_fastest']:.2f}x)" if w["picked"] != w["fastest"]
+                                                   and w.get("picked_vs_fastest") else "")
+        parts.append(f"| `{op}` | {len(mine)} | {sum(r['hub_vs_fastest'] <= 1.05 for r in mine)} | "
+                     f"{w['hub_vs_fastest']:.2f} | {w['kind']} {w['call']}: {pick} |")
+    return parts + [""]
+
+
 def _between(text: str, begin: str, end: str, new: str) -> str:
     start, stop = text.index(begin) + len(begin), text.index(end)
     return text[:start] + "\n" + new + "\n" + text[stop:]
@@ -452,6 +482,13 @@ def render(check: bool = False) -> list[str]:
                      "Forward + backward ms (`do_bench` median), each backend forced, depthwise unless dense "
                      "(`benchmarks/semiconv_cases.py`): why the shipped priority of semiconv's "
                      "`tropical_2d_depthwise` case puts cuda_ext first. The small calls are host-bound.")
+    text += _section("Untuned choice", _records(DEFAULTS_FORMAT), defaults_report,
+                     "What a user who never runs `kernelhub tune` gets: the shipped kernelhub.toml's choice against "
+                     "cuda_ext and triton forced, forward + backward, at every op's benchmark samples, the host "
+                     "sizes above and the sizes around the shipped size ranges, timed against each other in 7 "
+                     "interleaved rounds (CUDA events; `benchmarks/defaults.py`); hub / fastest is the median of "
+                     "the rounds' ratios. Where the hub picks the fastest backend the ratio is the dispatch's "
+                     "noise; the host-bound calls move by 10-20% from run to run on this host.")
     readme = _between(README.read_text(), BEGIN, END, winners_table(records))
     new_readme = _between(readme, HOST_BEGIN, HOST_END, host_table(hosts))
     stale = [str(p.relative_to(REPO)) for p, new in ((REPORT, text), (README, new_readme))
@@ -473,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     h = sub.add_parser("record-host", help="run benchmarks/host_overhead.py here and record it")
     h.add_argument("--out", type=Path, required=True)
     h.add_argument("host_args", nargs=argparse.REMAINDER, help="after --: benchmarks/host_overhead.py's arguments")
-    for cmd, script in (("record-nn", "nd_semiconv"), ("record-cases", "semiconv_cases")):
+    for cmd, script in (("record-nn", "nd_semiconv"), ("record-cases", "semiconv_cases"), ("record-defaults", "defaults")):
         n = sub.add_parser(cmd, help=f"run benchmarks/{script}.py here and record it")
         n.add_argument("--out", type=Path, required=True)
         n.set_defaults(script=script)
@@ -481,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.cmd == "record":
         record(args.out, args.quick, args.ops, args.device)
-    elif args.cmd in ("record-nn", "record-cases"):
+    elif args.cmd in ("record-nn", "record-cases", "record-defaults"):
         record_script(args.script, args.out)
     elif args.cmd == "record-host":
         rest = args.host_args

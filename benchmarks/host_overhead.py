@@ -1,8 +1,8 @@
 """Per-call cost of the hub against minimal glue around the same kernels, for every op family.
 
-For each family (TV L1, trilinear, K-Planes, semiconv, Tikhonov) at a tiny, a medium and a large size, wall
-microseconds per call, calls issued back to back with no synchronisation between them (one at the end of each
-repeat), median of the repeats, of:
+For each family (TV L1, trilinear, K-Planes, semiconv, Tikhonov) at a tiny, a medium and a large size,
+microseconds per call, calls issued back to back with no synchronisation between them, each round timed by the
+clock (between two CUDA events on CUDA: `kernelhub.timing.rounds`, the tuner's timing), median of the rounds, of:
 
   eager ref     - the torch_ref math called directly, plain autograd (kernelhub_torch_ref's functions)
   compiled ref  - torch.compile of that function (compiled before timing)

@@ -463,8 +463,9 @@ def render(check: bool = False) -> list[str]:
     hosts = _records(HOST_FORMAT)
     text = report(records)
     text += _section("Per-call host cost", hosts, host_report,
-                     "What a call costs the host: wall µs per call, calls back to back, one synchronisation "
-                     "per round, median of the rounds (`benchmarks/host_overhead.py`), forward \\| forward + "
+                     "What a call costs the host: µs per call, calls back to back, median of interleaved "
+                     "rounds (`benchmarks/host_overhead.py`; each round timed by the clock, between CUDA events "
+                     "on CUDA since 2026-11-27), forward \\| forward + "
                      "backward. `hub`: the hub's choice; `min:B`: backend B's forward and backward in a minimal "
                      "`torch.autograd.Function` (the floor for Python glue around B's kernels). Without grad the "
                      "hub calls the forward with no autograd glue, so its forward can beat that floor. Semiconv: "

@@ -25,8 +25,9 @@ the backend forced (each pays the same dispatch cost), every candidate in each o
 (`kernelhub.timing.rounds`: CUDA events on CUDA). A candidate is slower than the fastest (the least median) where
 its per-round ratio to the fastest has a median of at least 1 + `NOISE_FLOOR` and it was the slower in so many
 rounds that a tie would give that with probability at most 5% (`rounds_needed`: 8 of 9 rounds with ``--quick``, 12
-of 15 without; a one-sided sign test: one or two rounds a machine's hiccup turns do not make a tie). So a stable ordering wins even where each candidate's own spread is wide, and a
-pair whose order flips between rounds, or whose gap is under `NOISE_FLOOR`, is a tie. The entry records each
+of 15 without; a one-sided sign test: one or two rounds a machine's hiccup turns do not make a tie). So a stable
+ordering wins even where each candidate's own spread is wide, and a pair whose order flips between rounds, or whose
+gap is under `NOISE_FLOOR`, is a tie. The entry records each
 candidate's round times and its comparison with the fastest (``vs_fastest``), which `explain` and ``kernelhub
 tune`` print.
 Parity: forward and backward against the float64 reference on the same fresh random inputs, within the call's
@@ -209,7 +210,8 @@ class Tuning:
                 cands[name] = cand
                 if progress is not None:
                     progress(name)
-            for key, fns in (("forward", forwards), ("step", steps)):
+            for key, every in (("forward", forwards), ("step", steps)):
+                fns = {n: f for n, f in every.items() if cands[n]["error"] is None}  # not one whose forward raised
                 try:
                     times = rounds(fns, first.device, ROUNDS[quick], ROUND_MS[quick])
                 except Exception:  # which one raised: each alone
@@ -220,8 +222,6 @@ class Tuning:
                         except Exception as exc:
                             cands[name]["error"] = f"raised {type(exc).__name__}: {exc}"
                             self._verified.pop((entry_key(op, args), name), None)
-                    forwards = {n: f for n, f in forwards.items() if cands[n]["error"] is None}
-                    steps = {n: f for n, f in steps.items() if cands[n]["error"] is None}
                 for name, ms in times.items():
                     if cands[name]["error"] is None:
                         q1, median, q3 = statistics.quantiles(ms, n=4) if len(ms) > 1 else (ms[0],) * 3

@@ -95,6 +95,28 @@ def test_the_tuner_ranks_by_measured_time(hub):
     assert entry["winner"] == "bfast" and c["aslow"]["step_ms"] > 2 * c["bfast"]["step_ms"] > 2 * 4.0
 
 
+def test_a_candidate_that_raises_while_timed_is_no_winner_and_the_others_are_timed(hub, monkeypatch):
+    """Timing runs every candidate in interleaved rounds; one that raises there (an out-of-memory at the size
+    tuned, say) gets the error, is timed no further, and the others keep their rounds."""
+    from kernelhub import tune
+    h = hub()
+    real, seen = tune.rounds, []
+
+    def flaky(fns, device, repeat, budget_ms):
+        seen.append(sorted(fns))
+
+        def boom():
+            raise RuntimeError("out of memory, say")
+        return real({n: boom if n == "aslow" else f for n, f in fns.items()}, device, repeat, budget_ms)
+    monkeypatch.setattr(tune, "rounds", flaky)
+    args = h.registry.spec("tv_loss_sq_3d").normalize(VOLUME)
+    entry = h.selector.tuning.tune("tv_loss_sq_3d", args, ["aslow", "bfast"], quick=True, save=False)
+    c = entry["candidates"]
+    assert c["aslow"]["error"] == "raised RuntimeError: out of memory, say" and "forward_ms" not in c["aslow"]
+    assert entry["winner"] == "bfast" and len(c["bfast"]["step_rounds"]) == tune.ROUNDS[True]
+    assert seen[-1] == ["bfast"]  # the step's rounds leave out the one whose forward raised
+
+
 def test_a_compiled_step_runs_the_tuned_winner_without_recompiling(hub):
     """Tuned winners reach compiled code as they reach eager calls: the graph holds the op's operator, which
     selects when it runs (docs/user-guide.md, "torch.compile, torch.export, CUDA graphs")."""

@@ -117,10 +117,11 @@ def rounds(fns: dict[str, Callable[[], Any]], device: torch.device, repeat: int,
             sync()
             if cuda:
                 begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                begin.record()
+                stream = torch.cuda.current_stream(device)
+                begin.record(stream)
                 for _ in range(n):
                     fn()
-                end.record()
+                end.record(stream)
                 end.synchronize()
                 times[label].append(begin.elapsed_time(end) / n)
             else:

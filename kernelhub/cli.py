@@ -138,6 +138,8 @@ def render_list(data: dict, console: Console) -> None:
         # two lines an entry, whole at 80 columns: the op, then its dtype and shape bucket; every time with --wide
         t = Table(title=f"tuned winners on {device} (mode {w['mode']}, {w['cache']})")
         t.add_column("op / dtype, bucket", no_wrap=True)
+        # the bucket cut to what leaves the other columns room (about 46 characters; a semiconv bucket runs to 90)
+        room = None if data["wide"] else max([len(r["op"]) for r in rows] + [console.width - 46])
         for col in ("winner, fwd+bwd ms",) + ("every candidate, fwd+bwd ms",) * data["wide"] + ("note",):
             t.add_column(col)
         for r in rows:
@@ -147,8 +149,10 @@ def render_list(data: dict, console: Console) -> None:
             winner = (f"{r['winner']} {r['step_ms'][r['winner']]:.3g}" if r["winner"] else
                       f"none, tied: {', '.join(r['within_noise'])}" if r["within_noise"] else "-")
             times = [", ".join(f"{n} {ms:.4g}" for n, ms in ranked)] * data["wide"]
-            t.add_row(f"{r['op']}\n[dim]  {_SHORT.get(r['dtype'], r['dtype'])} {r['bucket']}[/]", winner, *times,
-                      note)
+            call = f"  {_SHORT.get(r['dtype'], r['dtype'])} {r['bucket']}"
+            if room is not None and len(call) > room:
+                call = call[:room - 1] + "…"
+            t.add_row(f"{r['op']}\n[dim]{call}[/]", winner, *times, note)
         console.print(t)
 
 

@@ -551,18 +551,22 @@ def test_the_tuned_winners_table_keeps_every_op_whole_in_80_columns_and_wide_sho
     row = lambda op: {"op": op, "dtype": "float32", "bucket": "1048576x4 4x4x4 16x32x256x256",  # noqa: E731
                       "winner": "triton", "within_noise": [], "failed": {}, "stale": "cuda_ext changed",
                       "step_ms": {"triton": 0.5123, "cuda_ext": 0.7345, "torch_ref": 12.5}}
+    semiconv = {**row("semiconv"), "bucket": "2x8x32x32 8x1x8x8 'tropical_max' [1, 1] [2, 2, 2, 2] [1, 1] 8 'conv' "
+                                              "False False False"}  # a real one, from the README's main job
     data["winners"] = {"cache": "/home/user/.cache/kernelhub/tuning.json", "mode": "cached",
-                       "devices": {"NVIDIA H200": [row(op) for op in ops]}}
+                       "devices": {"NVIDIA H200": [row(op) for op in ops] + [semiconv]}}
     monkeypatch.setitem(cli.COMMANDS, "list", (lambda args: {**data, "wide": args.wide}, *cli.COMMANDS["list"][1:]))
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
     table = out[out.index("tuned winners on"):]
-    assert max(map(len, out.splitlines())) <= 80 and "…" not in out
-    for op in ops:
-        assert f" {op} " in table and "triton 0.512" in table
-    # each entry takes at most two lines of the table
-    assert len([line for line in table.splitlines() if line.startswith("│")]) <= 2 * len(ops)
+    assert max(map(len, out.splitlines())) <= 80 and "…" not in out[:out.index("tuned winners on")]
+    lines = [line for line in table.splitlines() if line.startswith("│")]
+    for op in ops:  # the op whole, its winner and its note beside it
+        assert any(f"│ {op} " in line and "triton 0.512" in line and "stale:" in line for line in lines), op
+    assert len(lines) <= 2 * (len(ops) + 1)  # each entry on at most two lines
+    assert "8x1x8x8 'tropical" in table and "False False False" not in table  # the long bucket cut, not wrapped
     assert "cuda_ext 0.7345" not in table
     assert cli.main(["list", "--wide"]) == 0
     wide = capsys.readouterr().out
     assert "triton 0.5123, cuda_ext 0.7345, torch_ref 12.5" in wide and "stale: cuda_ext changed" in wide
+    assert "[1, 1] 8 'conv' False False False" in wide

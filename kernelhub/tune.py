@@ -117,10 +117,10 @@ def within_noise(cands: dict[str, dict]) -> list[str]:
 
 
 def versus(cand: dict) -> str:
-    """How a candidate compared with the fastest, in words ("1.59x, slower in 9 of 9 rounds"), or '' (an entry tuned
+    """How a candidate compared with the fastest, in words ("1.59x, slower in 9/9 rounds"), or '' (an entry tuned
     before the paired rounds)."""
     vs = cand.get("vs_fastest")
-    return f"{vs['ratio']:.2f}x, slower in {vs['slower_in']} of {vs['rounds']} rounds" if vs else ""
+    return f"{vs['ratio']:.2f}x, slower in {vs['slower_in']}/{vs['rounds']} rounds" if vs else ""
 
 
 class Tuning:

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["cpu_name", "device_model", "time_ms", "timed", "Timing", "rounds", "paired"]
+__all__ = ["cpu_name", "device_model", "time_ms", "timed", "Timing", "quartiles", "rounds", "paired"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -52,7 +52,8 @@ class Timing(NamedTuple):
     spread: float
 
 
-def _quartiles(times: list[float]) -> Timing:
+def quartiles(times: list[float]) -> Timing:
+    """The median of ``times`` and their spread (`Timing`)."""
     q = torch.tensor(times, dtype=torch.float64).quantile(torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64))
     return Timing(float(q[1]), float((q[2] - q[0]) / q[1]) if q[1] > 0 else 0.0)
 
@@ -65,7 +66,7 @@ def timed(fn: Callable[[], Any], device: torch.device, quick: bool = False) -> T
         except ImportError:
             do_bench = None
         if do_bench is not None:
-            return _quartiles(list(do_bench(fn, warmup=5 if quick else 25, rep=20 if quick else 100,
+            return quartiles(list(do_bench(fn, warmup=5 if quick else 25, rep=20 if quick else 100,
                                             return_mode="all")))
         for _ in range(3):
             fn()
@@ -77,7 +78,7 @@ def timed(fn: Callable[[], Any], device: torch.device, quick: bool = False) -> T
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
-        return _quartiles(times)
+        return quartiles(times)
     import torch.utils.benchmark as benchmark
     fn()
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import datetime
 import math
-import statistics
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -53,7 +52,7 @@ import torch
 
 from kernelhub.args import bucket, describe_args, first_tensor, map_tensors
 from kernelhub.parity import call_tolerance, parity_error, reference_with_upstream, run
-from kernelhub.timing import device_model, paired, rounds
+from kernelhub.timing import device_model, paired, quartiles, rounds
 from kernelhub.winners import WinnerCache, entry_key
 
 __all__ = ["Tuning", "may_tune_now", "within_noise", "NOISE_FLOOR", "ROUNDS", "rounds_needed"]
@@ -224,8 +223,7 @@ class Tuning:
                             self._verified.pop((entry_key(op, args), name), None)
                 for name, ms in times.items():
                     if cands[name]["error"] is None:
-                        q1, median, q3 = statistics.quantiles(ms, n=4) if len(ms) > 1 else (ms[0],) * 3
-                        cands[name][f"{key}_ms"], cands[name][f"{key}_spread"] = median, (q3 - q1) / median
+                        cands[name][f"{key}_ms"], cands[name][f"{key}_spread"] = quartiles(ms)
                         if key == "step":
                             cands[name]["step_rounds"] = [float(f"{t:.4g}") for t in ms]
         close = within_noise(cands)

@@ -200,7 +200,12 @@ def _example_args(op: str, shapes: list[list[int]], values: list[str], dtype: to
 def cmd_explain(args: argparse.Namespace) -> dict:
     call = _example_args(args.op, args.shape or [], args.arg or [], args.dtype, args.device,
                          fake_above=EXPLAIN_REAL_BYTES)
-    return kernelhub.get_hub().selector.peek(args.op, call).as_dict()
+    selector = kernelhub.get_hub().selector
+    data = selector.peek(args.op, call).as_dict()
+    traced = selector.traced(args.op, call)
+    data["compiled"] = (f"traced into the graph: {traced.backend}" if traced is not None else
+                        "the operator, which selects when it runs, as above")
+    return data
 
 
 def render_explain(data: dict, console: Console) -> None:
@@ -214,6 +219,7 @@ def render_explain(data: dict, console: Console) -> None:
             why = f"lost to {c['lost_to']}: {why}"
         t.add_row(c["backend"], f"[{colour[c['status']]}]{c['status']}[/]", why)
     console.print(t)
+    console.print(f"in a torch.compile graph (\\[compile] priority): {data['compiled']}")
 
 
 # -- tune -------------------------------------------------------------------

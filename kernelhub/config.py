@@ -8,7 +8,7 @@ each was measured among them. A user's file is looked up in this order, first fo
 2. ``./kernelhub.toml`` in the working directory,
 3. ``$XDG_CONFIG_HOME/kernelhub/kernelhub.toml`` (default ``~/.config/kernelhub/kernelhub.toml``).
 
-Its keys replace the shipped file's; ``[tune]`` and each ``[ops.<op>]`` table are merged key by key (a user's
+Its keys replace the shipped file's; ``[tune]``, ``[compile]`` and each ``[ops.<op>]`` table are merged key by key (a user's
 ``[ops.semiconv] pin`` keeps the shipped priority for semiconv, a user's ``priority`` there replaces it). An op's
 ``cases`` (``[ops.<op>.cases.<case>] priority``: the order for the calls of one of the op's `kernelhub.spec.Case`s,
 tried before the op's own) merge case by case; an op's ``sizes`` (``[[ops.<op>.sizes]]`` tables of ``min_elements``
@@ -106,6 +106,9 @@ class Config:
     tune: TuneConfig = TuneConfig()
     source: str = "shipped defaults"
     overrides: tuple[str, ...] = ()
+    # [compile] priority: the backends traced into a torch.compile graph, first eligible wins
+    # (`kernelhub.select.Selector.traced`); () leaves every call to the operator, which selects when it runs
+    compile_priority: tuple[str, ...] = ()
 
     def op(self, name: str) -> OpConfig:
         return self.ops.get(name) or OpConfig()
@@ -152,14 +155,17 @@ class Config:
                         "sizes": [{"min_elements": n, "priority": list(p)} for n, p in v.sizes]}
                     for k, v in self.ops.items()},
             "tune": {"mode": self.tune.mode, "cache": self.tune.cache, "cache_path": str(self.tune.cache_path())},
+            "compile": {"priority": list(self.compile_priority)},
         }
 
 
-_TOP_KEYS = {"kill_switch": bool, "strict": bool, "disabled": list, "priority": list, "ops": dict, "tune": dict}
+_TOP_KEYS = {"kill_switch": bool, "strict": bool, "disabled": list, "priority": list, "ops": dict, "tune": dict,
+             "compile": dict}
 _OP_KEYS = {"priority": list, "pin": str, "cases": dict, "sizes": list}
 _CASE_KEYS = {"priority": list}
 _SIZE_KEYS = {"min_elements": int, "priority": list}
 _TUNE_KEYS = {"mode": str, "cache": str}
+_COMPILE_KEYS = {"priority": list}
 
 
 def find_config_file(cwd: Path | None = None) -> Path | None:
@@ -209,7 +215,7 @@ def _over_shipped(data: Mapping) -> dict:
     """A user's data over the shipped file's: top-level keys replaced, [tune] and each [ops.<op>] merged key by key
     (a value that is not a table replaces the shipped one, and the checks then name it)."""
     merged = {**SHIPPED_DATA, **data}
-    for key in ("tune", "ops"):
+    for key in ("tune", "ops", "compile"):
         if isinstance(data.get(key), dict):
             merged[key] = {**SHIPPED_DATA.get(key, {}), **data[key]}
     if isinstance(data.get("ops"), dict):
@@ -264,6 +270,8 @@ def parse_config(data: Mapping, source: str, known_backends: frozenset[str]) -> 
         raise ConfigError(f"{source}: [tune].mode: {tune['mode']!r}; allowed: {list(TUNE_MODES)}")
     if "\0" in tune.get("cache", ""):
         raise ConfigError(f"{source}: [tune].cache: a path cannot hold a NUL character, got {tune['cache']!r}")
+    compiled = data.get("compile", {})
+    _check_keys(compiled, _COMPILE_KEYS, f"{source}: [compile]")
     return Config(
         kill_switch=data.get("kill_switch", False),
         strict=data.get("strict", False),
@@ -272,6 +280,7 @@ def parse_config(data: Mapping, source: str, known_backends: frozenset[str]) -> 
         ops=types.MappingProxyType(ops),
         tune=TuneConfig(mode=tune.get("mode", "cached"), cache=tune.get("cache", "")),
         source=source,
+        compile_priority=_names(compiled.get("priority", []), f"{source}: [compile].priority", known_backends),
     )
 
 
@@ -287,6 +296,7 @@ def check_config(config: Config, known_backends: frozenset[str]) -> Config:
     flag("strict")
     _names(list(config.disabled), f"{where}: disabled", known_backends)
     _names(list(config.priority), f"{where}: priority", known_backends)
+    _names(list(config.compile_priority), f"{where}: compile_priority", known_backends)
     for name, table in config.ops.items():
         if not isinstance(table, OpConfig):
             raise ConfigError(f"{where}: ops[{name!r}]: expected an OpConfig, got {type(table).__name__}")

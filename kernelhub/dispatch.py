@@ -1,4 +1,5 @@
-"""How a call of ``kernelhub.op(name)`` reaches an impl: two paths, one selection.
+"""How a call of ``kernelhub.op(name)`` reaches an impl: the eager fast path or the operators (traced into a
+compiled graph where the hub says so), one selection.
 
 **The operators** (`define_ops`, one pair per spec, defined once per process with ``torch.library.Library``):
 
@@ -11,14 +12,21 @@
 
 Invariants of the operators, which are what the PyTorch 2 toolchain sees:
 
-- Selection happens inside the operator's kernel, when it runs, never while a graph is traced: a trace
-  (``torch.compile``, ``torch.export``, ``make_fx``, a functorch transform, fake tensors) records one node per
-  call whose value the fake implementation (`kernelhub.spec.OpSpec.output`) describes. Nothing kernelhub holds
-  changes while tracing, and a graph never holds a backend's functions: the kill switch, pins, forced backends,
-  tuned winners and fallback act on compiled code as on eager code, with no recompilation.
-- The forward's autograd formula calls the backward operator, which selects again with the same key and so
-  reaches the backend that ran the forward. The backward operator refuses double backward with an error naming
-  the op.
+- A trace (``torch.compile``'s dynamo, ``torch.export``, ``make_fx``, a functorch transform, fake tensors) records
+  one node per call whose value the fake implementation (`kernelhub.spec.OpSpec.output`) describes. Where the
+  node runs, selection happens inside the operator's kernel, when it runs: the kill switch, pins, forced
+  backends, tuned winners and fallback act on it as on an eager call.
+- **Traced into a graph** (`_traced_rule`): when torch.compile's AOTAutograd makes its graphs (functional
+  tensors: the mechanism of ``torch.library.triton_op``), the hub may put an impl's own work in place of the
+  node, forward and backward: the impl `kernelhub.select.Selector.traced` picks (the config's ``[compile]
+  priority``, a pin or a forced backend; traceable impls only, static shapes only, never for torch.export). The
+  graph then holds its torch operators and Triton launches and no Python call per op. Dynamo guards on
+  `kernelhub.select.GENERATION` (`OpHandle._via_operators` reads it), so a graph made before the hub changed (a
+  reload, a backend marked failed) recompiles; `kernelhub.hub` keys torch.compile's caches on disk on the hubs'
+  state. An impl that raises while traced leaves the node in the graph.
+- The forward's autograd formula calls the backward operator, which selects (or traces) again with the same key
+  and so reaches the backend that ran the forward. The backward operator refuses double backward with an error
+  naming the op.
 - A call returns new tensors and keeps no tensor of the call after it returns (the backends' scratch buffers
   are the call's own), so a CUDA graph may capture it (``mode="reduce-overhead"``): a captured call replays the
   kernels of the impl chosen when it was captured.
@@ -43,9 +51,12 @@ from typing import Any
 
 import torch
 import torch.autograd.forward_ad as _fwad
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
 from kernelhub.args import tensors_of
 from kernelhub.errors import ConfigError
+from kernelhub.select import GENERATION
 from kernelhub.spec import OpSpec, plan_call, put_back, to_slots
 
 __all__ = ["define_ops", "OpHandle", "NAMESPACE", "traced", "EAGER_FAST_PATH", "refuse_unsupported_autodiff"]
@@ -256,11 +267,53 @@ def unflatten_grads(spec: OpSpec, args: Sequence[Any], needs: Sequence[bool], fl
     return grads
 
 
-def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable) -> Any:
+def _static(args: Sequence[Any]) -> bool:
+    """Whether every tensor of ``args`` (lists' too) has a shape of plain ints (no symbolic size)."""
+    return all(type(s) is int for a in args for t in (tensors_of(a) or ()) for s in t.shape)
+
+
+def _exporting() -> bool:
+    """Whether torch.export traces (it keeps custom operators whole, as triton_op's do), or this torch cannot
+    say (then nothing is traced into a graph)."""
+    try:
+        from torch.export._trace import custom_triton_ops_decomposition_disabled
+    except ImportError:
+        return True
+    return custom_triton_ops_decomposition_disabled()
+
+
+def _traced_rule(spec: OpSpec, backward: bool, trace: Callable) -> Callable:
+    """The operators' rule under ``FunctionalTensorMode``, the mode in which torch.compile's AOTAutograd makes
+    its graphs (the mechanism of ``torch.library.triton_op``): ``trace(op, args, backend, hub, run)``, inside the
+    mode, runs ``run(impl)`` for the impl the hub traces into the graph for the call and returns its result, or None where
+    there is none; then, and for torch.export, symbolic sizes and tensor subclasses, the graph holds the
+    operator."""
+    n = len(spec.args)
+    plain = {torch.Tensor, torch.nn.Parameter}
+
+    def rule(mode, func, types, args, kwargs):
+        op_args, backend, hub = (args[1:n + 1], args[n + 2], args[n + 3]) if backward else (args[:n], args[n],
+                                                                                          args[n + 1])
+        if not kwargs and _static(op_args) and not _exporting() and all(
+                t in plain or issubclass(t, (FunctionalTensor, FakeTensor)) for t in types):
+            def run(impl):
+                if backward:
+                    return flatten_grads(spec, op_args, args[n + 1], impl.backward(args[0], *op_args, needs=args[n + 1]))
+                return impl.forward(*op_args).contiguous()
+            with mode:  # the graph's tensors work only inside it (the selection's too: a spec's output, say)
+                out = trace(spec.name, op_args, backend, hub, run)
+            if out is not None:
+                return out
+        return mode.__torch_dispatch__(func, types, args, kwargs)
+    return rule
+
+
+def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable, trace: Callable) -> Any:
     """Define (once per process) the two operators of ``spec``; returns the forward OpOverload.
 
     ``run_forward(op, args, backend, hub)`` and ``run_backward(op, grad, args, needs, backend, hub)`` run the
     operators; each finds the hub by its key at call time, so reloading the hub does not redefine operators.
+    ``trace`` (`_traced_rule`'s) gives the impl torch.compile traces into its graph in their place.
     """
     if spec.name in _DEFINED:
         return _DEFINED[spec.name][0]
@@ -293,6 +346,10 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable) -> A
         raise RuntimeError(f"double backward is not supported by kernelhub.{name}")
 
     torch.library.register_autograd(bwd, refuse_double_backward, lib=lib)
+    if hasattr(torch.library, "register_torch_dispatch"):  # torch >= 2.4; before it, graphs hold the operators
+        for op, backward in ((overload, False), (bwd, True)):
+            torch.library.register_torch_dispatch(op, FunctionalTensorMode, _traced_rule(spec, backward, trace),
+                                                  lib=lib)
 
     def setup_context(ctx, inputs, output):
         args = inputs[:n]
@@ -498,7 +555,12 @@ class OpHandle:
         return out if self.weights is None else _weigh(spec.name, out, self.weights)
 
     def _via_operators(self, args: tuple) -> torch.Tensor:
-        """The call through the op's operator: what a trace records (one node), selection at run time inside it."""
+        """The call through the op's operator: what a trace records (one node), selection at run time inside it,
+        or, in a torch.compile graph, the impl traced in its place (`kernelhub.select.Selector.traced`). While
+        dynamo traces, the comparison reads `GENERATION`'s token, so dynamo guards on it: a graph made before the
+        hub changed (a reload, a backend marked failed) recompiles at its next call."""
+        if torch.compiler.is_compiling() and GENERATION.token == "":
+            raise AssertionError("kernelhub: the generation token is never empty")
         return self._overload(*args, self.backend, self.hub)
 
     def _run(self, hub: Any, decision: Any, args: tuple, tensors: list[torch.Tensor], plan: tuple) -> torch.Tensor:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
+import json
+import re
 import sys
 import threading
 import weakref
@@ -12,6 +15,7 @@ from typing import Any
 
 import torch
 
+from kernelhub.args import tensors_of
 from kernelhub.config import Config, check_config, load_config
 from kernelhub.dispatch import OpHandle, define_ops, flatten_grads, weighted_sum
 from kernelhub.errors import NoImplementationError, WrongOutputError
@@ -38,7 +42,13 @@ class Hub:
         self.selector = Selector(self.registry, self.config)
         self._handles: dict[tuple[str, str], OpHandle] = {}
         for spec in self.registry.specs.values():
-            define_ops(spec, _run_forward, _run_backward)
+            define_ops(spec, _run_forward, _run_backward, _trace)
+        self.fingerprint = hashlib.sha1(json.dumps([
+            self.config.as_dict(), sorted((b.name, b.version) for b in self.registry.backends.values()),
+            sorted((op, name, impl.traceable) for op in self.registry.specs
+                   for name, impl in self.registry.impls(op).items())], default=str).encode()).hexdigest()[:16]
+        _FINGERPRINTS[self.key] = self.fingerprint
+        _tag_compile_caches()
 
     def handle(self, name: str, backend: str | None = None) -> OpHandle:
         key = (name, backend or "")
@@ -49,7 +59,7 @@ class Hub:
                 raise NoImplementationError(
                     f"kernelhub.op({name!r}, backend={backend!r}): backend not available: "
                     f"{self.registry.unavailable_reason(backend)} (registered: {sorted(self.registry.backends)})")
-            overload = define_ops(spec, _run_forward, _run_backward)
+            overload = define_ops(spec, _run_forward, _run_backward, _trace)
             if self.key == GLOBAL:
                 h = OpHandle(spec, overload, backend or "", get_hub)
             else:
@@ -305,9 +315,29 @@ def _global(hub: Hub) -> Hub:
     """Make ``hub`` the global one: its handles then follow `get_hub` (key `GLOBAL`)."""
     global _HUB
     del _HUBS[hub.key]
+    _FINGERPRINTS[GLOBAL] = _FINGERPRINTS.pop(hub.key)
     hub.key = GLOBAL
     _HUB = hub
+    _tag_compile_caches()
     return hub
+
+
+_FINGERPRINTS: dict[int, str] = {}  # Hub.key -> Hub.fingerprint, every hub built in this process
+_TAG = re.compile(r"kernelhub-[0-9a-f]{16};")
+
+
+def _tag_compile_caches() -> None:
+    """Put the hubs' state into ``torch.compiler.config.cache_key_tag`` (after the user's own tag), which keys
+    torch.compile's caches on disk: a graph whose operators were traced into impls (`_trace`) is reused only by a
+    process whose hubs would trace the same (the same config, plugins and versions); dynamo's guards
+    (`kernelhub.select.GENERATION`) do the same within a process. Torch without the tag: no change."""
+    config = getattr(torch.compiler, "config", None)
+    if config is None or not isinstance(getattr(config, "cache_key_tag", None), str):
+        return
+    for key in [k for k in _FINGERPRINTS if k != GLOBAL and k not in _HUBS]:  # hubs gone
+        del _FINGERPRINTS[key]
+    state = hashlib.sha1(json.dumps(sorted(_FINGERPRINTS.items())).encode()).hexdigest()[:16]
+    config.cache_key_tag = _TAG.sub("", config.cache_key_tag) + f"kernelhub-{state};"
 
 
 def get_hub() -> Hub:
@@ -358,4 +388,38 @@ def _run_forward(op, args, backend, hub):
 
 def _run_backward(op, grad, args, needs, backend, hub):
     return _hub(hub).run_backward(op, grad, args, needs, backend)
+
+
+def _trace(op, args, backend, hub, run):
+    """``run(impl)`` (the forward or the backward of ``impl`` on a torch.compile graph's tensors) for the impl the
+    hub traces into the graph for this call (`kernelhub.select.Selector.traced`), with autocast off as every call
+    has it (`Hub.forward`), its output checked as an eager call's (shape, dtype, device; new tensors); None where
+    there is none, or where tracing it raised (`Selector.not_traceable`: the graph holds the operator)."""
+    selector = _hub(hub).selector
+    impl = selector.traced(op, args, backend)
+    if impl is None:
+        return None
+    try:
+        with _no_autocast():
+            out = run(impl)
+        # shapes, dtypes and devices: the graph functionalises any aliasing
+        if isinstance(out, torch.Tensor):
+            expected = [selector.decide(op, args, backend).output]
+            got = [out]
+        else:  # the backward's flat gradients (`kernelhub.dispatch.flatten_grads`): one per differentiable tensor
+            spec = selector.registry.spec(op)
+            expected = [(t.shape, t.dtype, t.device) for i in spec.differentiable for t in tensors_of(args[i])]
+            got = out
+            if len(got) != len(expected):
+                raise WrongOutputError(f"kernelhub: {op}: backend {impl.backend!r} traced into a graph gave "
+                                       f"{len(got)} gradients, the op has {len(expected)} differentiable tensors")
+        for o, e in zip(got, expected):
+            if o.numel() and (o.shape, o.dtype, o.device) != e:
+                raise WrongOutputError(f"kernelhub: {op}: backend {impl.backend!r} traced into a graph gave "
+                                       f"{str(o.dtype).removeprefix('torch.')}{list(o.shape)}@{o.device}; the spec "
+                                       f"says {str(e[1]).removeprefix('torch.')}{list(e[0])}@{e[2]}")
+        return out
+    except CONTAINED as exc:
+        selector.not_traceable(op, args, backend, exc)
+        return None
 

@@ -16,6 +16,9 @@ valid winner is tuned at its first call, except while torch.compile traces or a
 CUDA graph is captured: that call uses the priority order and its decision is not
 cached, so a later call tunes.
 
+In a torch.compile graph, `Selector.traced` says which impl is traced into the graph in the operator's place (the
+config's ``[compile] priority``, a pin or a forced backend; traceable impls only), or none.
+
 Decisions are cached by `call_key`: the op, the forced backend, the deterministic
 switch, and for each argument its device, dtype, shape and strides (tensors), its type (floats) or its
 value (others). The cache holds at most `MAX_CACHED_DECISIONS` and is dropped when the config or the registry
@@ -39,9 +42,24 @@ from kernelhub.spec import Impl, OpSpec
 from kernelhub.args import arg_key, describe_args, first_tensor
 from kernelhub.tune import Tuning, may_tune_now
 
-__all__ = ["Candidate", "Decision", "Selector", "call_key", "MAX_CACHED_DECISIONS"]
+__all__ = ["Candidate", "Decision", "Selector", "call_key", "MAX_CACHED_DECISIONS", "GENERATION"]
 
 MAX_CACHED_DECISIONS = 4096  # a decision is ~1 KB; a full cache is dropped whole (re-deciding costs ~0.1 ms)
+
+
+class _Generation:
+    """``token``: a string that changes whenever a traced choice (`Selector.traced`) may change: a new hub (its
+    config and plugins) or a backend marked failed. The handles read it while dynamo traces them
+    (`kernelhub.dispatch.OpHandle`), so dynamo guards on its value and recompiles a graph made before a change.
+    A string, never an int: dynamo specialises on a string's value, and may make an int that changed symbolic."""
+
+    token = "0"
+
+    def bump(self) -> None:
+        self.token = str(int(self.token) + 1)
+
+
+GENERATION = _Generation()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +116,9 @@ class Selector:
         self.remembered: dict[tuple, tuple[Decision, tuple, tuple]] = {}
         self._failed: dict[tuple, dict[str, str]] = {}
         self._warned: set[tuple] = set()
+        self._traced: dict[tuple, Impl | None] = {}
         self.tuning = Tuning(registry, config)
+        GENERATION.bump()
 
     def decide(self, op: str, args: Sequence[Any], forced: str = "") -> Decision:
         key = call_key(op, args, forced)
@@ -133,6 +153,41 @@ class Selector:
         """The decision without tuned winners (what a tuner must time: every eligible backend). Not cached."""
         return self._decide(op, args, "", call_key(op, args, ""), tuned=False)[0]
 
+    def traced(self, op: str, args: Sequence[Any], forced: str = "") -> Impl | None:
+        """The impl that torch.compile traces into its graph for this call (its functions run on the graph's
+        functional tensors: `Impl.traceable`), or None, where the graph holds the operator, which selects when it
+        runs. The forced backend's impl, else the pinned one's where it can serve the call, else the first of the
+        config's ``[compile] priority`` that can (stage 1's rejections, `_rejected`: availability, config, devices,
+        dtypes, determinism, the impl's own reasons, a raise at call time): traced where its impl is traceable,
+        else None. Tuned winners are eager timings and order only the operator's choice. The kill switch traces
+        nothing. Cached per `call_key`; `GENERATION` changes where a choice may."""
+        key = call_key(op, args, forced)
+        if key in self._traced:
+            return self._traced[key]
+        impls = self.registry.impls(op)
+        rejected = self._rejected(op, args, forced, key)
+        pin = self.config.op(op).pin
+        first = forced or (pin if pin in impls and pin not in rejected else "")
+        names = [first] if first else [n for n in self.config.compile_priority if n in impls and n not in rejected]
+        impl = impls.get(names[0]) if names and not self.config.kill_switch else None
+        if len(self._traced) >= MAX_CACHED_DECISIONS:
+            self._traced.clear()
+        self._traced[key] = chosen = impl if impl is not None and impl.traceable and impl.backend not in rejected \
+            else None
+        return chosen
+
+    def not_traceable(self, op: str, args: Sequence[Any], forced: str, exc: BaseException) -> None:
+        """Record that tracing this call's impl raised ``exc``: the graph holds the operator for it from now on
+        (forward and backward alike). Warns once per op and backend."""
+        key = call_key(op, args, forced)
+        impl = self._traced.get(key)
+        self._traced[key] = None
+        if impl is not None and (op, impl.backend, "traced") not in self._warned:
+            self._warned.add((op, impl.backend, "traced"))
+            warnings.warn(f"kernelhub: {op}: tracing backend {impl.backend!r} into a torch.compile graph raised "
+                          f"{type(exc).__name__}: {exc}; the graph calls the operator instead", RuntimeWarning,
+                          stacklevel=4)
+
     def forget(self) -> None:
         """Drop the cached decisions (after new winners were recorded)."""
         self._cache.clear()
@@ -143,6 +198,8 @@ class Selector:
         key = call_key(op, args, forced)
         self._failed.setdefault(key, {})[backend] = f"raised at call time: {type(exc).__name__}: {exc}"
         self._cache.pop(key, None)
+        self._traced.pop(key, None)
+        GENERATION.bump()  # a graph that traced this backend for the key recompiles
         self.remembered.clear()  # keyed by layout, not by call_key: a few calls decide again
         if (op, backend) not in self._warned:
             self._warned.add((op, backend))

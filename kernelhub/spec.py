@@ -311,6 +311,11 @@ class Impl:
     that version (`OpSpec.arity`). None: the version whose argument count ``forward``'s positional parameters
     match, or the current one where ``forward`` takes ``*args`` or its signature cannot be read (the registry
     resolves it when the impl is added, docs/backend-guide.md).
+    ``traceable``: ``forward`` and ``backward`` call torch operators and `torch.library.wrap_triton` launches only
+    (no data pointers, no tensor values read on the host, nothing kept between calls), so where the config's
+    ``[compile] priority`` picks this impl for a call of static shapes, torch.compile traces them into its graph
+    (`kernelhub.select.Selector.traced`): inductor fuses their torch operators with the graph's and launches
+    their Triton kernels from its own code. Called so, they get functional tensors and no ``weights``/``saving``.
     """
 
     op: str
@@ -326,6 +331,7 @@ class Impl:
     weighted: bool = False
     saves: bool = False
     version: int | None = None
+    traceable: bool = False
 
     def deterministic_on(self, device_type: str) -> bool:
         """Whether results repeat run to run on ``device_type`` (`deterministic`)."""

@@ -32,9 +32,12 @@ def test_compile_fullgraph_matches_eager(name):
     compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
     want, want_g = grads(loss)
     got, got_g = grads(compiled)
-    torch.testing.assert_close(got, want)
-    for g, w in zip(got_g, want_g):
-        torch.testing.assert_close(g, w)
+    # the graph may run another impl than the eager call (one traced into it): each within the op's tolerance of
+    # the float64 reference, so within twice that of each other
+    tol = kernelhub.get_hub().registry.spec(name).tolerances[dtype]
+    for g, w, bound in [(got, want, 2 * tol.forward), *[(g, w, 2 * (tol.forward + tol.backward))
+                                                        for g, w in zip(got_g, want_g)]]:
+        assert (g - w).abs().max() <= bound * w.abs().max(), (name, (g - w).abs().max(), w.abs().max())
 
 
 def test_compile_inductor_backend_once():

@@ -37,6 +37,9 @@ def test_defaults_are_the_shipped_file_and_a_user_file_merges_over_it(tmp_path):
         """))
     assert user.priority == ("torch_ref",)
     assert user.tune.mode == "cached" and user.tune.cache == "/x/winners.json"
+    assert default.compile_priority == ("triton", "inductor") and user.compile_priority == ("triton", "inductor")
+    nothing = load_config(KNOWN, write(tmp_path / "kernelhub.toml", "[compile]\npriority = []\n"))
+    assert nothing.compile_priority == () and nothing.as_dict()["compile"] == {"priority": []}
 
 
 def test_each_shipped_per_op_preference_says_where_it_was_measured():
@@ -176,7 +179,10 @@ def test_lookup_order(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("priorty = []", "unknown key 'priorty'; allowed keys: \\['disabled', 'kill_switch', 'ops', 'priority', 'strict', 'tune'\\]"),
+    ("priorty = []", "unknown key 'priorty'; allowed keys: \\['compile', 'disabled', 'kill_switch', 'ops', 'priority', "
+                     "'strict', 'tune'\\]"),
+    ("[compile]\npriority = ['trition']", "\\[compile\\].priority: unknown backend 'trition'"),
+    ("[compile]\norder = []", "\\[compile\\]: unknown key 'order'; allowed keys: \\['priority'\\]"),
     ("[tune]\nmode = 'always'", "\\[tune\\].mode: 'always'; allowed: \\['off', 'cached', 'online'\\]"),
     ("[tune]\ncache = 3", "\\[tune\\].cache: expected str"),
     ("strict = 'yes'", "strict: expected bool, got str"),

@@ -446,12 +446,15 @@ def test_cli_refuses_a_device_this_machine_lacks_naming_the_option(capsys, comma
 
 def test_cli_explain(capsys, install, tmp_path):
     fast(install)
-    config(tmp_path, 'priority = ["fast", "torch_ref"]')
+    config(tmp_path, 'priority = ["fast", "torch_ref"]\n[compile]\npriority = ["fast"]')
     assert cli.main(["explain", "tv_loss_l1_3d", "--shape", "4,5,6", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["chosen"] == "fast"
+    assert data["compiled"] == "the operator, which selects when it runs, as above"  # fast's impl is not traceable
     assert cli.main(["explain", "tv_loss_l1_3d", "--shape", "4,5,6"]) == 0
-    assert "lost to fast" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "lost to fast" in out
+    assert "in a torch.compile graph ([compile] priority): " in out
     assert cli.main(["explain", "tv_loss_l1_3d", "--shape", "4,5,6", "--dtype", "float64"]) == 0
     out = capsys.readouterr().out
     assert "rejected" in out and "dtype torch.float64 not in" in out

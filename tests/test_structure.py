@@ -19,7 +19,8 @@ LAYERS = [
      "kernelhub.ops.tikhonov"],
     ["kernelhub.ops", "kernelhub.parity", "kernelhub.winners", "kernelhub.registry"],
     ["kernelhub.tune"],
-    ["kernelhub.select", "kernelhub.dispatch"],
+    ["kernelhub.select"],
+    ["kernelhub.dispatch"],  # reads the selector's generation (kernelhub.select.GENERATION) while dynamo traces
     ["kernelhub.hub"],
     ["kernelhub"],  # the package's API: op, explain, get_hub, ...; the runtime ends here
     ["kernelhub.nn", "kernelhub.testing"],

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import kernelhub
+from kernelhub import cli
 from kernelhub import nn as khnn
 from test_selector import FAST, FLAKY, config
 
@@ -45,6 +46,12 @@ ALL_OPS = textwrap.dedent('''
             return total
         return step
 
+    # a compiled graph may run another impl than the eager call (one traced into it, docs/user-guide.md): each
+    # within its op's float32 tolerance of the float64 reference, so within twice that of each other (a
+    # gradient: the op's backward of an upstream gradient that is itself within the forward's)
+    hub = kernelhub.get_hub()
+    tol = {n: hub.registry.spec(n).tolerances[torch.float32] for n in names}
+    owner = [n for n, a in zip(names, args) for _ in testing.leaves(n, a)]
     report = {"graph_breaks": [], "graphs": [], "mismatches": []}
     for order in (list(range(len(names))), list(reversed(range(len(names))))):
         step = make(order)
@@ -52,11 +59,13 @@ ALL_OPS = textwrap.dedent('''
         got_g = torch.autograd.grad(got, leaves)
         want = step(args)
         want_g = torch.autograd.grad(want, leaves)
-        for what, g, w in [("value", got, want), *[(f"grad {i}", g, w) for i, (g, w) in enumerate(zip(got_g, want_g))]]:
-            try:
-                torch.testing.assert_close(g, w)
-            except AssertionError as exc:
-                report["mismatches"].append(f"{what}: {exc}")
+        checks = [("value", got, want, 2 * max(t.forward for t in tol.values()))] + [
+            (f"grad {i} ({owner[i]})", g, w, 2 * (tol[owner[i]].forward + tol[owner[i]].backward))
+            for i, (g, w) in enumerate(zip(got_g, want_g))]
+        for what, g, w, bound in checks:
+            error = (g - w).abs().max().item() / max(w.abs().max().item(), 1e-30)
+            if not error <= bound:
+                report["mismatches"].append(f"{what}: relative error {error:.3g} over {bound:.3g}")
         explained = torch._dynamo.explain(step)(args)
         report["graph_breaks"].append(explained.graph_break_count)
         report["graphs"].append(explained.graph_count)
@@ -148,7 +157,8 @@ def test_the_examples_kinds_of_step_compile_whole_and_agree_with_eager():
     assert explained.graph_break_count == 0 and explained.graph_count == 1
 
 
-# The hub's promises, inside compiled code: the graph holds the operator, and the operator selects when it runs.
+# The hub's promises, inside compiled code. With nothing traced ([compile] priority = []), the graph holds the
+# operator, and the operator selects when it runs.
 
 
 def _compiled_tv(backend=None):
@@ -158,32 +168,31 @@ def _compiled_tv(backend=None):
                          backend="aot_eager")
 
 
-def test_compiled_code_follows_the_kill_switch_pins_and_forced_backends_without_recompiling(install, tmp_path,
-                                                                                          monkeypatch):
+NOTHING_TRACED = '\n[compile]\npriority = []'  # compiled graphs hold the operators, which select when they run
+
+
+def test_compiled_code_follows_the_kill_switch_pins_and_forced_backends(install, tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELHUB_DISABLE", "cuda_ext")
     mod = install("fast", FAST, devices=("cpu",), unavailable=None)  # counts its calls
-    config(tmp_path, 'priority = ["fast"]')
+    config(tmp_path, 'priority = ["fast"]' + NOTHING_TRACED)
     calls = importlib.import_module(mod).CALLS
     v = torch.randn(3, 4, 5, requires_grad=True)
     want = (kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(v) * torch.tensor([1.0, 2.0, 3.0])).sum()
     step = _compiled_tv()
-    counters = torch._dynamo.utils.counters
-    counters.clear()
     out = step(v)
     out.backward()
     assert calls == {"forward": 1, "backward": 1}  # the priority's first, forward and backward
     assert kernelhub.explain("tv_loss_l1_3d", v).chosen == "fast"
     torch.testing.assert_close(out, want)
-    frames = counters["stats"]["unique_graphs"]
 
-    config(tmp_path, 'priority = ["fast"]\nkill_switch = true')  # the same compiled function, no retrace
+    config(tmp_path, 'priority = ["fast"]\nkill_switch = true' + NOTHING_TRACED)  # the same compiled function
     torch.testing.assert_close(step(v), want)
-    assert calls["forward"] == 1 and counters["stats"]["unique_graphs"] == frames
+    assert calls["forward"] == 1
 
-    config(tmp_path, 'priority = ["torch_ref", "fast"]\n[ops.tv_loss_l1_3d]\npin = "fast"')
+    config(tmp_path, 'priority = ["torch_ref", "fast"]' + NOTHING_TRACED + '\n[ops.tv_loss_l1_3d]\npin = "fast"')
     step(v)
     assert calls["forward"] == 2
-    config(tmp_path, 'priority = ["torch_ref", "fast"]')
+    config(tmp_path, 'priority = ["torch_ref", "fast"]' + NOTHING_TRACED)
     step(v)
     assert calls["forward"] == 2
     _compiled_tv("fast")(v).backward()  # a forced backend
@@ -194,7 +203,7 @@ def test_compiled_code_follows_the_kill_switch_pins_and_forced_backends_without_
 
 def test_compiled_code_falls_back_past_a_backend_that_raises(install, tmp_path):
     install("flaky", FLAKY)
-    config(tmp_path, 'priority = ["flaky", "torch_ref"]')
+    config(tmp_path, 'priority = ["flaky", "torch_ref"]' + NOTHING_TRACED)
     v = torch.randn(3, 4, 5, requires_grad=True)
     step = _compiled_tv()
     with pytest.warns(RuntimeWarning, match="'flaky' raised RuntimeError: kernel exploded"):
@@ -205,6 +214,105 @@ def test_compiled_code_falls_back_past_a_backend_that_raises(install, tmp_path):
     want = (kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(v) * torch.tensor([1.0, 2.0, 3.0])).sum()
     torch.testing.assert_close(out, want)
     assert "raised at call time" in str(kernelhub.explain("tv_loss_l1_3d", v))
+
+
+# Traced into the graph ([compile] priority, docs/user-guide.md): AOTAutograd's graphs hold the impl's own ops.
+
+UNTRACEABLE = '''
+import torch
+from kernelhub import hookimpl
+from kernelhub.spec import Backend, Impl
+from kernelhub_torch_ref import plugin, tv
+
+def forward(volume):
+    volume.data_ptr()  # what a graph's functional tensors refuse
+    return tv.tv_loss_l1_3d(volume)
+
+backward = plugin.vjp_backward(tv.tv_loss_l1_3d, (0,))
+
+@hookimpl
+def kernelhub_register_impls(registry):
+    registry.add_backend(Backend("pointer", "0.1"))
+    registry.add_impl(Impl(op="tv_loss_l1_3d", backend="pointer", forward=forward, backward=backward,
+                           dtypes=(torch.float32,), traceable=True))
+'''
+
+
+def _aot_graphs(fn, *args):
+    """``fn`` compiled whole (aot_eager's graphs, recorded): the value, and the targets of AOTAutograd's forward
+    and backward graphs (run by a backward of the value's sum)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from functorch.compile import make_boxed_func
+
+    targets = set()
+
+    def record(gm, example_inputs):
+        targets.update(n.target for n in gm.graph.nodes)
+        return make_boxed_func(gm.forward)
+    out = torch.compile(fn, fullgraph=True, backend=aot_autograd(fw_compiler=record, bw_compiler=record))(*args)
+    out.sum().backward()
+    return out, targets
+
+
+def _kernelhub_nodes(targets):
+    return sorted(str(t) for t in targets if str(t).startswith("kernelhub."))
+
+
+def test_a_compiled_graph_holds_the_traced_impl_and_recompiles_when_the_hub_changes(install, tmp_path):
+    """The shipped [compile] priority on the CPU traces inductor's impl (torch_ref's code): AOTAutograd's graphs
+    hold no kernelhub operator, and value and gradient are the reference's. A new config (the kill switch) makes
+    the same compiled function recompile (dynamo guards on the hub's generation) and hold the operators; a pinned
+    backend whose impl is not traceable is called by the operator at run time."""
+    v = torch.randn(2, 5, 6, 7, requires_grad=True)
+    w = torch.tensor([1.0, 2.0, 3.0])
+    op = kernelhub.op("tv_loss_l1_3d")
+    reason = kernelhub.get_hub().registry.impls("tv_loss_l1_3d")["inductor"].not_supported_reasons((v,))
+    if reason:
+        pytest.skip(f"inductor cannot serve the call here: {reason}")
+    assert kernelhub.get_hub().selector.traced("tv_loss_l1_3d", (v,)).backend == "inductor"
+    assert cli.cmd_explain(cli.build_parser().parse_args(["explain", "tv_loss_l1_3d", "--shape", "2,5,6,7"]))["compiled"] == \
+        "traced into the graph: inductor"
+    torch._dynamo.reset()
+    out, targets = _aot_graphs(lambda x: op(x) * w, v)
+    assert _kernelhub_nodes(targets) == []
+    want = kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(v) * w
+    torch.testing.assert_close(out, want)
+    got_grad, v.grad = v.grad, None
+    want.sum().backward()
+    torch.testing.assert_close(got_grad, v.grad)
+
+    tag = torch.compiler.config.cache_key_tag
+    config(tmp_path, "kill_switch = true")
+    assert torch.compiler.config.cache_key_tag != tag  # graphs cached on disk are the new config's own
+    assert kernelhub.get_hub().selector.traced("tv_loss_l1_3d", (v,)) is None
+    out, targets = _aot_graphs(lambda x: op(x) * w, v)  # no reset: a recompile
+    assert _kernelhub_nodes(targets) == ["kernelhub.tv_loss_l1_3d.default", "kernelhub.tv_loss_l1_3d_backward.default"]
+    torch.testing.assert_close(out, want)
+
+    mod = install("fast", FAST, devices=("cpu",), unavailable=None)
+    config(tmp_path, '[ops.tv_loss_l1_3d]\npin = "fast"')
+    v3 = torch.randn(5, 6, 7, requires_grad=True)
+    out, targets = _aot_graphs(lambda x: op(x) * w, v3)
+    assert _kernelhub_nodes(targets) == ["kernelhub.tv_loss_l1_3d.default", "kernelhub.tv_loss_l1_3d_backward.default"]
+    assert importlib.import_module(mod).CALLS == {"forward": 1, "backward": 1}
+
+
+def test_an_impl_that_cannot_be_traced_leaves_the_operator_in_the_graph(install, tmp_path):
+    """A traceable impl whose forward raises on the graph's tensors: one warning naming it, the graph holds the
+    operator (forward and backward), and the value and gradient are right (the operator runs the impl eagerly)."""
+    install("pointer", UNTRACEABLE)
+    config(tmp_path, 'priority = ["pointer", "torch_ref"]\n[compile]\npriority = ["pointer"]')
+    v = torch.randn(2, 5, 6, 7, requires_grad=True)
+    op = kernelhub.op("tv_loss_l1_3d")
+    torch._dynamo.reset()
+    with pytest.warns(RuntimeWarning, match="tracing backend 'pointer' into a torch.compile graph raised"):
+        out, targets = _aot_graphs(lambda x: op(x) * 2, v)
+    assert "kernelhub.tv_loss_l1_3d.default" in _kernelhub_nodes(targets)
+    want = kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(v) * 2
+    torch.testing.assert_close(out, want)
+    got_grad, v.grad = v.grad, None
+    want.sum().backward()
+    torch.testing.assert_close(got_grad, v.grad)
 
 
 # torch.export: the op is one node, named kernelhub.<op>; the exported program runs the hub's choice.
@@ -392,8 +500,9 @@ def test_export_on_cuda_runs_the_pinned_backend(backend, tmp_path):
 
 
 AOTI_BROKEN = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13)
-AOTI_SKIP = "loading an AOTInductor package that calls a Python-defined operator crashed the process (segfault in " \
-    "aoti_load_package) on torch 2.11 (H200 machine, 2026-11-27); it works on torch 2.13 (docs/user-guide.md)"
+AOTI_SKIP = "loading an AOTInductor package of a module calling kernelhub crashed the process (segfault in " \
+    "aoti_load_package) on torch 2.11 (H200 machine, 2026-11-27), with its ops' operators in the package and with " \
+    "triton's kernels traced in; it works on torch 2.13 (docs/user-guide.md)"
 AOTI = textwrap.dedent('''
     import sys, torch, kernelhub
     sys.path.insert(0, {tests!r})
@@ -408,8 +517,9 @@ AOTI = textwrap.dedent('''
 
 
 def _aoti(device, backend, tmp_path, seed_cuda_ext_cache):
-    """AOTInductor of a module calling four ops, in a subprocess (a crash stays there): the package calls the
-    kernelhub operators through the dispatcher, so it runs in a Python process that built the hub."""
+    """AOTInductor of a module calling several ops, in a subprocess (a crash stays there): the package holds the
+    impls traced into it, and calls the other ops' operators through the dispatcher (so it runs in a Python process
+    that built the hub)."""
     _pin_every_op(tmp_path, backend)
     seed_cuda_ext_cache(tmp_path / "cache")
     proc = subprocess.run([sys.executable, "-c", AOTI.format(tests=os.path.dirname(__file__), device=device)],
@@ -424,6 +534,7 @@ def _aoti(device, backend, tmp_path, seed_cuda_ext_cache):
 @pytest.mark.skipif(AOTI_BROKEN, reason=AOTI_SKIP)
 @pytest.mark.full("AOTInductor compiles C++ for the CPU: about 30 s on 2 cores")
 def test_aot_inductor_on_the_cpu(tmp_path, seed_cuda_ext_cache):
+    """The shipped [compile] priority traces inductor's impl into the package."""
     _aoti("cpu", None, tmp_path, seed_cuda_ext_cache)
 
 
@@ -432,3 +543,4 @@ def test_aot_inductor_on_the_cpu(tmp_path, seed_cuda_ext_cache):
 @pytest.mark.parametrize("backend", ["cuda_ext", "triton"])
 def test_aot_inductor_on_cuda(backend, tmp_path, seed_cuda_ext_cache):
     _aoti("cuda", backend, tmp_path, seed_cuda_ext_cache)
+

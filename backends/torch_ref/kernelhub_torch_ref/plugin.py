@@ -1,5 +1,8 @@
 """Registers the torch_ref backend (one Impl per op, backward derived with torch.func.vjp) and the inductor
-backend (the same forward and backward through torch.compile: inductor.py)."""
+backend (the same forward and backward through torch.compile: inductor.py). inductor's impl is traceable
+(`Impl.traceable`): traced into a torch.compile graph it is torch_ref's code, which the graph's compile compiles.
+torch_ref's is not: it is the reference as written, run eagerly (a compiled graph that forces or pins it calls
+the operator), SVD included."""
 
 from __future__ import annotations
 
@@ -46,8 +49,24 @@ def vjp_backward(forward: Callable[..., torch.Tensor], diff: Sequence[int]) -> C
                 full[i] = p
             return forward(*full)
 
-        out, pullback = torch.func.vjp(f, *(args[i] for i in diff))
-        grads = pullback(grad.to(out.dtype))
+        if type(grad) is torch.Tensor or type(grad) is torch.nn.Parameter:
+            out, pullback = torch.func.vjp(f, *(args[i] for i in diff))
+            grads = pullback(grad.to(out.dtype))
+        else:  # traced into a torch.compile graph (inductor's impl): torch.func cannot run on its functional
+            # tensors, and autograd is off below the operator's autograd formula; it is switched on again here
+            exclude = torch._C._dispatch_tls_local_exclude_set()
+            for key in (torch._C.DispatchKey.AutogradFunctionality, torch._C.DispatchKey.AutogradOther,
+                        torch._C.DispatchKey.ADInplaceOrView):
+                exclude = exclude.remove(key)
+            with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude), \
+                    torch.enable_grad():
+                primals = [[t.detach().requires_grad_() for t in args[i]] if isinstance(args[i], list)
+                           else args[i].detach().requires_grad_() for i in diff]
+                out = f(*primals)
+                flat = [t for p in primals for t in (p if isinstance(p, list) else [p])]
+                got = iter(torch.autograd.grad(out, flat, grad.to(out.dtype), allow_unused=True,
+                                               materialize_grads=True))
+                grads = [[next(got) for _ in p] if isinstance(p, list) else next(got) for p in primals]
         result = []
         for g, arg, need in zip(grads, (args[i] for i in diff), needs):
             if not need:
@@ -77,4 +96,5 @@ def kernelhub_register_impls(registry) -> None:
                                forward=inductor.compiled_pass(op, "forward", DIFFERENTIATE.get(op, forward)),
                                backward=inductor.compiled_pass(op, "backward", backward), dtypes=spec.dtypes,
                                devices=("cpu", "cuda"), not_supported_reasons=inductor.reasons(op),
-                               deterministic=("cpu",) if op in SCATTERING_BACKWARD else True, tuned_only=inductor.TUNED_ONLY))
+                               deterministic=("cpu",) if op in SCATTERING_BACKWARD else True, tuned_only=inductor.TUNED_ONLY,
+                               traceable=True))

@@ -42,6 +42,11 @@ NOT_DETERMINISTIC = set(KPLANES_OPS) | {"semiconv"}
 # their signatures from the registry's inference, docs/backend-guide.md): semiconv v2 (no spread_gradient, no
 # channels_add: the hub sends those calls to another backend)
 VERSIONS = {"semiconv": 2}
+# traced into torch.compile graphs (`Impl.traceable`: every launch goes through _launch.launch, which records it
+# with wrap_triton there) except K-Planes': compiling a graph that traced them failed on torch 2.11 + triton 3.6 (H200,
+# 2026-11-27) with "a leaf Variable that requires grad is being used in an in-place operation" (inductor took one
+# of their kernels for one that writes its inputs); their calls keep the operator
+UNTRACEABLE = set(KPLANES_OPS)
 # their functions take a weighted handle's weights (`Impl.weighted`): the weighted sum in the kernels
 WEIGHTED = {"tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d"}
 
@@ -87,4 +92,5 @@ def kernelhub_register_impls(registry) -> None:
             forced_only="TRITON_INTERPRET=1 runs Triton's interpreter, for tests only" if interpreted else "",
             weighted=op in WEIGHTED,
             version=VERSIONS.get(op),
+            traceable=op not in UNTRACEABLE,
         ))

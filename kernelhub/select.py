@@ -16,8 +16,9 @@ valid winner is tuned at its first call, except while torch.compile traces or a
 CUDA graph is captured: that call uses the priority order and its decision is not
 cached, so a later call tunes.
 
-In a torch.compile graph, `Selector.traced` says which impl is traced into the graph in the operator's place (the
-config's ``[compile] priority``, a pin or a forced backend; traceable impls only), or none.
+In a torch.compile graph, `Selector.traced` says which impl is traced into the graph in the operator's place (a
+forced or pinned backend, the op's own measured order for the call, the config's ``[compile] priority``; traceable
+impls only), or none.
 
 Decisions are cached by `call_key`: the op, the forced backend, the deterministic
 switch, and for each argument its device, dtype, shape and strides (tensors), its type (floats) or its
@@ -156,24 +157,26 @@ class Selector:
     def traced(self, op: str, args: Sequence[Any], forced: str = "") -> Impl | None:
         """The impl that torch.compile traces into its graph for this call (its functions run on the graph's
         functional tensors: `Impl.traceable`), or None, where the graph holds the operator, which selects when it
-        runs. The forced backend's impl, else the pinned one's where it can serve the call, else the first of the
-        config's ``[compile] priority`` that can (stage 1's rejections, `_rejected`: availability, config, devices,
-        dtypes, determinism, the impl's own reasons, a raise at call time): traced where its impl is traceable,
-        else None. Tuned winners are eager timings and order only the operator's choice. The kill switch traces
-        nothing. Cached per `call_key`; `GENERATION` changes where a choice may."""
+        runs. The first that can serve the call (stage 1's rejections, `_rejected`: availability, config, devices,
+        dtypes, determinism, the impl's own reasons, a raise at call time) of: the forced backend; the pinned one;
+        the backends the op's own config orders for this call (its size range's, its case's, its priority: each
+        measured fastest where it applies); the config's ``[compile] priority``. Traced where its impl is
+        traceable, else None. The global priority and tuned winners (eager timings) order only the operator's
+        choice. The kill switch traces nothing. Cached per `call_key`; `GENERATION` changes where a choice may."""
         key = call_key(op, args, forced)
         if key in self._traced:
             return self._traced[key]
-        impls = self.registry.impls(op)
+        impls, cfg = self.registry.impls(op), self.config.op(op)
         rejected = self._rejected(op, args, forced, key)
-        pin = self.config.op(op).pin
-        first = forced or (pin if pin in impls and pin not in rejected else "")
-        names = [first] if first else [n for n in self.config.compile_priority if n in impls and n not in rejected]
-        impl = impls.get(names[0]) if names and not self.config.kill_switch else None
+        size = cfg.size_range(first_tensor(args).numel()) if cfg.sizes else None
+        case = self._case(op, self.registry.spec(op), args) if cfg.cases else ""
+        order = [forced] if forced else [cfg.pin, *(size[1] if size else ()), *cfg.cases.get(case, ()),
+                                          *cfg.priority, *self.config.compile_priority]
+        name = next((n for n in order if n in impls and n not in rejected), None)
+        impl = impls[name] if name is not None and not self.config.kill_switch else None
         if len(self._traced) >= MAX_CACHED_DECISIONS:
             self._traced.clear()
-        self._traced[key] = chosen = impl if impl is not None and impl.traceable and impl.backend not in rejected \
-            else None
+        self._traced[key] = chosen = impl if impl is not None and impl.traceable else None
         return chosen
 
     def not_traceable(self, op: str, args: Sequence[Any], forced: str, exc: BaseException) -> None:

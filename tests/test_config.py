@@ -37,7 +37,7 @@ def test_defaults_are_the_shipped_file_and_a_user_file_merges_over_it(tmp_path):
         """))
     assert user.priority == ("torch_ref",)
     assert user.tune.mode == "cached" and user.tune.cache == "/x/winners.json"
-    assert default.compile_priority == ("triton", "inductor") and user.compile_priority == ("triton", "inductor")
+    assert default.compile_priority == ("inductor", "triton") and user.compile_priority == ("inductor", "triton")
     nothing = load_config(KNOWN, write(tmp_path / "kernelhub.toml", "[compile]\npriority = []\n"))
     assert nothing.compile_priority == () and nothing.as_dict()["compile"] == {"priority": []}
 

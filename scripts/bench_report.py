@@ -433,8 +433,11 @@ def host_report(data: dict, summary: bool = False) -> list[str]:
     rows = [(k, r) for k, r in ordered if k.split("/")[2:3] in (["compiled"], ["compiled-reduce-overhead"])]
     if rows:
         parts += ["Compiled steps, `(op(*args) * w).sum()` forward + backward under `torch.compile(fullgraph=True)` "
-                  "(`reduce-overhead`: replayed as CUDA graphs), µs; the graph holds the op's operator, which "
-                  "selects when it runs:", "",
+                  "(`reduce-overhead`: replayed as CUDA graphs), µs, median of interleaved rounds. The compiled hub "
+                  "traces the impl `kernelhub explain` names for compiled graphs (docs/user-guide.md); with a "
+                  "backend forced, that backend's (traced where its impl is traceable, else the operator). Two "
+                  "columns holding the same graph (the hub's and inductor's, where the hub traces inductor) "
+                  "differ by the host's noise:", "",
                   "| call | mode | hub picks | eager hub | compiled ref | compiled hub | compiled hub, other backends "
                   "| compiled hub / compiled ref |", "|---|---|---|---:|---:|---:|---|---:|"]
         for k, r in rows:

@@ -393,8 +393,9 @@ def _run_backward(op, grad, args, needs, backend, hub):
 def _trace(op, args, backend, hub, run):
     """``run(impl)`` (the forward or the backward of ``impl`` on a torch.compile graph's tensors) for the impl the
     hub traces into the graph for this call (`kernelhub.select.Selector.traced`), with autocast off as every call
-    has it (`Hub.forward`), its output checked as an eager call's (shape, dtype, device; new tensors); None where
-    there is none, or where tracing it raised (`Selector.not_traceable`: the graph holds the operator)."""
+    has it (`Hub.forward`), its output's (or each needed gradient's) shape, dtype and device checked against the
+    spec's (the graph functionalises any aliasing); None where there is none, or where tracing it raised or gave
+    a wrong result (`Selector.not_traceable`: the graph holds the operator)."""
     selector = _hub(hub).selector
     impl = selector.traced(op, args, backend)
     if impl is None:
@@ -402,12 +403,12 @@ def _trace(op, args, backend, hub, run):
     try:
         with _no_autocast():
             out = run(impl)
-        # shapes, dtypes and devices: the graph functionalises any aliasing
+        spec = selector.registry.spec(op)
         if isinstance(out, torch.Tensor):
-            expected = [selector.decide(op, args, backend).output]
+            promised = spec.output(*args)
+            expected = [(promised.shape, promised.dtype, promised.device)]
             got = [out]
         else:  # the backward's flat gradients (`kernelhub.dispatch.flatten_grads`): one per differentiable tensor
-            spec = selector.registry.spec(op)
             expected = [(t.shape, t.dtype, t.device) for i in spec.differentiable for t in tensors_of(args[i])]
             got = out
             if len(got) != len(expected):

@@ -225,6 +225,8 @@ from kernelhub.spec import Backend, Impl
 from kernelhub_torch_ref import plugin, tv
 
 def forward(volume):
+    if {wrong!r}:
+        return tv.tv_loss_l1_3d(volume).sum()  # a 0-d output: the spec says [3]
     volume.data_ptr()  # what a graph's functional tensors refuse
     return tv.tv_loss_l1_3d(volume)
 
@@ -297,15 +299,17 @@ def test_a_compiled_graph_holds_the_traced_impl_and_recompiles_when_the_hub_chan
     assert importlib.import_module(mod).CALLS == {"forward": 1, "backward": 1}
 
 
-def test_an_impl_that_cannot_be_traced_leaves_the_operator_in_the_graph(install, tmp_path):
-    """A traceable impl whose forward raises on the graph's tensors: one warning naming it, the graph holds the
-    operator (forward and backward), and the value and gradient are right (the operator runs the impl eagerly)."""
-    install("pointer", UNTRACEABLE)
+@pytest.mark.parametrize("wrong, says", [(False, "RuntimeError"), (True, "WrongOutputError.*the spec says")])
+def test_an_impl_that_cannot_be_traced_leaves_the_operator_in_the_graph(install, tmp_path, wrong, says):
+    """A traceable impl whose forward raises on the graph's tensors, or gives an output of the wrong shape: one
+    warning naming it, the graph holds the operator (forward and backward), and the value and gradient are right
+    (the operator runs the impl eagerly, or falls back past its wrong output)."""
+    install("pointer", UNTRACEABLE, wrong=wrong)
     config(tmp_path, 'priority = ["pointer", "torch_ref"]\n[compile]\npriority = ["pointer"]')
     v = torch.randn(2, 5, 6, 7, requires_grad=True)
     op = kernelhub.op("tv_loss_l1_3d")
     torch._dynamo.reset()
-    with pytest.warns(RuntimeWarning, match="tracing backend 'pointer' into a torch.compile graph raised"):
+    with pytest.warns(RuntimeWarning, match=f"tracing backend 'pointer' into a torch.compile graph raised {says}"):
         out, targets = _aot_graphs(lambda x: op(x) * 2, v)
     assert "kernelhub.tv_loss_l1_3d.default" in _kernelhub_nodes(targets)
     want = kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(v) * 2

@@ -22,7 +22,7 @@ Invariants of the operators, which are what the PyTorch 2 toolchain sees:
   priority``, a pin or a forced backend; traceable impls only, static shapes only, never for torch.export). The
   graph then holds its torch operators and Triton launches and no Python call per op. Dynamo guards on
   `kernelhub.select.GENERATION` (`OpHandle._via_operators` reads it), so a graph made before the hub changed (a
-  reload, a backend marked failed) recompiles; `kernelhub.hub` keys torch.compile's caches on disk on the hubs'
+  reload of another config, a traced backend marked failed) recompiles; `kernelhub.hub` keys torch.compile's caches on disk on the hubs'
   state. An impl that raises while traced leaves the node in the graph.
 - The forward's autograd formula calls the backward operator, which selects (or traces) again with the same key
   and so reaches the backend that ran the forward. The backward operator refuses double backward with an error
@@ -558,7 +558,7 @@ class OpHandle:
         """The call through the op's operator: what a trace records (one node), selection at run time inside it,
         or, in a torch.compile graph, the impl traced in its place (`kernelhub.select.Selector.traced`). While
         dynamo traces, the comparison reads `GENERATION`'s token, so dynamo guards on it: a graph made before the
-        hub changed (a reload, a backend marked failed) recompiles at its next call."""
+        hub changed (a reload of another config, a traced backend marked failed) recompiles at its next call."""
         if torch.compiler.is_compiling() and GENERATION.token == "":
             raise AssertionError("kernelhub: the generation token is never empty")
         return self._overload(*args, self.backend, self.hub)

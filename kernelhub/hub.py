@@ -20,7 +20,7 @@ from kernelhub.config import Config, check_config, load_config
 from kernelhub.dispatch import OpHandle, define_ops, flatten_grads, weighted_sum
 from kernelhub.errors import NoImplementationError, WrongOutputError
 from kernelhub.registry import CONTAINED, Registry, declared_backend_names
-from kernelhub.select import Decision, Selector
+from kernelhub.select import GENERATION, Decision, Selector
 from kernelhub.spec import OpSpec
 
 __all__ = ["Hub", "get_hub", "reload"]
@@ -315,6 +315,8 @@ def _global(hub: Hub) -> Hub:
     """Make ``hub`` the global one: its handles then follow `get_hub` (key `GLOBAL`)."""
     global _HUB
     del _HUBS[hub.key]
+    if _FINGERPRINTS.get(GLOBAL) != hub.fingerprint:  # compiled graphs recompile (a hub built directly is in none)
+        GENERATION.bump()
     _FINGERPRINTS[GLOBAL] = _FINGERPRINTS.pop(hub.key)
     hub.key = GLOBAL
     _HUB = hub

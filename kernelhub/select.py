@@ -49,8 +49,8 @@ MAX_CACHED_DECISIONS = 4096  # a decision is ~1 KB; a full cache is dropped whol
 
 
 class _Generation:
-    """``token``: a string that changes whenever a traced choice (`Selector.traced`) may change: a new hub (its
-    config and plugins) or a backend marked failed. The handles read it while dynamo traces them
+    """``token``: a string that changes whenever a traced choice (`Selector.traced`) may change: a new global hub of
+    another config or plugins (`kernelhub.hub`), or a backend marked failed for a call it was traced for. The handles read it while dynamo traces them
     (`kernelhub.dispatch.OpHandle`), so dynamo guards on its value and recompiles a graph made before a change.
     A string, never an int: dynamo specialises on a string's value, and may make an int that changed symbolic."""
 
@@ -119,7 +119,6 @@ class Selector:
         self._warned: set[tuple] = set()
         self._traced: dict[tuple, Impl | None] = {}
         self.tuning = Tuning(registry, config)
-        GENERATION.bump()
 
     def decide(self, op: str, args: Sequence[Any], forced: str = "") -> Decision:
         key = call_key(op, args, forced)
@@ -201,8 +200,10 @@ class Selector:
         key = call_key(op, args, forced)
         self._failed.setdefault(key, {})[backend] = f"raised at call time: {type(exc).__name__}: {exc}"
         self._cache.pop(key, None)
-        self._traced.pop(key, None)
-        GENERATION.bump()  # a graph that traced this backend for the key recompiles
+        traced = self._traced.get(key)
+        if traced is not None and traced.backend == backend:
+            del self._traced[key]
+            GENERATION.bump()  # the graphs that traced this backend for the key recompile, tracing another
         self.remembered.clear()  # keyed by layout, not by call_key: a few calls decide again
         if (op, backend) not in self._warned:
             self._warned.add((op, backend))

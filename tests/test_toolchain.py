@@ -18,6 +18,7 @@ import torch
 import kernelhub
 from kernelhub import cli
 from kernelhub import nn as khnn
+from kernelhub.select import GENERATION
 from test_selector import FAST, FLAKY, config
 
 CUDA = torch.cuda.is_available()
@@ -283,8 +284,11 @@ def test_a_compiled_graph_holds_the_traced_impl_and_recompiles_when_the_hub_chan
     want.sum().backward()
     torch.testing.assert_close(got_grad, v.grad)
 
-    tag = torch.compiler.config.cache_key_tag
+    tag, token = torch.compiler.config.cache_key_tag, GENERATION.token
+    kernelhub.reload()  # the same config and plugins: nothing to recompile
+    assert (torch.compiler.config.cache_key_tag, GENERATION.token) == (tag, token)
     config(tmp_path, "kill_switch = true")
+    assert GENERATION.token != token
     assert torch.compiler.config.cache_key_tag != tag  # graphs cached on disk are the new config's own
     assert kernelhub.get_hub().selector.traced("tv_loss_l1_3d", (v,)) is None
     out, targets = _aot_graphs(lambda x: op(x) * w, v)  # no reset: a recompile
@@ -297,6 +301,22 @@ def test_a_compiled_graph_holds_the_traced_impl_and_recompiles_when_the_hub_chan
     out, targets = _aot_graphs(lambda x: op(x) * w, v3)
     assert _kernelhub_nodes(targets) == ["kernelhub.tv_loss_l1_3d.default", "kernelhub.tv_loss_l1_3d_backward.default"]
     assert importlib.import_module(mod).CALLS == {"forward": 1, "backward": 1}
+
+
+def test_a_backend_marked_failed_recompiles_only_the_graphs_that_traced_it():
+    """A backend that raised for a call (eagerly, or in the operator) changes the generation dynamo guards on only
+    where it was the traced choice for that call: those graphs retrace, with another impl."""
+    selector = kernelhub.get_hub().selector
+    v = torch.randn(2, 5, 6, 7)
+    traced = selector.traced("tv_loss_l1_3d", (v,))
+    token = GENERATION.token
+    selector.mark_failed("tv_loss_l1_3d", (v,), "", "torch_ref", RuntimeError("not traced"))
+    assert GENERATION.token == token
+    if traced is None:
+        pytest.skip("no impl is traced for this call here")
+    selector.mark_failed("tv_loss_l1_3d", (v,), "", traced.backend, RuntimeError("traced"))
+    assert GENERATION.token != token
+    assert selector.traced("tv_loss_l1_3d", (v,)) is not traced
 
 
 @pytest.mark.parametrize("wrong, says", [(False, "RuntimeError"), (True, "WrongOutputError.*the spec says")])

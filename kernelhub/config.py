@@ -8,8 +8,8 @@ each was measured among them. A user's file is looked up in this order, first fo
 2. ``./kernelhub.toml`` in the working directory,
 3. ``$XDG_CONFIG_HOME/kernelhub/kernelhub.toml`` (default ``~/.config/kernelhub/kernelhub.toml``).
 
-Its keys replace the shipped file's; ``[tune]``, ``[compile]`` and each ``[ops.<op>]`` table are merged key by key (a user's
-``[ops.semiconv] pin`` keeps the shipped priority for semiconv, a user's ``priority`` there replaces it). An op's
+Its keys replace the shipped file's; ``[tune]``, ``[compile]`` and each ``[ops.<op>]`` table are merged key by key (a
+user's ``[ops.semiconv] pin`` keeps the shipped priority for semiconv, a user's ``priority`` there replaces it). An op's
 ``cases`` (``[ops.<op>.cases.<case>] priority``: the order for the calls of one of the op's `kernelhub.spec.Case`s,
 tried before the op's own) merge case by case; an op's ``sizes`` (``[[ops.<op>.sizes]]`` tables of ``min_elements``
 and ``priority``: the order for the calls whose first tensor has at least that many elements, the largest such

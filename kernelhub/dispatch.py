@@ -18,12 +18,13 @@ Invariants of the operators, which are what the PyTorch 2 toolchain sees:
   backends, tuned winners and fallback act on it as on an eager call.
 - **Traced into a graph** (`_traced_rule`): when torch.compile's AOTAutograd makes its graphs (functional
   tensors: the mechanism of ``torch.library.triton_op``), the hub may put an impl's own work in place of the
-  node, forward and backward: the impl `kernelhub.select.Selector.traced` picks (the config's ``[compile]
-  priority``, a pin or a forced backend; traceable impls only, static shapes only, never for torch.export). The
-  graph then holds its torch operators and Triton launches and no Python call per op. Dynamo guards on
-  `kernelhub.select.GENERATION` (`OpHandle._via_operators` reads it), so a graph made before the hub changed (a
-  reload of another config, a traced backend marked failed) recompiles; `kernelhub.hub` keys torch.compile's caches on disk on the hubs'
-  state. An impl that raises while traced leaves the node in the graph.
+  node, forward and backward: the impl `kernelhub.select.Selector.traced` picks (a forced or pinned backend, the
+  op's own order for the call, the config's ``[compile] priority``; traceable impls only, static shapes only,
+  never for torch.export). The graph then holds its torch operators and Triton launches and no Python call per
+  op. Dynamo guards on `kernelhub.select.GENERATION` (`OpHandle._via_operators` reads it), so a graph made before
+  the hub changed (a reload of another config, a traced backend marked failed) recompiles; `kernelhub.hub` keys
+  torch.compile's caches on disk on the hubs' state. An impl that raises while traced leaves the node in the
+  graph.
 - The forward's autograd formula calls the backward operator, which selects (or traces) again with the same key
   and so reaches the backend that ran the forward. The backward operator refuses double backward with an error
   naming the op.
@@ -285,9 +286,9 @@ def _exporting() -> bool:
 def _traced_rule(spec: OpSpec, backward: bool, trace: Callable) -> Callable:
     """The operators' rule under ``FunctionalTensorMode``, the mode in which torch.compile's AOTAutograd makes
     its graphs (the mechanism of ``torch.library.triton_op``): ``trace(op, args, backend, hub, run)``, inside the
-    mode, runs ``run(impl)`` for the impl the hub traces into the graph for the call and returns its result, or None where
-    there is none; then, and for torch.export, symbolic sizes and tensor subclasses, the graph holds the
-    operator."""
+    mode, runs ``run(impl)`` for the impl the hub traces into the graph for the call and returns its result, or
+    None where there is none; then, and for torch.export, symbolic sizes and tensor subclasses, the graph holds
+    the operator."""
     n = len(spec.args)
     plain = {torch.Tensor, torch.nn.Parameter}
 
@@ -298,7 +299,8 @@ def _traced_rule(spec: OpSpec, backward: bool, trace: Callable) -> Callable:
                 t in plain or issubclass(t, (FunctionalTensor, FakeTensor)) for t in types):
             def run(impl):
                 if backward:
-                    return flatten_grads(spec, op_args, args[n + 1], impl.backward(args[0], *op_args, needs=args[n + 1]))
+                    needs = args[n + 1]
+                    return flatten_grads(spec, op_args, needs, impl.backward(args[0], *op_args, needs=needs))
                 return impl.forward(*op_args).contiguous()
             with mode:  # the graph's tensors work only inside it (the selection's too: a spec's output, say)
                 out = trace(spec.name, op_args, backend, hub, run)

@@ -50,9 +50,10 @@ MAX_CACHED_DECISIONS = 4096  # a decision is ~1 KB; a full cache is dropped whol
 
 class _Generation:
     """``token``: a string that changes whenever a traced choice (`Selector.traced`) may change: a new global hub of
-    another config or plugins (`kernelhub.hub`), or a backend marked failed for a call it was traced for. The handles read it while dynamo traces them
-    (`kernelhub.dispatch.OpHandle`), so dynamo guards on its value and recompiles a graph made before a change.
-    A string, never an int: dynamo specialises on a string's value, and may make an int that changed symbolic."""
+    another config or plugins (`kernelhub.hub`), or a backend marked failed for a call it was traced for. The
+    handles read it while dynamo traces them (`kernelhub.dispatch.OpHandle`), so dynamo guards on its value and
+    recompiles a graph made before a change. A string, never an int: dynamo specialises on a string's value, and
+    may make an int that changed symbolic."""
 
     token = "0"
 

@@ -285,25 +285,22 @@ def _exporting() -> bool:
 
 def _traced_rule(spec: OpSpec, backward: bool, trace: Callable) -> Callable:
     """The operators' rule under ``FunctionalTensorMode``, the mode in which torch.compile's AOTAutograd makes
-    its graphs (the mechanism of ``torch.library.triton_op``): ``trace(op, args, backend, hub, run)``, inside the
-    mode, runs ``run(impl)`` for the impl the hub traces into the graph for the call and returns its result, or
-    None where there is none; then, and for torch.export, symbolic sizes and tensor subclasses, the graph holds
-    the operator."""
+    its graphs (the mechanism of ``torch.library.triton_op``): ``trace(op, args, backend, hub, grad, needs)``
+    (``grad`` None for the forward), inside the mode, returns what the impl the hub traces into the graph for the
+    call gives (the output, or the backward operator's flat gradients), or None where there is none; then, and for
+    torch.export, symbolic sizes and tensor subclasses, the graph holds the operator."""
     n = len(spec.args)
     plain = {torch.Tensor, torch.nn.Parameter}
 
     def rule(mode, func, types, args, kwargs):
-        op_args, backend, hub = (args[1:n + 1], args[n + 2], args[n + 3]) if backward else (args[:n], args[n],
-                                                                                          args[n + 1])
+        if backward:
+            grad, op_args, needs, backend, hub = args[0], args[1:n + 1], args[n + 1], args[n + 2], args[n + 3]
+        else:
+            grad, op_args, needs, backend, hub = None, args[:n], None, args[n], args[n + 1]
         if not kwargs and _static(op_args) and not _exporting() and all(
                 t in plain or issubclass(t, (FunctionalTensor, FakeTensor)) for t in types):
-            def run(impl):
-                if backward:
-                    needs = args[n + 1]
-                    return flatten_grads(spec, op_args, needs, impl.backward(args[0], *op_args, needs=needs))
-                return impl.forward(*op_args).contiguous()
             with mode:  # the graph's tensors work only inside it (the selection's too: a spec's output, say)
-                out = trace(spec.name, op_args, backend, hub, run)
+                out = trace(spec.name, op_args, backend, hub, grad, needs)
             if out is not None:
                 return out
         return mode.__torch_dispatch__(func, types, args, kwargs)
@@ -315,7 +312,7 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable, trac
 
     ``run_forward(op, args, backend, hub)`` and ``run_backward(op, grad, args, needs, backend, hub)`` run the
     operators; each finds the hub by its key at call time, so reloading the hub does not redefine operators.
-    ``trace`` (`_traced_rule`'s) gives the impl torch.compile traces into its graph in their place.
+    ``trace`` (`_traced_rule`'s) runs the impl torch.compile traces into its graph in their place.
     """
     if spec.name in _DEFINED:
         return _DEFINED[spec.name][0]

@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from kernelhub.args import tensors_of
 from kernelhub.config import Config, check_config, load_config
 from kernelhub.dispatch import OpHandle, define_ops, flatten_grads, weighted_sum
 from kernelhub.errors import NoImplementationError, WrongOutputError
@@ -392,37 +391,27 @@ def _run_backward(op, grad, args, needs, backend, hub):
     return _hub(hub).run_backward(op, grad, args, needs, backend)
 
 
-def _trace(op, args, backend, hub, run):
-    """``run(impl)`` (the forward or the backward of ``impl`` on a torch.compile graph's tensors) for the impl the
-    hub traces into the graph for this call (`kernelhub.select.Selector.traced`), with autocast off as every call
-    has it (`Hub.forward`), its output's (or each needed gradient's) shape, dtype and device checked against the
-    spec's (the graph functionalises any aliasing); None where there is none, or where tracing it raised or gave
-    a wrong result (`Selector.not_traceable`: the graph holds the operator)."""
+def _trace(op, args, backend, hub, grad, needs):
+    """On a torch.compile graph's tensors, for the impl the hub traces into the graph for this call
+    (`kernelhub.select.Selector.traced`): its output (``grad`` None), or the backward operator's flat gradients
+    (`kernelhub.dispatch.flatten_grads`) for ``grad`` and ``needs``, with autocast off and the output or gradients
+    checked as every call's are (`_check_output`, `_check_grads`). None where there is no such impl, or where it
+    raised or gave a wrong result (`Selector.not_traceable`: the graph holds the operator)."""
     selector = _hub(hub).selector
     impl = selector.traced(op, args, backend)
     if impl is None:
         return None
+    spec = selector.registry.spec(op)
     try:
         with _no_autocast():
-            out = run(impl)
-        spec = selector.registry.spec(op)
-        if isinstance(out, torch.Tensor):
-            promised = spec.output(*args)
-            expected = [(promised.shape, promised.dtype, promised.device)]
-            got = [out]
-        else:  # the backward's flat gradients (`kernelhub.dispatch.flatten_grads`): one per differentiable tensor
-            expected = [(t.shape, t.dtype, t.device) for i in spec.differentiable for t in tensors_of(args[i])]
-            got = out
-            if len(got) != len(expected):
-                raise WrongOutputError(f"kernelhub: {op}: backend {impl.backend!r} traced into a graph gave "
-                                       f"{len(got)} gradients, the op has {len(expected)} differentiable tensors")
-        for o, e in zip(got, expected):
-            if o.numel() and (o.shape, o.dtype, o.device) != e:
-                raise WrongOutputError(f"kernelhub: {op}: backend {impl.backend!r} traced into a graph gave "
-                                       f"{str(o.dtype).removeprefix('torch.')}{list(o.shape)}@{o.device}; the spec "
-                                       f"says {str(e[1]).removeprefix('torch.')}{list(e[0])}@{e[2]}")
-        return out
+            if grad is None:
+                out = impl.forward(*args)
+                promised = spec.output(*args)
+                _check_output(spec, impl.backend, out, (promised.shape, promised.dtype, promised.device), args)
+                return out.contiguous()
+            grads = impl.backward(grad, *args, needs=needs)
+            _check_grads(spec, impl.backend, grads, args, needs, grad)
+            return flatten_grads(spec, args, needs, grads)
     except CONTAINED as exc:
         selector.not_traceable(op, args, backend, exc)
         return None
-

@@ -168,8 +168,7 @@ class Selector:
             return self._traced[key]
         impls, cfg = self.registry.impls(op), self.config.op(op)
         rejected = self._rejected(op, args, forced, key)
-        size = cfg.size_range(first_tensor(args).numel()) if cfg.sizes else None
-        case = self._case(op, self.registry.spec(op), args) if cfg.cases else ""
+        case, _, size = self._where(op, args)
         order = [forced] if forced else [cfg.pin, *(size[1] if size else ()), *cfg.cases.get(case, ()),
                                           *cfg.priority, *self.config.compile_priority]
         name = next((n for n in order if n in impls and n not in rejected), None)
@@ -219,9 +218,7 @@ class Selector:
         """The decision, and whether it may be cached: five stages, each a method below."""
         impls, spec = self.registry.impls(op), self.registry.spec(op)
         rejected = self._rejected(op, args, forced, key)
-        case = self._case(op, spec, args) if self.config.op(op).cases else ""  # one the config orders on its own
-        elements = first_tensor(args).numel() if self.config.op(op).sizes else None
-        size = self.config.op(op).size_range(elements) if elements is not None else None
+        case, elements, size = self._where(op, args)
         ordered = self.config.priority_for(op, [n for n in impls if n not in rejected], spec.reference_backend, case,
                                            elements)
         pin = self.config.op(op).pin
@@ -238,6 +235,15 @@ class Selector:
                  if ordered else "")
         ordered, why = self._forced_or_pinned(op, args, ordered, rejected, forced, pin, order + note)
         return self._decision(op, args, ordered, rejected, whys, why, forced), cacheable
+
+    def _where(self, op: str, args: Sequence[Any]) -> tuple[str, int | None, tuple[int, tuple[str, ...]] | None]:
+        """Which of the op's configured orders a call falls under: its case (`_case`, '' where the config orders
+        none), its first tensor's elements and their size range (`kernelhub.config.OpConfig.size_range`; None
+        where the op has no size ranges)."""
+        cfg = self.config.op(op)
+        case = self._case(op, self.registry.spec(op), args) if cfg.cases else ""
+        elements = first_tensor(args).numel() if cfg.sizes else None
+        return case, elements, cfg.size_range(elements) if elements is not None else None
 
     def _case(self, op: str, spec: OpSpec, args: Sequence[Any]) -> str:
         """The call's case of the op where the config orders it, else ''. A spec's test that raises (a plugin's)

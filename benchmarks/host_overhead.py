@@ -71,7 +71,7 @@ def _tikhonov(n, z):
 
 FAMILIES = {
     "tv": ("tv_loss_l1_3d", {"tiny": _tv((1, 16, 16, 16)), "medium": _tv((4, 64, 64, 64)),
-                             "large": _tv((2, 256, 256, 256))}),
+                             "large": _tv((2, 256, 256, 256)), "xlarge": _tv((4, 256, 256, 256))}),
     "trilinear": ("trilinear_interp", {"tiny": _trilinear(256, 8), "medium": _trilinear(65536, 16),
                                        "large": _trilinear(1 << 21, 32)}),
     "kplanes": ("kplanes_interp_tilted", {"tiny": _kplanes(256, 2, 8, 32), "medium": _kplanes(16384, 2, 16, 128),
@@ -81,9 +81,10 @@ FAMILIES = {
     "tikhonov": ("tikhonov_inverse_2xn", {"tiny": _tikhonov(1024, 5), "medium": _tikhonov(128 * 128, 9),
                                           "large": _tikhonov(1024 * 1024, 9)}),
 }
+# (a size only some families have, "xlarge", is left out of the others)
 # what each call is, in words (the recorded results carry it, for docs/benchmarks.md)
 CALLS = {
-    "tv": {"tiny": "TV L1 1x16³", "medium": "TV L1 4x64³", "large": "TV L1 2x256³"},
+    "tv": {"tiny": "TV L1 1x16³", "medium": "TV L1 4x64³", "large": "TV L1 2x256³", "xlarge": "TV L1 4x256³"},
     "trilinear": {"tiny": "trilinear 256 points, F 8", "medium": "trilinear 65536 points, F 16",
                   "large": "trilinear 2M points, F 32"},
     "kplanes": {"tiny": "K-Planes 256 points, T 2, C 8, 32²", "medium": "K-Planes 16384 points, T 2, C 16, 128²",
@@ -252,7 +253,12 @@ def compiled_step_rows(op: str, args: tuple, device: torch.device, repeat: int, 
             fns[label] = fn
         except Exception as exc:
             print(f"  {op}: {label} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:100]})", file=sys.stderr)
-    return timed_rounds(fns, device, repeat)
+    rounds: dict = {}
+    r = timed_rounds(fns, device, repeat, rounds=rounds)
+    if "compiled hub" in rounds and "compiled ref" in rounds:
+        ratio, slower = timing.paired(rounds, "compiled hub", "compiled ref")
+        r["_hub_vs_ref"] = [ratio, slower, len(rounds["compiled hub"])]
+    return r
 
 
 def launch_rows(device: torch.device, repeat: int) -> dict:
@@ -317,7 +323,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
-    p.add_argument("--sizes", nargs="+", default=["tiny", "medium", "large"], choices=["tiny", "medium", "large"])
+    p.add_argument("--sizes", nargs="+", default=["tiny", "medium", "large"],
+                   choices=["tiny", "medium", "large", "xlarge"], help="xlarge: TV only")
     p.add_argument("--repeat", type=int, default=15)
     p.add_argument("--no-compile", action="store_true", help="leave out torch.compile of the reference")
     p.add_argument("--json", help="write the results here")
@@ -353,7 +360,7 @@ def main(argv: list[str] | None = None, record: dict | None = None) -> int:
         save()
     for fam in args.families:
         op, sizes = FAMILIES[fam]
-        for size in args.sizes:
+        for size in (s for s in args.sizes if s in sizes):
             call = sizes[size](device, torch.Generator().manual_seed(0))
             chosen = kernelhub.explain(op, *call).chosen
             about = {"_op": op, "_call": CALLS[fam][size], "_chosen": chosen}
@@ -362,8 +369,13 @@ def main(argv: list[str] | None = None, record: dict | None = None) -> int:
                 print(f"{fam}/{size} ({op}; hub picks {chosen}): compiled steps ({args.compile_mode}), wall us per "
                       "forward+backward")
                 for label, v in r.items():
-                    print(f"  {label:24s} {v:10.1f}   {v / r['compiled ref']:5.2f}x compiled ref" if "compiled ref" in r
-                          else f"  {label:24s} {v:10.1f}", flush=True)
+                    if not label.startswith("_"):
+                        print(f"  {label:24s} {v:10.1f}   {v / r['compiled ref']:5.2f}x compiled ref"
+                              if "compiled ref" in r else f"  {label:24s} {v:10.1f}", flush=True)
+                if "_hub_vs_ref" in r:
+                    ratio, slower, n = r["_hub_vs_ref"]
+                    print(f"  compiled hub / compiled ref, round by round: {ratio:.3f}x (median), slower in "
+                          f"{slower}/{n} rounds", flush=True)
                 mode = "" if args.compile_mode == "default" else f"-{args.compile_mode}"
                 results["rows"][f"{fam}/{size}/compiled{mode}"] = {**r, **about}
                 save()

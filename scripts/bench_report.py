@@ -347,6 +347,15 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "-" if a is None or b is None else f"{a / b:.2f}"
 
 
+def _paired(row: dict) -> str:
+    """A compiled-steps row's hub against the compiled reference round by round, where recorded: the median of the
+    rounds' ratios and in how many rounds the hub was the slower."""
+    if "_hub_vs_ref" not in row:
+        return ""
+    ratio, slower, n = row["_hub_vs_ref"]
+    return f"{ratio:.2f} (slower in {slower}/{n} rounds)"
+
+
 def _vs_min(row: dict | None, mine: dict | None, key: str) -> str:
     """A hub row against the minimal Function, ``key`` "forward" or "step": the median of the rounds' ratios where
     the row has it (benchmarks/host_overhead.py's `paired`), else (rows recorded before it) the medians' ratio."""
@@ -437,7 +446,8 @@ def host_report(data: dict, summary: bool = False) -> list[str]:
                   "traces the impl `kernelhub explain` names for compiled graphs (docs/user-guide.md); with a "
                   "backend forced, that backend's (traced where its impl is traceable, else the operator). Two "
                   "columns holding the same graph (the hub's and inductor's, where the hub traces inductor) "
-                  "differ by the host's noise:", "",
+                  "differ by the host's noise. The last column: the median of the rounds' ratios, and in how many "
+                  "rounds the hub was the slower (rows recorded before that: the medians' ratio):", "",
                   "| call | mode | hub picks | eager hub | compiled ref | compiled hub | compiled hub, other backends "
                   "| compiled hub / compiled ref |", "|---|---|---|---:|---:|---:|---|---:|"]
         for k, r in rows:
@@ -447,7 +457,7 @@ def host_report(data: dict, summary: bool = False) -> list[str]:
             parts.append(f"| {r['_call']} | {mode} | {r['_chosen']} | {_us(r['eager hub'])} | "
                          f"{_us(r['compiled ref']) if 'compiled ref' in r else '-'} | "
                          f"{_us(r['compiled hub']) if 'compiled hub' in r else '-'} | {others or '-'} | "
-                         f"{_ratio(r.get('compiled hub'), r.get('compiled ref'))} |")
+                         f"{_paired(r) or _ratio(r.get('compiled hub'), r.get('compiled ref'))} |")
         parts.append("")
     if "toolchain" in data:  # benchmarks/toolchain.py's run
         t = data["toolchain"]

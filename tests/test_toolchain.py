@@ -303,6 +303,39 @@ def test_a_compiled_graph_holds_the_traced_impl_and_recompiles_when_the_hub_chan
     assert importlib.import_module(mod).CALLS == {"forward": 1, "backward": 1}
 
 
+def _generated_code(fn, *args):
+    """The code inductor generates for ``fn`` compiled whole, forward and backward (a backward of its value), with
+    comments, paths and hashes taken out."""
+    import re
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True)
+    leaves = [a for a in args if a.requires_grad]
+    codes = run_and_get_code(lambda: torch.autograd.grad(compiled(*args), leaves))[1]
+    return [re.sub(r"#.*|/tmp\S*|'[0-9a-z]{20,}'", "", c) for c in codes]
+
+
+@pytest.mark.parametrize("op, make", [
+    ("tv_loss_l1_3d", lambda: (torch.randn(2, 9, 10, 11, requires_grad=True),)),
+    ("trilinear_interp", lambda: (torch.randn(37, 8, 5, requires_grad=True), torch.rand(37, 3) * 2 - 1))])
+def test_a_graph_tracing_inductor_is_the_compiled_reference_s_own_code(op, make):
+    """Where a compiled graph traces inductor's impl (the shipped [compile] priority, on the CPU), inductor generates
+    the very code it generates for a step calling the reference itself, forward and backward: the compiled hub
+    costs what the compiled reference costs (dynamo's guards on the handle aside)."""
+    from kernelhub_torch_ref.plugin import DIFFERENTIATE, FORWARDS
+
+    args = make()
+    traced = kernelhub.get_hub().selector.traced(op, args)
+    if traced is None or traced.backend != "inductor":
+        pytest.skip(f"the graph traces {traced and traced.backend} here, not inductor")
+    w = torch.randn(kernelhub.op(op)(*args).shape)
+    ref, hub = DIFFERENTIATE.get(op, FORWARDS[op]), kernelhub.op(op)
+    want = _generated_code(lambda *a: (ref(*a) * w).sum(), *args)
+    got = _generated_code(lambda *a: (hub(*a) * w).sum(), *args)
+    assert len(got) == len(want) == 2 and got == want
+
+
 def test_a_backend_marked_failed_recompiles_only_the_graphs_that_traced_it():
     """A backend that raised for a call (eagerly, or in the operator) changes the generation dynamo guards on only
     where it was the traced choice for that call: those graphs retrace, with another impl."""

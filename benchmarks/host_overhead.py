@@ -366,8 +366,10 @@ def main(argv: list[str] | None = None, record: dict | None = None) -> int:
             about = {"_op": op, "_call": CALLS[fam][size], "_chosen": chosen}
             if args.compiled_steps:
                 r = compiled_step_rows(op, call, device, args.repeat, args.compile_mode, not args.no_forced)
-                print(f"{fam}/{size} ({op}; hub picks {chosen}): compiled steps ({args.compile_mode}), wall us per "
-                      "forward+backward")
+                traced = kernelhub.get_hub().selector.traced(op, kernelhub.get_hub().registry.spec(op).normalize(*call))
+                about["_traced"] = traced.backend if traced is not None else "the operator"
+                print(f"{fam}/{size} ({op}; hub picks {chosen}, its compiled graph traces {about['_traced']}): "
+                      f"compiled steps ({args.compile_mode}), wall us per forward+backward")
                 for label, v in r.items():
                     if not label.startswith("_"):
                         print(f"  {label:24s} {v:10.1f}   {v / r['compiled ref']:5.2f}x compiled ref"

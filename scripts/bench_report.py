@@ -396,7 +396,7 @@ def host_report(data: dict, summary: bool = False) -> list[str]:
                  + (f", and {earlier} earlier runs" if earlier else "") + " (commands: lab/benchmarks-detail.md).")
     parts = [f"### {data['device']}", "", f"{data.get('threads', '?')} threads, {v}. {where}", ""]
     families = list(dict.fromkeys(k.split("/")[0] for k in data["rows"]))  # in the order first recorded
-    sizes = ("tiny", "medium", "large")
+    sizes = ("tiny", "medium", "large", "xlarge")
     ordered = sorted(data["rows"].items(), key=lambda kr: (families.index(kr[0].split("/")[0]),
                                                            sizes.index(kr[0].split("/")[1])))
     rows = [(k, r) for k, r in ordered if k.count("/") == 1]  # family/size; compiled steps: .../compiled[-mode]
@@ -448,13 +448,14 @@ def host_report(data: dict, summary: bool = False) -> list[str]:
                   "columns holding the same graph (the hub's and inductor's, where the hub traces inductor) "
                   "differ by the host's noise. The last column: the median of the rounds' ratios, and in how many "
                   "rounds the hub was the slower (rows recorded before that: the medians' ratio):", "",
-                  "| call | mode | hub picks | eager hub | compiled ref | compiled hub | compiled hub, other backends "
-                  "| compiled hub / compiled ref |", "|---|---|---|---:|---:|---:|---|---:|"]
+                  "| call | mode | hub picks (eager; traced) | eager hub | compiled ref | compiled hub | compiled hub, "
+                  "other backends | compiled hub / compiled ref |", "|---|---|---|---:|---:|---:|---|---:|"]
         for k, r in rows:
             others = "; ".join(f"{x.removeprefix('compiled hub:')} {_us(v)}" for x, v in r.items()
                                if x.startswith("compiled hub:"))
             mode = "reduce-overhead" if k.endswith("-reduce-overhead") else "default"
-            parts.append(f"| {r['_call']} | {mode} | {r['_chosen']} | {_us(r['eager hub'])} | "
+            picks = r["_chosen"] + (f"; {r['_traced']}" if "_traced" in r else "")
+            parts.append(f"| {r['_call']} | {mode} | {picks} | {_us(r['eager hub'])} | "
                          f"{_us(r['compiled ref']) if 'compiled ref' in r else '-'} | "
                          f"{_us(r['compiled hub']) if 'compiled hub' in r else '-'} | {others or '-'} | "
                          f"{_paired(r) or _ratio(r.get('compiled hub'), r.get('compiled ref'))} |")

@@ -316,20 +316,22 @@ def _generated_code(fn, *args):
     return [re.sub(r"#.*|/tmp\S*|'[0-9a-z]{20,}'", "", c) for c in codes]
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
 @pytest.mark.parametrize("op, make", [
-    ("tv_loss_l1_3d", lambda: (torch.randn(2, 9, 10, 11, requires_grad=True),)),
-    ("trilinear_interp", lambda: (torch.randn(37, 8, 5, requires_grad=True), torch.rand(37, 3) * 2 - 1))])
-def test_a_graph_tracing_inductor_is_the_compiled_reference_s_own_code(op, make):
-    """Where a compiled graph traces inductor's impl (the shipped [compile] priority, on the CPU), inductor generates
-    the very code it generates for a step calling the reference itself, forward and backward: the compiled hub
-    costs what the compiled reference costs (dynamo's guards on the handle aside)."""
+    ("tv_loss_l1_3d", lambda d: (torch.randn(2, 9, 10, 11, device=d, requires_grad=True),)),
+    ("trilinear_interp", lambda d: (torch.randn(37, 8, 5, device=d, requires_grad=True),
+                                    torch.rand(37, 3, device=d) * 2 - 1))])
+def test_a_graph_tracing_inductor_is_the_compiled_reference_s_own_code(op, make, device):
+    """Where a compiled graph traces inductor's impl (the shipped [compile] priority for these calls), inductor
+    generates the very code it generates for a step calling the reference itself, forward and backward: the
+    compiled hub costs what the compiled reference costs (dynamo's guards on the handle aside)."""
     from kernelhub_torch_ref.plugin import DIFFERENTIATE, FORWARDS
 
-    args = make()
+    args = make(device)
     traced = kernelhub.get_hub().selector.traced(op, args)
     if traced is None or traced.backend != "inductor":
         pytest.skip(f"the graph traces {traced and traced.backend} here, not inductor")
-    w = torch.randn(kernelhub.op(op)(*args).shape)
+    w = torch.randn(kernelhub.op(op)(*args).shape, device=device)
     ref, hub = DIFFERENTIATE.get(op, FORWARDS[op]), kernelhub.op(op)
     want = _generated_code(lambda *a: (ref(*a) * w).sum(), *args)
     got = _generated_code(lambda *a: (hub(*a) * w).sum(), *args)

@@ -4,6 +4,7 @@ trip; the hub's promises (fallback, kill switch, forced backends, pins) inside c
 ``mode="reduce-overhead"`` training loops and calls that keep no tensor past their end (docs/user-guide.md,
 "torch.compile, torch.export, CUDA graphs")."""
 
+import difflib
 import importlib
 import json
 import os
@@ -316,15 +317,23 @@ def _generated_code(fn, *args):
     return [re.sub(r"#.*|/tmp\S*|'[0-9a-z]{20,}'", "", c) for c in codes]
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
-@pytest.mark.parametrize("op, make", [
-    ("tv_loss_l1_3d", lambda d: (torch.randn(2, 9, 10, 11, device=d, requires_grad=True),)),
-    ("trilinear_interp", lambda d: (torch.randn(37, 8, 5, device=d, requires_grad=True),
-                                    torch.rand(37, 3, device=d) * 2 - 1))])
+def _tv_call(device):
+    return (torch.randn(2, 9, 10, 11, device=device, requires_grad=True),)
+
+
+def _trilinear_call(device):
+    return torch.randn(37, 8, 5, device=device, requires_grad=True), torch.rand(37, 3, device=device) * 2 - 1
+
+
+@pytest.mark.parametrize("op, make, device", [
+    ("tv_loss_l1_3d", _tv_call, "cpu"), ("trilinear_interp", _trilinear_call, "cpu"),
+    pytest.param("tv_loss_l1_3d", _tv_call, "cuda", marks=needs_cuda)])
 def test_a_graph_tracing_inductor_is_the_compiled_reference_s_own_code(op, make, device):
     """Where a compiled graph traces inductor's impl (the shipped [compile] priority for these calls), inductor
     generates the very code it generates for a step calling the reference itself, forward and backward: the
-    compiled hub costs what the compiled reference costs (dynamo's guards on the handle aside)."""
+    compiled hub costs what the compiled reference costs (dynamo's guards on the handle aside). Not every call
+    does: K-Planes' graph copies the points' gradient into the contiguous layout the backward operator declares,
+    and trilinear's on CUDA differs too (docs/user-guide.md)."""
     from kernelhub_torch_ref.plugin import DIFFERENTIATE, FORWARDS
 
     args = make(device)
@@ -335,7 +344,9 @@ def test_a_graph_tracing_inductor_is_the_compiled_reference_s_own_code(op, make,
     ref, hub = DIFFERENTIATE.get(op, FORWARDS[op]), kernelhub.op(op)
     want = _generated_code(lambda *a: (ref(*a) * w).sum(), *args)
     got = _generated_code(lambda *a: (hub(*a) * w).sum(), *args)
-    assert len(got) == len(want) == 2 and got == want
+    assert len(got) == len(want) == 2
+    for g, w in zip(got, want):
+        assert g == w, "\n".join(list(difflib.unified_diff(w.splitlines(), g.splitlines(), lineterm=""))[:60])
 
 
 def test_a_backend_marked_failed_recompiles_only_the_graphs_that_traced_it():

@@ -19,9 +19,9 @@ import time
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import torch  # noqa: E402
+from kernels import MODES, make_step, write_rows  # benchmarks/kernels.py: which inputs get gradients per pass
 
 import kernelhub  # noqa: E402
-from kernels import MODES, make_step, write_rows  # benchmarks/kernels.py: which inputs get gradients per pass
 
 # CPU-sized inputs (the GPU benchmark shapes are too large for eager on a laptop)
 SHAPES = {
@@ -78,15 +78,16 @@ def run(ops, backends, repeat: int) -> list[dict]:
         ref = impls[hub.registry.spec(op).reference_backend].forward
         for shape in SHAPES[op]:
             args = make_args(op, shape, gen)
-            name = f"{shape[0]}_{'x'.join(map(str, shape[1:5]))}_k{shape[5]}x{shape[5]}_g{shape[2]}" if op == "semiconv" \
-                else "x".join(map(str, shape))
+            name = "x".join(map(str, shape)) if op != "semiconv" else \
+                f"{shape[0]}_{'x'.join(map(str, shape[1:5]))}_k{shape[5]}x{shape[5]}_g{shape[2]}"
             out = ref(*args)
             grad = torch.randn(out.shape, generator=gen, dtype=out.dtype)
             torch._dynamo.reset()
             compiled = torch.compile(ref)
             for m in MODES[op][:2]:  # forward, and forward+backward into the first input
                 grads_of = m and m[0]
-                mode = "fwd" if m is None else "fwd+bwd " + ",".join(hub.registry.spec(op).args[i].name for i in grads_of)
+                names = [hub.registry.spec(op).args[i].name for i in grads_of or ()]
+                mode = "fwd" if m is None else "fwd+bwd " + ",".join(names)
                 times = {}
                 for label, fn in [("eager", ref), ("compiled", compiled)] + [
                         (b, kernelhub.op(op, backend=b)) for b in backends if b in impls]:

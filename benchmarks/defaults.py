@@ -66,7 +66,7 @@ def calls(op: str, device: torch.device, only: set[str]):
         for s in testing.samples(op, "benchmark", torch.float32, device, seed=0):
             yield "benchmark", s.name, s.args
     if "host" in only:
-        for family, (name, sizes) in FAMILIES.items():
+        for name, sizes in FAMILIES.values():
             if name == op:
                 for size, make in sizes.items():
                     yield "host", size, make(device, g)

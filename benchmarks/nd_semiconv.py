@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{best['ms']:.3f} ms: {best['ms'] / hub['ms']:.1f}x")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "numpy": __import__("numpy").__version__, "copy_GBps": bw / 1e9, "floor_ms": floor_ms,
+            json.dump({"device": torch.cuda.get_device_name(), "numpy": __import__("numpy").__version__,
+                       "copy_GBps": bw / 1e9, "floor_ms": floor_ms,
                        "shape": [B, C, H, W], "kernel": K, "rows": rows}, f, indent=1)
 
 

@@ -3,7 +3,9 @@
 Usage (on a GPU machine): python benchmarks/semiconv_host.py
 """
 import time
+
 import torch
+
 import kernelhub
 from kernelhub import testing
 

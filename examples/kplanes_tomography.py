@@ -100,7 +100,7 @@ def train(args, backend: str | None, pts_all, sino, step_len, device, steps: int
         return data + args.tv * tv
     if getattr(args, "compile", "none") != "none":  # the forward and its backward compiled; Adam stays eager
         objective = torch.compile(objective, fullgraph=True, mode=args.compile)
-    for it in range(steps):
+    for _ in range(steps):
         idx = torch.randint(0, n_rays, (args.batch,), generator=gen).to(device)
         pts = pts_all[idx].reshape(-1, 3)
 

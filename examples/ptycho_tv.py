@@ -40,7 +40,8 @@ with ``--step 16`` (25 positions) the error is 0.59 (tested); on an H200, 512^2 
 positions reached 1.55 and 1.03, hence the benchmark's 8 slices and 625 positions (0.070).
 
 It prints the backend, the time per iteration and the time of the TV constraint (forward + backward; and of one
-bare ``tv_loss_l1_3d`` call on the same volumes, what ``TVLoss3d`` adds to the op) of both runs, the SSIMs and the phase error against the truth, and writes a PNG of the projected phase (the sum over
+bare ``tv_loss_l1_3d`` call on the same volumes, what ``TVLoss3d`` adds to the op) of both runs, the SSIMs and the phase
+error against the truth, and writes a PNG of the projected phase (the sum over
 slices): truth | hub | torch_ref | their difference, scaled up to the truth's range (the factor is printed).
 
     python examples/ptycho_tv.py                 # CPU: 96^2 x 4 slices, 5-25 s on 2 cores
@@ -250,13 +251,14 @@ def main(argv=None) -> dict:
               "device": str(device), "backend": backend, "ssim_hub_vs_torch_ref": ssim_hub, "ssim_1ulp": ssim_ulp,
               "floor": floor, "allowed": allowed, "within_floor": within, "converged": converged, "ok": ok,
               "phase_rel_error": err,
-              **{f"{k}_{q}": runs[k][q] for k in ("hub", "torch_ref") for q in ("ms_per_iter", "tv_ms", "tv_bare_op_ms", "data_loss")}}
+              **{f"{k}_{q}": runs[k][q] for k in ("hub", "torch_ref") for q in ("ms_per_iter", "tv_ms",
+                                                                                "tv_bare_op_ms", "data_loss")}}
     for k in ("hub", "torch_ref"):
         r = runs[k]
         print(f"{k:9s} ({backend if k == 'hub' else 'torch_ref'}): {r['ms_per_iter']:8.3f} ms/iter, TV constraint "
               f"fwd+bwd {r['tv_ms']:.3f} ms (TVLoss3d; a bare op call {r['tv_bare_op_ms']:.3f} ms: "
-              f"{r['tv_ms'] / r['tv_bare_op_ms']:.2f}x); data loss {r['data_loss']:.3e}; projected phase error vs truth "
-              f"{err[k]:.3f}")
+              f"{r['tv_ms'] / r['tv_bare_op_ms']:.2f}x); data loss {r['data_loss']:.3e}; "
+              f"projected phase error vs truth {err[k]:.3f}")
     print(f"SSIM of the phases: hub vs torch_ref 1 - {1 - ssim_hub:.3e}; torch_ref vs dz +-1 ulp 1 - "
           + ", 1 - ".join(f"{1 - s:.3e}" for s in ssim_ulp.values())
           + f"; allowed 1 - SSIM {allowed:.3e}: {'OK' if within else 'FAILED'}")

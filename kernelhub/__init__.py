@@ -11,8 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernelhub.errors import (ConfigError, KernelhubError, NoImplementationError, PluginValidationError,
-                              StrictModeError, WrongOutputError)
+from kernelhub.errors import (
+    ConfigError,
+    KernelhubError,
+    NoImplementationError,
+    PluginValidationError,
+    StrictModeError,
+    WrongOutputError,
+)
 from kernelhub.hookspecs import hookimpl
 from kernelhub.hub import get_hub, reload
 from kernelhub.ops._checks import accumulation_dtype

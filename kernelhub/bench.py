@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from kernelhub.hub import get_hub
 from kernelhub import testing
 from kernelhub.args import nbytes
+from kernelhub.hub import get_hub
 from kernelhub.timing import device_model, time_ms, timed
 
 __all__ = ["compiled_reference", "copy_bandwidth", "floor_bytes", "make_step", "run", "plot", "figure"]

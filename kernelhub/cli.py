@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 import ast
-import inspect
 import importlib.metadata
+import inspect
 import json
 import math
 import platform
@@ -24,8 +24,8 @@ from rich.table import Table
 
 import kernelhub
 from kernelhub import testing
-from kernelhub.errors import KernelhubError
 from kernelhub.args import describe_args
+from kernelhub.errors import KernelhubError
 from kernelhub.registry import FIRST_PARTY_BACKENDS
 from kernelhub.tune import versus
 
@@ -93,7 +93,7 @@ def _winners(hub) -> dict:
     """The tuned winners per device model; an entry is stale when torch or a timed backend changed since."""
     tuning = hub.selector.tuning
     rows: dict[str, list] = {}
-    for key, e in sorted(tuning.cache.entries().items()):
+    for _, e in sorted(tuning.cache.entries().items()):
         changed = [n for n, c in e["candidates"].items()
                    if n in hub.registry.backends and c.get("fingerprint") != hub.registry.fingerprint(n)]
         stale = ("torch changed" if e.get("torch") != torch.__version__ else
@@ -261,7 +261,8 @@ def cmd_tune(args: argparse.Namespace) -> dict:
             eligible = [n for n in eligible if n not in compiles]
             left_out.update(compiles)
         if len(eligible) < 2:
-            skipped.append({"op": op, "call": describe_args(call), "why": f"only {eligible or 'no backend'} can serve it"})
+            skipped.append({"op": op, "call": describe_args(call),
+                            "why": f"only {eligible or 'no backend'} can serve it"})
         else:
             plan.append((op, call, eligible))
     rows = []
@@ -274,7 +275,8 @@ def cmd_tune(args: argparse.Namespace) -> dict:
             rows.append(entry)
     hub.selector.forget()
     cache = hub.selector.tuning.cache
-    failed = [f"the winners were not written to {cache.path}: {cache.write_error}"] if rows and cache.write_error else []
+    failed = [f"the winners were not written to {cache.path}: {cache.write_error}"] \
+        if rows and cache.write_error else []
     return {"device": args.device, "cache": str(cache.path), "tuned": rows, "skipped": skipped,
             "not_timed": sorted(left_out), "failed": failed}
 
@@ -490,7 +492,8 @@ COMMANDS = {
     "list": (cmd_list, render_list, "ops x backends: available or why not, devices, dtypes"),
     "explain": (cmd_explain, render_explain, "which backend serves a call, and why the others do not"),
     "doctor": (cmd_doctor, render_doctor, "versions, devices, compilers, plugin errors, config in force"),
-    "tune": (cmd_tune, render_tune, "time every eligible backend per op and shape bucket; keep the fastest correct one"),
+    "tune": (cmd_tune, render_tune,
+             "time every eligible backend per op and shape bucket; keep the fastest correct one"),
     "bench": (cmd_bench, render_bench, "each backend against torch_ref, torch.compile of it, and the memory floor"),
     "check": (cmd_check, render_check, "a backend's conformance: parity, non-contiguous inputs, opcheck, gradcheck, "
                                        "bad inputs, fused weights and saved tensors where declared, and on CUDA no "
@@ -535,13 +538,15 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--shape", action="append", type=_shape,
                            help="tune this call instead of the benchmark shapes: the shape of each tensor "
                                 "argument in order (repeat per tensor; one op only)")
-            p.add_argument("--arg", action="append", metavar="NAME=VALUE", help="a non-tensor argument of --shape's call")
+            p.add_argument("--arg", action="append", metavar="NAME=VALUE",
+                           help="a non-tensor argument of --shape's call")
             p.add_argument("--quick", action="store_true",
                            help="a smoke run: each op's first medium sample, short timings, and no backend that "
                                 "compiles on first use (inductor)")
         if name == "bench":
             p.add_argument("ops", nargs="*", help="ops to time (default: all)")
-            p.add_argument("--backends", nargs="+", help="backends to time besides the reference (default: all that serve the device)")
+            p.add_argument("--backends", nargs="+",
+                           help="backends to time besides the reference (default: all that serve the device)")
             p.add_argument("--device", type=_device, help="cpu or cuda[:N] (default: cuda if present, else cpu)")
             p.add_argument("--quick", action="store_true", help="the spec's medium samples and short timings")
             p.add_argument("--shapes", nargs="+", metavar="SUBSTRING",

@@ -39,7 +39,8 @@ from pathlib import Path
 
 from kernelhub.errors import ConfigError
 
-__all__ = ["Config", "OpConfig", "TuneConfig", "load_config", "check_config", "find_config_file", "make_private_dirs", "SHIPPED",
+__all__ = ["Config", "OpConfig", "TuneConfig", "load_config", "check_config", "find_config_file", "make_private_dirs",
+           "SHIPPED",
            "DEFAULT_PRIORITY", "TUNE_MODES"]
 
 SHIPPED = Path(__file__).with_name("kernelhub.toml")

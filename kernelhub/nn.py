@@ -77,7 +77,8 @@ class TVLoss3d(nn.Module):
         else:
             w = ()
         if len(w) != 3 or any(x < 0 or not math.isfinite(x) for x in w):
-            raise ValueError(f"TVLoss3d: weights must be a number or three (wz, wy, wx), finite and >= 0, got {weights!r}")
+            raise ValueError("TVLoss3d: weights must be a number or three (wz, wy, wx), finite and >= 0, "
+                             f"got {weights!r}")
         if kind != "l1" and len(set(w)) != 1:
             raise ValueError(f"TVLoss3d: kind={kind!r} sums the three axes in one term, so it takes one weight, "
                              f"got {weights!r} (per-axis weights need kind='l1')")
@@ -293,7 +294,8 @@ class CovSpectral2D(nn.Module):
         elif init["theta"] == "uniform":
             theta = torch.empty(out_channels, in_channels).uniform_(0, math.pi)
         else:
-            raise ValueError(f"QuadraticKernelSpectral2D: init['theta'] must be 'spin' or 'uniform', got {init['theta']!r}")
+            raise ValueError("QuadraticKernelSpectral2D: init['theta'] must be 'spin' or 'uniform', "
+                             f"got {init['theta']!r}")
         self.theta = nn.Parameter(theta)
         self.log_std = nn.Parameter(variances.log().mul(0.5))
 

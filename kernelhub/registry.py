@@ -140,10 +140,9 @@ class Registry:
                 h.function(registry=self)
         except CONTAINED as exc:
             # roll back whatever this plugin added before failing
-            self._specs.clear(); self._specs.update(snapshot[0])
-            self._backends.clear(); self._backends.update(snapshot[1])
-            self._backend_plugin.clear(); self._backend_plugin.update(snapshot[2])
-            self._impls.clear(); self._impls.update(snapshot[3])
+            for table, before in zip((self._specs, self._backends, self._backend_plugin, self._impls), snapshot):
+                table.clear()
+                table.update(before)
             self._record(name, hook_name.removeprefix("kernelhub_"), exc, strict)
             return False
         finally:
@@ -196,7 +195,8 @@ class Registry:
         bad = [str(d) for d in impl.dtypes if d not in spec.dtypes]
         if bad or not impl.dtypes:
             raise PluginValidationError(
-                plugin, f"{where}: dtypes {bad or '[]'} not allowed by the spec (allowed: {[str(d) for d in spec.dtypes]})")
+                plugin,
+                f"{where}: dtypes {bad or '[]'} not allowed by the spec (allowed: {[str(d) for d in spec.dtypes]})")
         for field in ("forward", "backward", "not_supported_reasons"):
             if not callable(getattr(impl, field)):
                 raise PluginValidationError(plugin, f"{where}: {field} is not callable")

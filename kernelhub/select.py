@@ -36,11 +36,11 @@ from typing import Any
 
 import torch
 
+from kernelhub.args import arg_key, describe_args, first_tensor
 from kernelhub.config import Config
 from kernelhub.errors import NoImplementationError, StrictModeError
 from kernelhub.registry import CONTAINED, Registry
 from kernelhub.spec import Impl, OpSpec
-from kernelhub.args import arg_key, describe_args, first_tensor
 from kernelhub.tune import Tuning, may_tune_now
 
 __all__ = ["Candidate", "Decision", "Selector", "call_key", "MAX_CACHED_DECISIONS", "GENERATION"]

@@ -284,7 +284,8 @@ class Tuning:
                     self._verified[key] = f"could not be checked: {type(exc).__name__}: {exc}"
             if self._verified[key] is not None and recorded_passing:
                 warnings.warn(f"kernelhub: tuning cache {self.cache.path}: {key[0]}: backend {name!r} is recorded as "
-                              f"passing parity, but here it {self._verified[key]}; not used for this entry", RuntimeWarning, stacklevel=5)
+                              f"passing parity, but here it {self._verified[key]}; not used for this entry",
+                              RuntimeWarning, stacklevel=5)
         return self._verified.get(key)
 
     def rank(self, entry: dict, eligible: Sequence[str], op: str,
@@ -314,12 +315,14 @@ class Tuning:
             fastest = min(cands[n]["step_ms"] for n in close)
             for n in close:
                 how = versus(cands[n]) or f"spread {cands[n].get('step_spread', 0):.0%}"
-                why[n] = (f"within noise of the fastest for bucket {entry.get('bucket', '?')}: {cands[n]['step_ms']:.4g} ms "
+                why[n] = (f"within noise of the fastest for bucket {entry.get('bucket', '?')}: "
+                          f"{cands[n]['step_ms']:.4g} ms "
                           f"vs {fastest:.4g} ms forward+backward"
                           + (f" ({how})" if cands[n]["step_ms"] != fastest else "")
                           + f": priority order among {', '.join(close)} ({entry.get('tuned', '?')})")
         elif passed:
-            why[passed[0]] = (f"tuned winner for bucket {entry.get('bucket', '?')}: {cands[passed[0]]['step_ms']:.4g} ms "
+            why[passed[0]] = (f"tuned winner for bucket {entry.get('bucket', '?')}: "
+                              f"{cands[passed[0]]['step_ms']:.4g} ms "
                               f"forward+backward ({entry.get('tuned', '?')})")
         for n in passed[len(head):]:  # against the one that runs: the first placed
             t, best = cands[n]["step_ms"], cands[passed[0]]["step_ms"]

@@ -11,7 +11,8 @@
 ``record`` runs `kernelhub.bench.run` (every backend against eager torch_ref and torch.compile of it, and the
 memory floor) and writes its rows with where and how they were measured (device, date, commit, the tree of the
 files that ran, command, versions; ``KERNELHUB_RECORD_COMMIT`` names the commit where the checkout's .git is
-older than its files). ``record-host`` runs benchmarks/host_overhead.py (the hub's per-call wall time against minimal glue
+older than its files). ``record-host`` runs benchmarks/host_overhead.py (the hub's per-call wall time against minimal
+glue
 around the same kernels) with the arguments after ``--`` and records it the same way; a second run into the
 same file (for example ``-- --compiled-steps``) adds its rows. ``record-nn`` runs benchmarks/nd_semiconv.py
 (`kernelhub.nn.SemiConv` against pytorch_nd_semiconv's paths), ``record-cases`` benchmarks/semiconv_cases.py
@@ -406,11 +407,13 @@ def host_report(data: dict, summary: bool = False) -> list[str]:
         for _, r in rows:
             hub, mine = r.get("hub"), r.get(f"min:{r['_chosen']}")
             parts.append(f"| {r['_call']} | {r['_chosen']} | {_step(hub)} | {_step(mine)} | "
-                         f"{_vs_min(hub, mine, 'step')} | {_step(r.get('eager ref'))} | {_step(r.get('compiled ref'))} |")
+                         f"{_vs_min(hub, mine, 'step')} | {_step(r.get('eager ref'))} | "
+                         f"{_step(r.get('compiled ref'))} |")
         parts.append("")
     elif rows:
         parts += ["| call | hub picks | hub | min:pick | hub / min:pick | each backend forced: hub:B / min:B "
-                  "(fwd+bwd) | eager ref | compiled ref | hub / compiled ref |", "|---|---|---:|---:|---:|---|---:|---:|---:|"]
+                  "(fwd+bwd) | eager ref | compiled ref | hub / compiled ref |",
+                  "|---|---|---:|---:|---:|---|---:|---:|---:|"]
         for _, r in rows:
             pick = r["_chosen"]
             hub, mine = r.get("hub"), r.get(f"min:{pick}")
@@ -428,7 +431,8 @@ def host_report(data: dict, summary: bool = False) -> list[str]:
         fams = [k.removesuffix(" triton forward") for k in launch if k.endswith(" triton forward")]
         parts += [f"Triton launchers (each impl's forward and backward functions alone, the tiny calls) against a "
                   f"trivial `kernel[grid](...)` ({base:.1f} µs; the backend's cached `launch()` of it "
-                  f"{launch['trivial launch()'] / base:.2f}x, one torch op {launch['one torch op (x.add_)'] / base:.2f}x):",
+                  f"{launch['trivial launch()'] / base:.2f}x, "
+                  f"one torch op {launch['one torch op (x.add_)'] / base:.2f}x):",
                   "", "| launcher | forward µs (x trivial) | backward µs (x trivial) |", "|---|---:|---:|"]
         kernels = data.get("launch_kernels", {})  # each function's kernels on the device (older records: none)
 
@@ -588,7 +592,8 @@ def main(argv: list[str] | None = None) -> int:
     h = sub.add_parser("record-host", help="run benchmarks/host_overhead.py here and record it")
     h.add_argument("--out", type=Path, required=True)
     h.add_argument("host_args", nargs=argparse.REMAINDER, help="after --: benchmarks/host_overhead.py's arguments")
-    for cmd, script in (("record-nn", "nd_semiconv"), ("record-cases", "semiconv_cases"), ("record-defaults", "defaults")):
+    for cmd, script in (("record-nn", "nd_semiconv"), ("record-cases", "semiconv_cases"),
+                        ("record-defaults", "defaults")):
         n = sub.add_parser(cmd, help=f"run benchmarks/{script}.py here and record it")
         n.add_argument("--out", type=Path, required=True)
         n.set_defaults(script=script)

@@ -14,8 +14,6 @@ import argparse
 import sys
 import warnings
 
-import torch
-
 import kernelhub
 from kernelhub import testing
 

@@ -189,7 +189,8 @@ def test_lookup_order(tmp_path, monkeypatch):
     ("priority = ['trition']", "priority: unknown backend 'trition'; allowed: \\["),
     ("disabled = 'triton'", "disabled: expected list"),
     ("[ops.tv_loss_l1_3d]\npin = 'nope'", "\\[ops.tv_loss_l1_3d\\].pin: unknown backend 'nope'"),
-    ("[ops.tv_loss_l1_3d]\npinned = 'triton'", "unknown key 'pinned'; allowed keys: \\['cases', 'pin', 'priority', 'sizes'\\]"),
+    ("[ops.tv_loss_l1_3d]\npinned = 'triton'",
+     "unknown key 'pinned'; allowed keys: \\['cases', 'pin', 'priority', 'sizes'\\]"),
     ("kill_switch = ", "not valid TOML"),
     ("ops = 3", "kernelhub.toml: ops: expected a table, got int 3"),  # not "kernelhub.toml.ops"
     ("priority = ['triton', 'torch_ref', 'triton']", "priority: backend 'triton' is listed twice"),

@@ -97,7 +97,8 @@ def test_a_plugin_asking_for_a_version_this_kernelhub_does_not_know_is_refused_a
     assert error.plugin == "semiconv_v1" and error.stage == "register_impls"
     assert "implements semiconv v99, and this kernelhub knows semiconv up to v3; upgrade kernelhub" in error.error
     assert "semiconv_v1" not in hub.registry.impls("semiconv") and "semiconv_v1" not in hub.registry.backends
-    torch.testing.assert_close(kernelhub.op("semiconv")(*_call()), kernelhub.op("semiconv", backend="torch_ref")(*_call()))
+    torch.testing.assert_close(kernelhub.op("semiconv")(*_call()),
+                               kernelhub.op("semiconv", backend="torch_ref")(*_call()))
 
 
 def test_doctor_and_list_show_each_third_party_impls_contract_version(hub_with, capsys):
@@ -217,5 +218,6 @@ def test_the_v1_plugin_is_a_distribution_whose_entry_point_is_the_module():
     assert v1.kernelhub_register_impls is not None
     with pytest.raises(PluginValidationError, match="semiconv_v1"):
         kernelhub.reload(extra_plugins=[("semiconv_v1", v1.plugin("future_version"))],
-                         config=kernelhub.config.parse_config({"strict": True}, "test", kernelhub.registry.declared_backend_names()))
+                         config=kernelhub.config.parse_config({"strict": True}, "test",
+                                                              kernelhub.registry.declared_backend_names()))
     kernelhub.reload()

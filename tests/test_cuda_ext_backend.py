@@ -316,7 +316,8 @@ def test_library_ops_pass_opcheck():
     feats_t = torch.randn(6, 4, 8).transpose(1, 2)  # non-contiguous: the outputs are contiguous all the same
     M_t = torch.randn(7, 2, 5, dtype=torch.complex64).permute(2, 1, 0)
     for op, args in [(lib.trilinear_backward, (torch.randn(6, 4), feats_t, points, True, True)),
-                     (lib.tikhonov_forward, (M_t, 0.3)), (lib.tv_backward, (torch.ones(3), x.transpose(2, 3), 0, 0.0)),(lib.tv_forward, (x, 0, 0.0)), (lib.tv_backward, (torch.ones(3), x, 0, 0.0)),
+                     (lib.tikhonov_forward, (M_t, 0.3)), (lib.tv_backward, (torch.ones(3), x.transpose(2, 3), 0, 0.0)),
+                     (lib.tv_forward, (x, 0, 0.0)), (lib.tv_backward, (torch.ones(3), x, 0, 0.0)),
                      (lib.tv_forward, (x, 2, 1e-8)), (lib.tv_forward, (x, 0, 0.0, torch.ones(3))),
                      (lib.tv_backward, (torch.ones(()), x, 0, 0.0, torch.ones(3))),
                      (lib.trilinear_forward, (feats, points)),
@@ -361,7 +362,8 @@ def test_kplanes_library_ops_pass_opcheck(taps, device):
 
 
 def _corner_weights(points: torch.Tensor) -> torch.Tensor:
-    """docs/ops.md: corner k = 4i + 2j + l has weight (i ? u : 1-u)(j ? v : 1-v)(l ? w : 1-w), (u, v, w) = (p + 1) / 2."""
+    """docs/ops.md: corner k = 4i + 2j + l has weight (i ? u : 1-u)(j ? v : 1-v)(l ? w : 1-w),
+    (u, v, w) = (p + 1) / 2."""
     u, v, w = ((points + 1) / 2).unbind(-1)
     return torch.stack([(u if k >> 2 else 1 - u) * (v if (k >> 1) & 1 else 1 - v) * (w if k & 1 else 1 - w)
                         for k in range(8)], dim=-1)

@@ -45,7 +45,8 @@ def _bench_report():
 
 def test_the_readme_is_short_and_the_benchmarks_page_is_what_its_script_renders():
     """README.md stays a page (<= 120 lines); docs/benchmarks.md (<= 25 KB: the forward + backward tables, a figure
-    per GPU record, each host's summary; every table in docs/lab/benchmarks-detail.md) and the README's tables (winners, host cost) are generated from the
+    per GPU record, each host's summary; every table in docs/lab/benchmarks-detail.md) and the README's tables (winners,
+    host cost) are generated from the
     recorded results by scripts/bench_report.py, never edited by hand; code and docs cite docs/ops.md, not design
     notes outside the repository."""
     bench_report = _bench_report()
@@ -71,7 +72,8 @@ def test_a_host_record_renders_the_hub_against_the_glue_around_its_pick(tmp_path
     record of another device is never merged into (its rows would mix two machines)."""
     bench_report = _bench_report()
     row = {"hub": {"forward_us": 30.0, "step_us": 300.0}, "min:cuda_ext": {"forward_us": 20.0, "step_us": 150.0},
-           "hub:cuda_ext": {"forward_us": 31.0, "step_us": 240.0}, "compiled ref": {"forward_us": 60.0, "step_us": 600.0},
+           "hub:cuda_ext": {"forward_us": 31.0, "step_us": 240.0},
+           "compiled ref": {"forward_us": 60.0, "step_us": 600.0},
            "_op": "tv_loss_l1_3d", "_call": "TV L1 1x16³", "_chosen": "cuda_ext"}
     data = {"device": "NVIDIA H200", "threads": 16, "versions": {"torch": "2.11"}, "rows": {"tv/tiny": row},
             "runs": [{"date": "2026-11-25", "commit": "abc", "command": "python x"}]}

@@ -5,11 +5,11 @@ tests/test_selector.py runs those tests once per path (its `path` fixture)."""
 
 import pytest
 import torch
+from kernelhub_torch_ref import tv
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import kernelhub
 from kernelhub import dispatch, testing
-from kernelhub_torch_ref import tv
 
 OPS = kernelhub.op_names()
 FAST_FN = "KernelhubFunctionBackward"

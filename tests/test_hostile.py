@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kernelhub
-from kernelhub import cli
 from kernelhub.errors import StrictModeError, WrongOutputError
 from kernelhub.select import MAX_CACHED_DECISIONS
 
@@ -96,7 +95,8 @@ def test_the_cuda_ext_library_op_refuses_an_empty_window_instead_of_dividing_by_
             "try:\n    torch.ops.kernelhub_cuda_ext.semiconv_forward(x, k, 0, 0.0, 1, [1, 1, 1], [0, 0, 0], [1, 1, 1], "
             "[1, 4, 4], False)\nexcept RuntimeError as e:\n    print('refused:', e)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and "needs a channel" in proc.stdout, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+    assert proc.returncode == 0 and "needs a channel" in proc.stdout, \
+        (proc.returncode, proc.stdout, proc.stderr[-2000:])
 
 
 # -- 3. the decision cache carries strides ------------------------------------------------------------------------
@@ -180,7 +180,8 @@ def test_double_backward_is_refused_naming_the_op_and_vmap_still_works():
 def test_a_plugin_taking_a_first_party_name_is_the_one_skipped(install, entry, backend):
     mod = install(entry, IMPOSTOR.replace("{backend}", backend))
     hub = kernelhub.reload()
-    assert {"torch_ref", "inductor"} <= set(hub.registry.backends) and hub.registry.backends["torch_ref"].version != "6.6"
+    assert {"torch_ref", "inductor"} <= set(hub.registry.backends)
+    assert hub.registry.backends["torch_ref"].version != "6.6"
     assert hub.registry.unavailable_reason("torch_ref") is None
     errors = [e for e in hub.registry.plugin_errors]
     assert errors and all(mod in e.error or entry in e.plugin for e in errors), errors
@@ -233,7 +234,8 @@ def test_fuzz_plugin_loading_never_loses_the_first_party(plans):
     hub = kernelhub.reload(extra_plugins=extras)
     assert len(hub.registry.specs) == 9
     assert {"torch_ref", "inductor"} <= set(hub.registry.backends)
-    assert hub.registry.plugin_of("torch_ref") == "torch_ref" and not any(n.startswith("half") for n in hub.registry.backends)
+    assert hub.registry.plugin_of("torch_ref") == "torch_ref"
+    assert not any(n.startswith("half") for n in hub.registry.backends)
     torch.testing.assert_close(kernelhub.op("tv_loss_sq_3d")(torch.ones(2, 3, 4)), torch.tensor(0.0))
 
 

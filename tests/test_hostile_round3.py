@@ -143,7 +143,6 @@ def test_a_winners_path_that_is_not_a_regular_file_is_not_ours_and_never_blocks(
                                        {"error": None, "step_ms": 1.0, "forward_ms": "x"}])
 @pytest.mark.parametrize("within", [None, "torch_ref", [1, 2]])
 def test_a_malformed_winners_entry_is_dropped_with_a_warning_naming_the_file(tmp_path, candidate, within):
-    from kernelhub import testing
     from kernelhub.winners import entry_key
 
     v = torch.randn(1, 8, 8, 8)

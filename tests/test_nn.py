@@ -188,7 +188,8 @@ def test_anisotropic_quadratic_kernels_are_minus_the_mahalanobis_distance():
 
 
 def _dilation_formula(x, b):
-    """max_y x(p - y) + b(y) over the kernel's taps, x [B, C, H, W] padded 'same' with -inf, depthwise b [C, 1, K, K]."""
+    """max_y x(p - y) + b(y) over the kernel's taps, x [B, C, H, W] padded 'same' with -inf, depthwise
+    b [C, 1, K, K]."""
     K = b.shape[-1]
     xp = F.pad(x, [K // 2] * 4, value=-math.inf)
     H, W = x.shape[-2:]

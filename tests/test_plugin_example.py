@@ -19,7 +19,8 @@ def test_plugin_example_installs_and_passes_its_tests_and_kernelhub_check(tmp_pa
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *isolation, "--target", str(site),
                     str(EXAMPLE)], check=True, cwd=tmp_path)
     assert (site / "kernelhub_plugin_example" / "plugin.py").exists()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    path = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = {**os.environ, "PYTHONPATH": path}
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(EXAMPLE / "tests")],
                            cwd=tmp_path, env=env, capture_output=True, text=True)
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]

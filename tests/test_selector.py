@@ -332,7 +332,8 @@ def test_the_fast_path_backward_runs_the_backend_of_its_forward(install, tmp_pat
     before = dict(sys.modules[mod].CALLS)
     (g,) = torch.autograd.grad(out.sum(), v)
     assert sys.modules[mod].CALLS["backward"] == before["backward"] + 1
-    torch.testing.assert_close(g, torch.autograd.grad(kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(v).sum(), v)[0])
+    want = kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(v).sum()
+    torch.testing.assert_close(g, torch.autograd.grad(want, v)[0])
 
 
 @pytest.mark.parametrize("shape", [False, True])
@@ -460,7 +461,8 @@ def test_cli_explain(capsys, install, tmp_path):
     assert "rejected" in out and "dtype torch.float64 not in" in out
     # arguments left out take the op's defaults (groups 1, tropical_max, ...), not a sample's
     assert cli.main(["explain", "semiconv", "--shape", "1,2,8,8", "--shape", "2,2,3,3", "--json"]) == 0
-    assert "'tropical_max', [1, 1], [0, 0, 0, 0], [1, 1], 1, 'conv', False" in json.loads(capsys.readouterr().out)["call"]
+    call = json.loads(capsys.readouterr().out)["call"]
+    assert "'tropical_max', [1, 1], [0, 0, 0, 0], [1, 1], 1, 'conv', False" in call
     assert cli.main(["explain", "semiconv", "--shape", "1,2,8,8", "--shape", "2,1,3,3", "--arg", "groups=2"]) == 0
     capsys.readouterr()
     assert cli.main(["explain", "semiconv", "--shape", "1,2,8,8", "--shape", "2,1,3,3"]) == 2

@@ -112,7 +112,8 @@ def test_a_case_whose_samples_are_all_rejected_is_not_covered_not_passed():
                                backward=lambda g, x, needs: [g.expand_as(x)], dtypes=SPEC.dtypes,
                                not_supported_reasons=lambda args: ["covers nothing"]))
     kernelhub.reload(extra_plugins=[("cube_plugin", plugin),
-                                    ("cube_none", types.SimpleNamespace(kernelhub_register_impls=kernelhub_register_impls))])
+                                    ("cube_none",
+                                     types.SimpleNamespace(kernelhub_register_impls=kernelhub_register_impls))])
     case = next(c for c in testing.cases(ops=["cube_sum"], sizes=["small"]) if c.backend == "cube_none")
     for check in (testing.check_parity, testing.check_noncontiguous,
                   lambda case: testing.check_gradcheck(case.op, case.backend),
@@ -139,7 +140,8 @@ def test_the_kill_switch_runs_a_third_party_ops_own_reference_backend():
         registry.add_backend(Backend("cube_fast", "1.0"))
         registry.add_impl(Impl(op="cube_sum", backend="cube_fast", forward=lambda x: x.pow(3).sum(),
                                backward=lambda g, x, needs: [3 * x.square() * g], dtypes=SPEC.dtypes))
-    plugins = [("cube_plugin", plugin), ("cube_fast", types.SimpleNamespace(kernelhub_register_impls=kernelhub_register_impls))]
+    plugins = [("cube_plugin", plugin),
+               ("cube_fast", types.SimpleNamespace(kernelhub_register_impls=kernelhub_register_impls))]
     x = torch.randn(4, 3, requires_grad=True)
     try:
         assert kernelhub.reload(extra_plugins=plugins).explain("cube_sum", x).chosen == "cube_fast"

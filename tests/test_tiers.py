@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import test_conformance as conformance
+
 import kernelhub
 from kernelhub import testing
 

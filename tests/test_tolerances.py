@@ -5,11 +5,12 @@ import dataclasses
 
 import pytest
 import torch
+from test_third_party_spec import SPEC as CUBE
+from test_third_party_spec import _plugin as cube_plugin
 
 import kernelhub
 from kernelhub.ops.tolerances import MEASURED_ERRORS, read_errors, tolerances_from
 from kernelhub.testing import tolerances
-from test_third_party_spec import SPEC as CUBE, _plugin as cube_plugin
 
 
 @pytest.mark.parametrize("op", kernelhub.op_names())

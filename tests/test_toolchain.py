@@ -15,12 +15,12 @@ import warnings
 
 import pytest
 import torch
+from test_selector import FAST, FLAKY, config
 
 import kernelhub
 from kernelhub import cli
 from kernelhub import nn as khnn
 from kernelhub.select import GENERATION
-from test_selector import FAST, FLAKY, config
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
@@ -245,8 +245,8 @@ def kernelhub_register_impls(registry):
 def _aot_graphs(fn, *args):
     """``fn`` compiled whole (aot_eager's graphs, recorded): the value, and the targets of AOTAutograd's forward
     and backward graphs (run by a backward of the value's sum)."""
-    from torch._dynamo.backends.common import aot_autograd
     from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
 
     targets = set()
 
@@ -274,7 +274,8 @@ def test_a_compiled_graph_holds_the_traced_impl_and_recompiles_when_the_hub_chan
     if reason:
         pytest.skip(f"inductor cannot serve the call here: {reason}")
     assert kernelhub.get_hub().selector.traced("tv_loss_l1_3d", (v,)).backend == "inductor"
-    assert cli.cmd_explain(cli.build_parser().parse_args(["explain", "tv_loss_l1_3d", "--shape", "2,5,6,7"]))["compiled"] == \
+    explained = cli.cmd_explain(cli.build_parser().parse_args(["explain", "tv_loss_l1_3d", "--shape", "2,5,6,7"]))
+    assert explained["compiled"] == \
         "traced into the graph: inductor"
     torch._dynamo.reset()
     out, targets = _aot_graphs(lambda x: op(x) * w, v)
@@ -308,6 +309,7 @@ def _generated_code(fn, *args):
     """The code inductor generates for ``fn`` compiled whole, forward and backward (a backward of its value), with
     comments, paths and hashes taken out."""
     import re
+
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()

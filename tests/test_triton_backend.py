@@ -222,7 +222,6 @@ def test_launch_hands_a_kept_kernel_its_parameters_in_signature_order():
     key holds the Bound by identity and the call's arguments' specialisations."""
     import triton
     import triton.language as tl
-
     from kernelhub_triton import _launch
 
     @triton.jit
@@ -333,7 +332,6 @@ def test_launch_refuses_a_cpu_tensor_beside_cuda_ones_as_triton_does():
     address) raises, so nothing is kept for it and no CPU address ever reaches the GPU."""
     import triton
     import triton.language as tl
-
     from kernelhub_triton import _launch
 
     @triton.jit

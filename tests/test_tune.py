@@ -136,7 +136,7 @@ def test_a_compiled_step_runs_the_tuned_winner_without_recompiling(hub):
 
 
 def test_winner_overrides_priority_and_a_wrong_backend_is_never_chosen(hub):
-    h = hub()
+    hub()
     assert kernelhub.explain("tv_loss_sq_3d", VOLUME).chosen == "aslow"  # priority: alphabetical, before torch_ref
     data = _tune_cli("tv_loss_sq_3d", "--shape", "1,8,8,8", "--quick")
     entry = data["tuned"][0]
@@ -412,9 +412,9 @@ def test_two_tuning_processes_at_once(tmp_path):
     config = tmp_path / "kernelhub.toml"
     config.write_text(f"[tune]\ncache = '{tmp_path / 'w.json'}'\n")
     env = {**os.environ, "KERNELHUB_CONFIG": str(config), "KERNELHUB_DISABLE": "inductor"}
-    procs = [subprocess.Popen([sys.executable, "-m", "kernelhub.cli", "tune", op, "--quick", "--device", "cpu", "--json"],
-                              env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = [sys.executable, "-m", "kernelhub.cli", "tune", "OP", "--quick", "--device", "cpu", "--json"]
+    procs = [subprocess.Popen([op if a == "OP" else a for a in command], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
              for op in ("tv_loss_sq_3d", "tv_loss_l1_3d")]
     outs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
@@ -449,7 +449,8 @@ def test_buckets_round_shapes_up_to_powers_of_two_and_keep_non_float_arguments()
 def test_bench_prints_times_floor_fractions_and_speedups_and_plots(tmp_path, monkeypatch):
     out = tmp_path / "bench.png"
     parser = cli.build_parser()
-    data = cli.cmd_bench(parser.parse_args(["bench", "tv_loss_sq_3d", "--quick", "--device", "cpu", "--plot", str(out)]))
+    data = cli.cmd_bench(parser.parse_args(["bench", "tv_loss_sq_3d", "--quick", "--device", "cpu", "--plot",
+                                            str(out)]))
     impls = {r["impl"] for r in data["rows"]}
     assert {"torch_ref", "compiled"} <= impls and data["copy_GBps"] > 0
     for r in data["rows"]:

@@ -165,4 +165,5 @@ KPLANES_TAPS = OpSpec(
     bad_inputs=_bad_inputs("taps"),
 )
 
-KPLANES_OPS = tuple(spec.name for spec in (KPLANES, KPLANES_MS, KPLANES_TAPS))  # for backends that treat all three alike
+# for backends that treat all three alike
+KPLANES_OPS = tuple(spec.name for spec in (KPLANES, KPLANES_MS, KPLANES_TAPS))

@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
-from kernelhub.hub import get_hub
-from kernelhub.errors import NoImplementationError
 from kernelhub import parity
 from kernelhub.args import map_tensors, tensors_of  # noqa: F401 (kit API)
+from kernelhub.errors import NoImplementationError
+from kernelhub.hub import get_hub
 from kernelhub.parity import fresh_leaves, parity_error, to_dtype, upstream_grad  # noqa: F401 (kit API)
 from kernelhub.spec import OpSpec, SampleInput
 

@@ -50,8 +50,8 @@ from pathlib import Path
 
 import torch
 
-from kernelhub.hub import get_hub
 from kernelhub import parity, testing
+from kernelhub.hub import get_hub
 from kernelhub.ops._checks import accumulation_dtype
 from kernelhub.ops.tolerances import FORMAT, _round_up, read_errors, tolerance_for
 from kernelhub.spec import OpSpec, Tolerance

@@ -78,7 +78,8 @@ def _register_fakes() -> None:
         lambda pts, rot, planes, taps, h: like(pts, (taps, pts.shape[0], rot.shape[0] * planes.shape[1])))
     torch.library.register_fake(f"{NAME}::kplanes_backward")(
         lambda grad, pts, rot, planes, taps, h, need_planes, need_pts, need_rot: tuple(
-            like(t) if need else like(t, (0,)) for t, need in ((planes, need_planes), (pts, need_pts), (rot, need_rot))))
+            like(t) if need else like(t, (0,))
+            for t, need in ((planes, need_planes), (pts, need_pts), (rot, need_rot))))
     torch.library.register_fake(f"{NAME}::tikhonov_forward")(lambda M, lam: like(M))
     torch.library.register_fake(f"{NAME}::tikhonov_backward")(lambda grad, M, lam: like(M))
     # semiconv: img [B, C, D, H, W] and kernel [O, C/g, KD, KH, KW] as ops.py lifts them -> [B, O, *out_size]. Its

@@ -87,7 +87,8 @@ def kplanes_ms_backward(grad, pts, rotations, planes, needs):
     for p in planes:  # each scale's columns of the upstream gradient, read in place
         per_scale.append(kplanes_backward(grad[:, col:col + T * p.shape[1]], pts, rotations, p, needs))
         col += T * p.shape[1]
-    total = (lambda i: torch.stack([g[i] for g in per_scale]).sum(0) if needs[i] else None)  # a fixed order
+    def total(i):  # a fixed order: deterministic
+        return torch.stack([g[i] for g in per_scale]).sum(0) if needs[i] else None
     return [total(0), total(1), [g[2] for g in per_scale] if needs[2] else None]
 
 

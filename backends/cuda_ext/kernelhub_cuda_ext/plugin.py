@@ -1,4 +1,5 @@
-"""Registers the cuda_ext backend: C++ and CUDA kernels for the TV family, tilted K-Planes, trilinear, Tikhonov and semiconv.
+"""Registers the cuda_ext backend: C++ and CUDA kernels for the TV family, tilted K-Planes, trilinear, Tikhonov and
+semiconv.
 
 The library is compiled on first use (the first time the selector or `kernelhub list` asks
 whether the backend is available), so importing kernelhub never compiles. A build that fails

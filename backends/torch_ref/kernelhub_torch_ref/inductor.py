@@ -44,7 +44,8 @@ import torch
 
 from kernelhub.args import bucket, first_tensor
 
-__all__ = ["COMPILE_S", "unavailable_reason", "device_reasons", "reasons", "wrong_code_reasons", "compiled_pass", "graphs"]
+__all__ = ["COMPILE_S", "unavailable_reason", "device_reasons", "reasons", "wrong_code_reasons", "compiled_pass",
+           "graphs"]
 
 TUNED_ONLY = "compiles on first use (seconds): chosen only where `kernelhub tune` found it the fastest"
 COMPILE_S: dict[tuple, float] = {}  # (op, pass, device type, dtype, bucket) -> seconds of its first call

@@ -96,5 +96,6 @@ def kernelhub_register_impls(registry) -> None:
                                forward=inductor.compiled_pass(op, "forward", DIFFERENTIATE.get(op, forward)),
                                backward=inductor.compiled_pass(op, "backward", backward), dtypes=spec.dtypes,
                                devices=("cpu", "cuda"), not_supported_reasons=inductor.reasons(op),
-                               deterministic=("cpu",) if op in SCATTERING_BACKWARD else True, tuned_only=inductor.TUNED_ONLY,
+                               deterministic=("cpu",) if op in SCATTERING_BACKWARD else True,
+                               tuned_only=inductor.TUNED_ONLY,
                                traceable=True))

@@ -329,5 +329,6 @@ def ms_backward(grad: torch.Tensor, pts: torch.Tensor, rotations: torch.Tensor, 
         gps.append(gp)
         grs.append(gr)
         col += T * p.shape[1]
-    total = (lambda gs: None if gs[0] is None else torch.stack(gs).sum(0))  # fixed order: deterministic
+    def total(gs):  # a fixed order: deterministic
+        return None if gs[0] is None else torch.stack(gs).sum(0)
     return [total(gps), total(grs), gpls if needs[2] else None]

@@ -374,7 +374,7 @@ def _call_of(img_shape, kernel_shape, semifield, stride, padding, dilation, grou
 def _sizes(a, img_shape, kernel_shape) -> dict:
     """The sizes every semiconv kernel but the gradient pass takes after its tensors, by name, the kernel's spatial
     sizes and the semifield."""
-    (B, C, D, H, W), (O, Cg, KD, KH, KW) = img_shape, kernel_shape
+    (_, C, D, H, W), (O, Cg, KD, KH, KW) = img_shape, kernel_shape
     (OD, OH, OW), (s0, s1, s2), (p0, p1, p2), (d0, d1, d2) = a.out_size, a.stride, a.pad_begin, a.dilation
     return dict(C=C, D=D, H=H, W=W, O=O, Cg=Cg, Og=O // a.groups, OD=OD, OH=OH, OW=OW, s0=s0, s1=s1, s2=s2, p0=p0,
                 p1=p1, p2=p2, d0=d0, d1=d1, d2=d2, KD=KD, KH=KH, KW=KW, FLIP=a.flip, SF=a.code)

@@ -88,8 +88,8 @@ def arg_key(a: Any) -> Any:
     """One argument's part of the selector's decision key: a tensor's device, dtype, shape and strides; a
     float's type only (impls may not object to a float's value, so one decision serves every lam, eps, h);
     a list of tensors as their keys, any other list (canonical: of ints) as a tuple; anything else as it is.
-    On every call's hot path: no function call per list element (semiconv's three int lists cost 5 us a
-    call that way on the 2-core CPU)."""
+    On every call's hot path: no function call per list element
+    (docs/lab/benchmarks-history.md#measurements-behind-the-code)."""
     if isinstance(a, torch.Tensor):
         return (a.device, a.dtype, a.shape, a.stride())
     kind = type(a)

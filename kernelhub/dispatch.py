@@ -327,7 +327,7 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable, trac
         return run_backward(name, grad, args, needs, backend, rest[n + 2])
 
     # torch.library.define + impl, not custom_op: custom_op wraps each call in a dynamo-disable guard and an
-    # aliasing check, 16.8 against 4.3 us per call of a trivial op on the 2-core CPU (docs/lab/benchmarks-history.md)
+    # aliasing check, several times the cost of a call (docs/lab/benchmarks-history.md#measurements-behind-the-code)
     lib = _library()
     lib.define(f"{name}{spec.schema()}")
     lib.define(f"{name}_backward{spec.backward_schema()}")
@@ -476,7 +476,8 @@ def weighted_sum(out: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 # KernelhubFunction.apply without torch.autograd.Function.apply's Python wrapper (its setup_context check and a
 # pytree pass over every argument that unwraps functorch wrappers left from a finished transform, which
-# `_layout` sends to the operators instead): ~5 us of a ~80 us TV step on the 2-core CPU
+# `_layout` sends to the operators instead), a measurable part of a small step
+# (docs/lab/benchmarks-history.md#measurements-behind-the-code)
 _apply = super(torch.autograd.Function, KernelhubFunction).apply
 
 
@@ -500,8 +501,8 @@ class OpHandle:
         """A handle whose calls return ``(op(*args) * weights).sum()``, one scalar, with ``weights`` a tensor of
         the op's output shape, dtype and device (a loss's per-term coefficients: `kernelhub.nn.TVLoss3d` keeps
         one such handle per volume size). On the eager fast path the weighting is inside the op's autograd node:
-        one node, no multiplication node and its backward around it (`KernelhubFunction`; `TVLoss3d` l1 at 1x16³
-        on the 2-core CPU: 1.25x -> 1.18x the bare op's forward + backward, docs/lab/benchmarks-history.md),
+        one node, no multiplication node and its backward around it (`KernelhubFunction`; measured:
+        docs/lab/benchmarks-history.md#measurements-behind-the-code),
         and in the impl's own kernels where its backend fuses it (`Impl.weighted`: cuda_ext's and triton's TV
         ops), so no launch is added either way. Where ``weights`` requires grad, and where the operators serve the
         call, it is that product and sum in torch ops, which autograd differentiates. The same selection, checks

@@ -214,7 +214,7 @@ def _check_grads(spec: OpSpec, backend: str, grads: Sequence[Any], args: Sequenc
     out, as in `_check_output`: a plain tensor of its argument's shape, dtype and device whose storage is none of
     the call's tensors' or the upstream gradient's (`_storages`, read once per backward) passes without
     `_check_result`. The checks were most of the hub's cost over a minimal autograd.Function's
-    (docs/lab/benchmarks-history.md, "Per-call host cost")."""
+    (docs/lab/benchmarks-history.md#measurements-behind-the-code)."""
     if len(grads) != len(spec.differentiable):
         raise WrongOutputError(f"kernelhub: {spec.name}: backend {backend!r} returned {len(grads)} gradients, "
                                f"the op has {len(spec.differentiable)} differentiable arguments")
@@ -261,8 +261,9 @@ def _storage_of(t: torch.Tensor) -> int:
 
 # which storage a tensor's memory is (a view shares its base's); raises for a tensor without one (sparse, say):
 # then `_check_result` decides. torch._C._storage_address reads it without making a Python storage object (with
-# the rest of `_check_output` and `_check_grads`, 3-6 us less per forward + backward of a small TV, trilinear or
-# K-Planes call on the 2-core CPU than one `_is_alias_of` per pair); its fallback reads the same.
+# the rest of `_check_output` and `_check_grads`, cheaper than one `_is_alias_of` per pair:
+# docs/lab/benchmarks-history.md#measurements-behind-the-code);
+# its fallback reads the same.
 _storage = getattr(torch._C, "_storage_address", _storage_of)
 _NO_STORAGE = (RuntimeError, NotImplementedError, TypeError)
 

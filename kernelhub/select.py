@@ -45,7 +45,9 @@ from kernelhub.tune import Tuning, may_tune_now
 
 __all__ = ["Candidate", "Decision", "Selector", "call_key", "MAX_CACHED_DECISIONS", "GENERATION"]
 
-MAX_CACHED_DECISIONS = 4096  # a decision is ~1 KB; a full cache is dropped whole (re-deciding costs ~0.1 ms)
+# a full cache is dropped whole: re-deciding is cheap beside the memory a cache without a bound could take
+# (docs/lab/benchmarks-history.md#measurements-behind-the-code)
+MAX_CACHED_DECISIONS = 4096
 
 
 class _Generation:

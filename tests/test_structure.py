@@ -4,6 +4,7 @@ package's own API) therefore never imports the test kit, the CLI or the benchmar
 in a layer here."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,20 @@ def test_imports_point_downward(module):
         kit = [d for d in _imports(modules[module], set(modules))
                if d.startswith(("kernelhub.testing", "kernelhub.cli", "kernelhub.bench"))]
         assert not kit, f"runtime module {module} imports {kit}"
+
+
+# a measurement in the source: "16.8 us", "0.3 ms", "1.25x the" (figures belong in docs/, with their device, date
+# and command; the source links the section: docs/lab/benchmarks-history.md#measurements-behind-the-code)
+TIMING = re.compile(r"\b\d+(\.\d+)?\s?(us|µs|ms)\b|\b\d+\.\d+x (the|faster|slower|of)\b")
+
+
+def test_the_source_quotes_no_timings():
+    """What ships (kernelhub/ and backends/) says why it is written as it is; what was measured, and when, is in
+    docs/. Format strings that print a measurement ("{ms:.3f} ms") are code, not a quoted figure."""
+    quoted = []
+    for root in (PACKAGE, PACKAGE.parent / "backends"):
+        for path in sorted(root.rglob("*.py")):
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if TIMING.search(line) and "{" not in line:
+                    quoted.append(f"{path.relative_to(PACKAGE.parent)}:{n}: {line.strip()}")
+    assert quoted == []

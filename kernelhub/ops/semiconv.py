@@ -73,8 +73,8 @@ def output_size(n: int, k: int, stride: int, pad_begin: int, pad_end: int, dilat
 
 class Lifted(NamedTuple):
     """A call in the 3-spatial-dim form kernels take: 1-D and 2-D get leading size-1 dims, and only the begin
-    padding is kept (the end padding is in the output size). The kernel is not flipped here (torch.flip costs
-    0.3 ms of host time per call on CUDA): for kind="conv" a kernel reads kernel tap ``taps - 1 - t`` for window
+    padding is kept (the end padding is in the output size). The kernel is not flipped here (torch.flip would add
+    host time to every call on CUDA): for kind="conv" a kernel reads kernel tap ``taps - 1 - t`` for window
     tap t (reversing every spatial dim reverses the row-major tap index). A group-broadcasting call is the
     plain call it equals (`fold_broadcast`): each group of img a batch entry of its own, groups 1."""
     img: torch.Tensor          # [B', C', D, H, W] (a view of the caller's img where strides allow)
@@ -234,7 +234,8 @@ def _seen_key(img, kernel, semifield, stride, padding, dilation, groups, kind, g
 def _normalize(img, kernel, semifield="tropical_max", stride=1, padding=0, dilation=1, groups=1,
                kind="conv", group_broadcasting=False, spread_gradient=False, channels_add=False) -> tuple:
     """The canonical arguments, checked (`_checked`) the first time a call's metadata and other arguments are seen
-    and looked up after that: the checks cost 8 us of a semiconv call on the 2-core CPU, the lookup about 2.
+    and looked up after that, at a fraction of the checks' cost
+    (docs/lab/benchmarks-history.md#measurements-behind-the-code).
     Under dynamo the checks run every time (no shared state in a trace); symbolic shapes are not looked up."""
     rest = (group_broadcasting, spread_gradient, channels_add)
     if torch.compiler.is_compiling():

@@ -5,9 +5,9 @@ bucket), the tuner's bucket (`kernelhub.args.bucket`: each dimension rounded up 
 key, the first size compiles with static shapes and a second size recompiles with dynamic ones
 (`torch.compile`'s automatic dynamic shapes), so a key compiles a few times, not once per size (the
 symbolic graphs still guard on some size thresholds and on the inputs' dispatch keys; `graphs()` counts).
-Static first, because inductor's kernels for symbolic sizes can be several times slower: on an H200,
-this backend's TV L1 forward + backward over 512^3 took 3.99 ms compiled with `dynamic=True` and 1.02 ms
-static (docs/lab/benchmarks-history.md). Where inductor fails on symbolic sizes (semiconv once raised `InductorError:
+Static first, because inductor's kernels for symbolic sizes can be several times slower (measured:
+docs/lab/benchmarks-history.md#measurements-behind-the-code). Where inductor fails on symbolic sizes (semiconv once
+raised `InductorError:
 Exponent must be non-negative`), the key goes on with static shapes only: a recompile per size, bounded by
 dynamo's cache size limit, after which dynamo runs that key eagerly. Each key compiles a copy of the
 function with its own code object and name: dynamo keys its caches, and their size limit, by code object

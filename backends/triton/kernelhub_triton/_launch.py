@@ -21,13 +21,14 @@ _ACC = {torch.float64: tl.float64, torch.complex128: tl.float64}
 
 def acc_type(dtype: torch.dtype):
     """fp32 accumulation for half and single inputs, fp64 for double (docs/ops.md). One dict lookup: a tuple
-    membership test compares dtypes in Python (0.3 us a call on the 2-core CPU, each launch makes one or two)."""
+    membership test compares dtypes in Python, and each launch asks once or twice."""
     return _ACC.get(dtype, tl.float32)
 
 
 def cdiv(a: int, b: int) -> int:
-    """``triton.cdiv`` for the launchers' host code: Triton's is a constexpr function, 1.5 us a call on the 2-core
-    CPU and several per launch (docs/lab/benchmarks-history.md); this is the same integer arithmetic."""
+    """``triton.cdiv`` for the launchers' host code: Triton's is a constexpr function, several times dearer a call,
+    and a launch makes several (docs/lab/benchmarks-history.md#measurements-behind-the-code); this is the same integer
+    arithmetic."""
     return -(-a // b)
 
 
@@ -42,8 +43,8 @@ class Bound:
     launches it with `launch`, passing positionally only what each call brings (tensors, per-call scalars): the
     kernel's leading parameters. A launch then keys on the Bound as an object (its hash is its identity) and the
     call's own arguments, and a kept kernel gets the Bound's part as one tuple fixed at the key's first launch
-    (`_tail`): no keyword dict built, hashed or picked from per call (that cost the launchers 3-6 us a launch on
-    an H200 host, docs/lab/benchmarks-history.md)."""
+    (`_tail`): no keyword dict built, hashed or picked from per call (a measurable part of a small launch:
+    docs/lab/benchmarks-history.md#measurements-behind-the-code)."""
 
     def __init__(self, kernel, **kwargs):
         self.kernel = kernel
@@ -70,8 +71,8 @@ def _key(bound: Bound, device: int, args: tuple) -> tuple[tuple, list]:
     is asked once per key: where Triton refuses a tensor (a CPU tensor, say), that launch raises and its key,
     which holds each tensor's device, is never kept.
 
-    One loop per call, no function call per argument (a function call per argument once cost 3.8 us on the 2-core
-    CPU). So the launchers pass per-call floats positionally (a Bound's value is fixed with it: a float there, an
+    One loop per call, no function call per argument (each is host time on every launch). So the launchers pass per-call
+    floats positionally (a Bound's value is fixed with it: a float there, an
     eps say, would make a Bound per value)."""
     key: list = [bound, device]
     values: list = []
@@ -98,8 +99,8 @@ def launch(bound: Bound, grid: tuple, *args) -> None:
     their real views (`_real`), with Triton's per-call work done once per key.
 
     Triton's own launch binds the arguments to the signature, computes the specialisation key and looks the
-    compiled kernel up on every call; on a host that is most of a small kernel's time (a trivial kernel's
-    launch costs 11-15 us on an H200 host, docs/lab/benchmarks-history.md). Here the compiled kernel Triton returned
+    compiled kernel up on every call; on a host that is most of a small kernel's time
+    (docs/lab/benchmarks-history.md#measurements-behind-the-code). Here the compiled kernel Triton returned
     for the first call of a key (`_key`) is kept with the Bound's part of its arguments (`_tail`), and later calls
     of the key hand it the arguments and the current stream directly, as Triton's own launch does after its
     lookup, each tensor as its address (`_key`). The first call of a key, CPU tensors (Triton's interpreter), a
@@ -136,7 +137,7 @@ def _real(args: tuple) -> list:
     """The arguments as Triton's own launch takes them: a complex tensor as its real view (Triton has no complex
     types; a kernel reads the real and imaginary parts interleaved, with strides in real elements). A kept kernel
     gets the complex tensor's address, which is its real view's: so a launcher passes complex tensors as they are,
-    without a view per call (1-3 us each on a GPU host)."""
+    without a view per call (host time on every launch)."""
     return [torch.view_as_real(a) if isinstance(a, torch.Tensor) and a.is_complex() else a for a in args]
 
 

@@ -8,9 +8,9 @@ max/min (`_tropical_kernel`): a program serves rows of output segments, one outp
 is one load of the segment shifted by the tap (no per-output index arithmetic per tap), the semifield's zero in
 the padding. The backward recomputes each output's first winner (a strict comparison in (c, tap) order), adds
 the upstream gradient at the winner into the image's gradient (atomics: windows overlap) and writes the winner;
-`_tropical_kernel_grad` then sums the kernel's gradient from those winners. On an H200 this is 1.9x (5x5
-depthwise), 1.2-1.4x (3x3 depthwise; it varies run to run), 3.0x (3x3, 32 channels per group) and 1.2x (3x3x3)
-faster forward + backward than the walk below, which served max/min before (docs/lab/benchmarks-history.md).
+`_tropical_kernel_grad` then sums the kernel's gradient from those winners. It is faster forward + backward
+than the walk below, which served max/min before, at every kernel size measured
+(docs/lab/benchmarks-history.md#measurements-behind-the-code).
 
 linear, root, log (the walk): a program serves BLOCK outputs of one (b, oc); each lane walks its window in
 (c, tap) row-major order, reading the image through the cache. One loop nest, ``_walk``, does every walk:

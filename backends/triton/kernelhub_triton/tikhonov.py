@@ -34,9 +34,8 @@ from kernelhub_triton._launch import Bound, cdiv, launch, next_power_of_2
 __all__ = ["forward", "backward"]
 
 # 4 pixels per program on one warp; Z in chunks of up to 32 (Z = 21 in phase microscopy: one
-# chunk, read once and kept in registers). Kernel-only times on an H200 at 115000 x 2 x 21
-# complex64 (docs/lab/benchmarks-history.md): forward 0.027 ms at 4 x 1, against 0.035 at 8 x 2 and 0.064 at
-# 16 x 4; backward 0.053 ms at 4 x 1. Small programs keep many independent pixels in flight.
+# chunk, read once and kept in registers). Small programs keep many independent pixels in flight: the fastest of
+# the sizes measured (docs/lab/benchmarks-history.md#measurements-behind-the-code).
 BLOCK_P = 4
 MAX_BLOCK_Z = 32
 NUM_WARPS = 1
@@ -238,7 +237,7 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int]:
 
 def _pixels(M: torch.Tensor) -> torch.Tensor:
     """``M [..., 2, Z]`` as ``[P, 2, Z]``: ``M`` itself where it has three dims, else a view whenever the leading
-    dims can be flattened (the permuted [Y, X, 2, Z] stack can). Each view costs the launch 1-3 us of host time."""
+    dims can be flattened (the permuted [Y, X, 2, Z] stack can). Each view costs the launch host time."""
     if M.dim() == 3:
         return M
     return M.reshape(math.prod(M.shape[:-2]), *M.shape[-2:])

@@ -30,10 +30,9 @@ __all__ = ["l1_forward", "l1_backward", "sq_forward", "sq_backward", "iso_forwar
            "not_supported_reasons"]
 
 L1, SQ, ISO = 0, 1, 2
-# Tile of 512 voxels (4 per thread at 4 warps), 32 programs per multiprocessor: the best or within
-# 3% of the best of 8 configurations at each benchmark shape, GPU time on an H200 (docs/lab/benchmarks-history.md):
-# at 512^3 forward + backward L1 0.56 ms, SQ 0.52, iso 0.88, against 0.56-0.70, 0.52-0.59 and
-# 0.92-1.15 ms for tiles of 1024-4096 voxels at 8-32 programs and 4-16 warps.
+# Tile of 512 voxels (4 per thread at 4 warps), 32 programs per multiprocessor: the best, or close to it, of 8
+# configurations at each benchmark shape, GPU time on an H200
+# (docs/lab/benchmarks-history.md#measurements-behind-the-code).
 TILE = 512
 PROGRAMS_PER_SM = 32
 NUM_WARPS = 4

@@ -55,10 +55,11 @@ import torch.autograd.forward_ad as _fwad
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
+from kernelhub._glue import plan_call, put_back, to_slots
 from kernelhub.args import tensors_of
 from kernelhub.errors import ConfigError
 from kernelhub.select import GENERATION
-from kernelhub.spec import OpSpec, plan_call, put_back, to_slots
+from kernelhub.spec import OpSpec
 
 __all__ = ["define_ops", "OpHandle", "NAMESPACE", "traced", "EAGER_FAST_PATH", "refuse_unsupported_autodiff"]
 
@@ -388,7 +389,7 @@ class KernelhubFunction(torch.autograd.Function):
     """The eager fast path's autograd glue: ``apply(call, *tensors)``, with ``call`` = (handle, hub, decision,
     plan, args, weights) in one input (each input costs the engine, forward and backward) and ``tensors`` every
     tensor of ``args`` (a "tensors" argument's elements one by one, so autograd sees them); ``plan`` is what
-    `kernelhub.spec.put_back` needs besides them (`plan_call`'s, kept with the layout's decision). The backward
+    `kernelhub._glue.put_back` needs besides them (`plan_call`'s, kept with the layout's decision). The backward
     runs on the hub that ran the forward, with the backend of the forward's decision (no second selection).
     ``weights`` (a weighted handle's, `OpHandle.weighted`, checked against the output; else None): the node's
     output is the op's output weighted and summed, and its backward gives the op's backward ``conj(weights) *

@@ -115,8 +115,8 @@ class Selector:
         self.config = config
         self._cache: dict[tuple, Decision] = {}
         # (op, forced, deterministic switch, the call's layout as given) -> (decision, the defaults that complete
-        # the canonical call, its `kernelhub.spec.plan_call`): read by dispatch.OpHandle on every eager call, written by
-        # `remember`
+        # the canonical call, its `kernelhub._glue.plan_call`): read by dispatch.OpHandle on every eager call,
+        # written by `remember`
         self.remembered: dict[tuple, tuple[Decision, tuple, tuple]] = {}
         self._failed: dict[tuple, dict[str, str]] = {}
         self._warned: set[tuple] = set()

@@ -560,10 +560,10 @@ def test_a_weighted_handle_under_torch_compile_equals_eager():
 
 
 def test_a_call_taken_apart_by_its_plan_is_put_back_whole():
-    """`kernelhub.spec.plan_call`, `put_back` and `to_slots` (every autograd glue's): the call rebuilt from its saved
+    """`kernelhub._glue.plan_call`, `put_back` and `to_slots` (every autograd glue's): the call rebuilt from its saved
     tensors, a "tensors" argument's one by one, each differentiable argument's need from its tensors' slots (any of
     a list's), and its gradients back in those slots, after ``offset`` inputs that are not tensors."""
-    from kernelhub.spec import plan_call, put_back, to_slots
+    from kernelhub._glue import plan_call, put_back, to_slots
 
     spec = kernelhub.get_hub().registry.spec("kplanes_interp_tilted_ms")
     pts, rot, planes = torch.randn(5, 3), torch.eye(3)[None], [torch.randn(3, 2, 4, 4), torch.randn(3, 2, 8, 8)]

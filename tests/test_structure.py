@@ -15,7 +15,7 @@ LAYERS = [
     # what everything reads: errors, declarations, a call's arguments, the hook contracts, timing, argument checks
     ["kernelhub.errors", "kernelhub.spec", "kernelhub.args", "kernelhub.hookspecs", "kernelhub.timing",
      "kernelhub.ops._checks"],
-    ["kernelhub.config", "kernelhub.ops.tolerances"],
+    ["kernelhub.config", "kernelhub.ops.tolerances", "kernelhub._glue"],
     ["kernelhub.ops.tv", "kernelhub.ops.kplanes", "kernelhub.ops.semiconv", "kernelhub.ops.trilinear",
      "kernelhub.ops.tikhonov"],
     ["kernelhub.ops", "kernelhub.parity", "kernelhub.winners", "kernelhub.registry"],

@@ -1,0 +1,73 @@
+"""How kernelhub's autograd glue takes a call apart and puts it back (private: the eager fast path's
+`torch.autograd.Function` and the operators' autograd formula in `kernelhub.dispatch` use it; a backend author
+needs none of it)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kernelhub.spec import OpSpec
+
+
+def plan_call(spec: OpSpec, args: Sequence[Any], offset: int) -> tuple:
+    """What autograd glue keeps of a call besides its saved tensors, the same for every call of one layout (the
+    eager fast path keeps it with the layout's decision): the arguments with each tensor replaced by None and each
+    list of tensors by its length; each tensor argument's position and count (None: one tensor); and each
+    differentiable argument's first slot among the glue's inputs (its tensors' position in the call, a list's one
+    by one, plus ``offset``: the glue's inputs before them) and count; and the positions of the other arguments
+    that are lists (kept as tuples: the plan outlives the call, and no call's change to its lists reaches another).
+    `put_back` puts the call back, `to_slots` puts its gradients in their slots. The one way every
+    autograd.Function of kernelhub (the eager fast path's, the operators' autograd formula)
+    takes a call apart."""
+    others = list(args)
+    positions, slots, k = [], [], offset
+    for i in spec.tensor_args:
+        count = None if isinstance(args[i], torch.Tensor) else len(args[i])
+        others[i] = count
+        positions.append((i, count))
+        if i in spec.differentiable:
+            slots.append((k, count))
+        k += 1 if count is None else count
+    lists = tuple(i for i, a in enumerate(others) if type(a) is list)
+    for i in lists:
+        others[i] = tuple(others[i])
+    return tuple(others), tuple(positions), tuple(slots), lists
+
+
+def put_back(plan: tuple, saved: Sequence[torch.Tensor], needs_input: Sequence[bool]) -> tuple[list, list[bool]]:
+    """The call `plan_call` took apart, from its saved tensors (every tensor of the tensor arguments in order, a
+    list's one by one) and new lists where the call had lists, and whether each differentiable argument needs a
+    gradient (any of its tensors, by the glue's ``needs_input``; empty: none asked). On every backward's path: one
+    loop over the tensor arguments."""
+    others, positions, slots, lists = plan
+    args, k = list(others), 0
+    for i in lists:
+        args[i] = list(others[i])
+    for i, count in positions:
+        if count is None:
+            args[i] = saved[k]
+            k += 1
+        else:
+            args[i] = list(saved[k:k + count])
+            k += count
+    if not needs_input:
+        return args, []
+    return args, [needs_input[s] if c is None else any(needs_input[s:s + c]) for s, c in slots]
+
+
+def to_slots(plan: tuple, needs: Sequence[bool], grads: Sequence[Any], needs_input: Sequence[bool]) -> tuple:
+    """A backward's result for autograd: each differentiable argument's gradient (a tensor, or a list for a
+    "tensors" argument) in its tensors' slots of the glue's inputs (`plan_call`), None elsewhere and where the
+    input asked for none."""
+    out: list[Any] = [None] * len(needs_input)
+    for (slot, count), need, g in zip(plan[2], needs, grads):
+        if need:
+            if count is None:
+                out[slot] = g
+            else:
+                for k, gk in enumerate(g, slot):
+                    out[k] = gk if needs_input[k] else None
+    return tuple(out)

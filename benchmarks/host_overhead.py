@@ -98,7 +98,7 @@ CALLS = {
 
 def minimal(impl, spec):
     """``impl``'s forward and backward in the least glue autograd allows (tensor arguments only); an impl that
-    saves for its backward (`Impl.saves`: cuda_ext's semiconv) saves here too, as the hub's glue has it do."""
+    saves for its backward (`Impl.can` "saves": cuda_ext's semiconv) saves here too, as the hub's glue has it do."""
     diff = spec.differentiable
 
     class Minimal(torch.autograd.Function):

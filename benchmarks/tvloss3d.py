@@ -5,7 +5,7 @@ the device synchronised around each call (what the example reports; median of ``
 no synchronisation (median over rounds of 10 calls back to back, then one synchronisation); the variants
 interleaved, 10 calls of each in turn. Variants: the bare op with ``backward(ones)``;
 ``TVLoss3d`` (a weighted handle: ``S . c`` inside the op's autograd node, and inside the kernels where the backend
-fuses it, `Impl.weighted`) given its upstream gradient as the bare
+fuses it, `Impl.can` "weighted") given its upstream gradient as the bare
 op is, and with ``backward()`` (torch fills the scalar's upstream one: a launch that a step pays once for its whole
 loss, not per term); the same weighting spelled ``torch.dot(S, c)``, ``(S * c).sum()`` and ``torch.mv`` (one
 cuBLAS gemv each way) by hand, each its own autograd node after the op's.

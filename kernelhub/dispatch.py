@@ -393,14 +393,14 @@ class KernelhubFunction(torch.autograd.Function):
     runs on the hub that ran the forward, with the backend of the forward's decision (no second selection).
     ``weights`` (a weighted handle's, `OpHandle.weighted`, checked against the output; else None): the node's
     output is the op's output weighted and summed, and its backward gives the op's backward ``conj(weights) *
-    grad``: in the impl's own kernels where it fuses them (`Impl.weighted`), else in torch ops (`Hub.forward`,
+    grad``: in the impl's own kernels where it fuses them (`Impl.can` "weighted"), else in torch ops (`Hub.forward`,
     `Hub.backward_grads`)."""
 
     @staticmethod
     def forward(ctx, call: tuple, *tensors: torch.Tensor) -> torch.Tensor:
         handle, hub, decision, plan, args, weights = call
         ctx.save_for_backward(*tensors)
-        keep: list = []  # what an impl that saves for its backward saved (`Impl.saves`), held by this node
+        keep: list = []  # what an impl that saves for its backward saved (`Impl.can` "saves"), held by this node
         decision, out = hub.forward(handle.spec.name, args, handle.backend, decision, weights, keep)
         ctx.call = (handle, hub, decision, plan, weights, keep[0] if keep else None)
         ctx.weights_version = None if weights is None else weights._version
@@ -504,7 +504,7 @@ class OpHandle:
         one such handle per volume size). On the eager fast path the weighting is inside the op's autograd node:
         one node, no multiplication node and its backward around it (`KernelhubFunction`; measured:
         docs/lab/benchmarks-history.md#measurements-behind-the-code),
-        and in the impl's own kernels where its backend fuses it (`Impl.weighted`: cuda_ext's and triton's TV
+        and in the impl's own kernels where its backend fuses it (`Impl.can` "weighted": cuda_ext's and triton's TV
         ops), so no launch is added either way. Where ``weights`` requires grad, and where the operators serve the
         call, it is that product and sum in torch ops, which autograd differentiates. The same selection, checks
         and fallback as the plain handle."""

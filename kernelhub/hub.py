@@ -44,7 +44,7 @@ class Hub:
             define_ops(spec, _run_forward, _run_backward, _trace)
         self.fingerprint = hashlib.sha1(json.dumps([
             self.config.as_dict(), sorted((b.name, b.version) for b in self.registry.backends.values()),
-            sorted((op, name, impl.traceable) for op in self.registry.specs
+            sorted((op, name, sorted(impl.can)) for op in self.registry.specs
                    for name, impl in self.registry.impls(op).items())], default=str).encode()).hexdigest()[:16]
         _FINGERPRINTS[self.key] = self.fingerprint
         _tag_compile_caches()
@@ -93,8 +93,8 @@ class Hub:
         output (`_next`). Every eager call runs this loop; it is written out (no closure, no wrapper per call)
         because its cost is the hub's per-call cost. ``weights`` (a weighted handle's, checked against the
         output by the caller): the output's 0-d weighted sum instead, the impl's own where it fuses them
-        (`Impl.weighted`), else the checked output weighed in torch ops. ``keep`` (a list, for a call whose
-        backward follows): an impl that saves for its backward (`Impl.saves`) is called so, and (impl, saved)
+        (`Impl.can` "weighted"), else the checked output weighed in torch ops. ``keep`` (a list, for a call whose
+        backward follows): an impl that saves for its backward (`Impl.can` "saves") is called so, and (impl, saved)
         appended once its output passed the check, for `backward_grads`."""
         if _autocast_on():  # docs/ops.md, "Autocast": an op computes in its inputs' dtype
             with _no_autocast():
@@ -105,12 +105,12 @@ class Hub:
         while True:
             impl = _first(decision)
             try:
-                if weights is not None and impl.weighted:
+                if weights is not None and "weighted" in impl.can:
                     out = impl.forward(*args, weights=weights)
                     _check_output(spec, impl.backend, out, (_SCALAR, *decision.output[1:]), args)
                 else:
                     saved = None
-                    if keep is not None and impl.saves:
+                    if keep is not None and "saves" in impl.can:
                         out, saved = impl.forward(*args, saving=True)
                     else:
                         out = impl.forward(*args)
@@ -147,7 +147,7 @@ class Hub:
         while True:
             impl = _first(decision)
             try:
-                if weights is not None and impl.weighted:  # such a forward saved nothing
+                if weights is not None and "weighted" in impl.can:  # such a forward saved nothing
                     grads = impl.backward(grad, *args, needs=needs, weights=weights)
                 else:
                     g = grad if weights is None else weights.conj() * grad

@@ -22,7 +22,7 @@ import pluggy
 
 from kernelhub import hookspecs
 from kernelhub.errors import PluginValidationError
-from kernelhub.spec import Backend, Impl, OpSpec
+from kernelhub.spec import CAPABILITIES, Backend, Impl, OpSpec
 
 __all__ = ["Registry", "PluginError", "ENTRY_POINT_GROUP", "declared_backend_names", "FIRST_PARTY_BACKENDS",
            "CONTAINED"]
@@ -299,11 +299,9 @@ def _mismatches(spec: OpSpec, impl: Impl, version: int) -> list[str]:
     n = spec.arity(version)
     calls = {"forward": ((None,) * n, {}), "backward": ((None,) * (n + 1), {"needs": None}),
              "not_supported_reasons": ((None,), {})}
-    if impl.weighted:
-        calls["forward"][1]["weights"] = calls["backward"][1]["weights"] = None
-    if impl.saves:
-        calls["forward"][1]["saving"] = True
-        calls["backward"][1]["saved"] = None
+    for capability in sorted(impl.can):  # the keywords the hub passes for what the impl declares it can do
+        calls["forward"][1].update(dict.fromkeys(CAPABILITIES[capability].forward_kwargs))
+        calls["backward"][1].update(dict.fromkeys(CAPABILITIES[capability].backward_kwargs))
     out = []
     for field, (args, kwargs) in calls.items():
         fn = getattr(impl, field)

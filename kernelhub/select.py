@@ -158,7 +158,7 @@ class Selector:
 
     def traced(self, op: str, args: Sequence[Any], forced: str = "") -> Impl | None:
         """The impl that torch.compile traces into its graph for this call (its functions run on the graph's
-        functional tensors: `Impl.traceable`), or None, where the graph holds the operator, which selects when it
+        functional tensors: `Impl.can` "traceable"), or None, where the graph holds the operator, which selects when it
         runs. The first that can serve the call (stage 1's rejections, `_rejected`: availability, config, devices,
         dtypes, determinism, the impl's own reasons, a raise at call time) of: the forced backend; the pinned one;
         the backends the op's own config orders for this call (its size range's, its case's, its priority: each
@@ -177,7 +177,7 @@ class Selector:
         impl = impls[name] if name is not None and not self.config.kill_switch else None
         if len(self._traced) >= MAX_CACHED_DECISIONS:
             self._traced.clear()
-        self._traced[key] = chosen = impl if impl is not None and impl.traceable else None
+        self._traced[key] = chosen = impl if impl is not None and "traceable" in impl.can else None
         return chosen
 
     def not_traceable(self, op: str, args: Sequence[Any], forced: str, exc: BaseException) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 __all__ = ["Arg", "Tolerance", "SampleInput", "SampleSpace", "Case", "Change", "OpSpec", "Backend", "Impl", "ARG_KINDS",
+           "Capability", "CAPABILITIES",
            "lazy", "layout_cache"]
 
 # Argument kinds and their torch.library schema types. "tensors" is a list of tensors.
@@ -278,45 +279,53 @@ def _any_reasons(args: Sequence[Any]) -> list[str]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Impl:
-    """One backend's implementation of one op.
+class Capability:
+    """Something an impl may declare it does (`Impl.can`): its name, what declaring it promises (one line), and the
+    keyword arguments the hub then passes the impl's functions, which the registry checks their signatures take.
+    The hub, the test kit (`kernelhub.testing.suite`) and the registry read capabilities from `CAPABILITIES`
+    only: a new one is an entry there plus the code that honours it (docs/backend-guide.md)."""
 
-    ``forward(*canonical_args)`` returns the output. ``backward(grad, *canonical_args,
-    needs=...)`` returns one entry per differentiable argument (in order): a tensor,
-    a list of tensors for a "tensors" argument, or None where ``needs`` is False.
-    ``devices`` are device types ("cpu", "cuda"); None means every device.
-    ``not_supported_reasons(args)`` may inspect each tensor's shape, strides, dtype and
-    device and the non-tensor arguments other than floats, and nothing else (no tensor
-    values, data pointers or float values: decisions are cached by the rest,
-    `kernelhub.select.call_key`); it returns why this impl cannot serve the call, or [].
-    ``deterministic`` is False when results may vary run to run (atomics), or the device types where they do
-    not (torch_ref's K-Planes backward: ("cpu",); CUDA's grid_sample backward adds with atomics).
-    ``forced_only``, when not empty, says why this impl serves only calls that force its
-    backend (``kernelhub.op(name, backend=...)``) and is never picked by selection: the
-    Triton interpreter (``TRITON_INTERPRET=1``), for example, runs kernels for tests only.
-    ``tuned_only``, when not empty, says why priority alone never picks this impl: the tuner times it,
-    and it serves calls whose shape bucket it won (or that force or pin its backend). The inductor
-    backend, which compiles for seconds on first use, is one.
-    ``weighted``: the impl's functions also take ``weights`` (a tensor of the output's shape, dtype and device,
-    which needs no gradient) and then fuse a weighted handle's (`OpHandle.weighted`) work into their kernels:
-    ``forward(*args, weights=w)`` returns the 0-d ``(op(*args) * w).sum()`` and ``backward(grad, *args,
-    needs=..., weights=w)`` the gradients for the upstream gradient ``conj(w) * grad`` of that 0-d ``grad``.
-    Elsewhere the hub weighs the plain output in torch ops (a launch each way on a GPU).
-    ``saves``: for a call whose backward follows (the eager fast path, an input requiring grad) the hub calls
-    ``forward(*args, saving=True)``, which returns ``(output, saved)``: ``saved`` is None, or a tensor the same
-    impl's backward then takes as ``backward(grad, *args, needs=..., saved=saved)`` instead of recomputing it
-    (cuda_ext's semiconv saves each output's winner). It is the backend's own: checked by no one but its backward,
-    held by the call's autograd node until its backward runs, and never seen by another backend (a fallback in the
-    backward, and the torch.library operators, call ``backward`` without it).
-    ``version``: the op's contract version (`OpSpec.version`, `Change`) its functions take, the arguments of
-    that version (`OpSpec.arity`). None: the version whose argument count ``forward``'s positional parameters
-    match, or the current one where ``forward`` takes ``*args`` or its signature cannot be read (the registry
-    resolves it when the impl is added, docs/backend-guide.md).
-    ``traceable``: ``forward`` and ``backward`` call torch operators and `torch.library.wrap_triton` launches only
-    (no data pointers, no tensor values read on the host, nothing kept between calls), so where the config's
-    ``[compile] priority`` picks this impl for a call of static shapes, torch.compile traces them into its graph
-    (`kernelhub.select.Selector.traced`): inductor fuses their torch operators with the graph's and launches
-    their Triton kernels from its own code. Called so, they get functional tensors and no ``weights``/``saving``.
+    name: str
+    promise: str
+    forward_kwargs: tuple[str, ...] = ()
+    backward_kwargs: tuple[str, ...] = ()
+
+
+CAPABILITIES: dict[str, Capability] = {c.name: c for c in (
+    Capability("weighted", "forward(*args, weights=w) returns the 0-d (op(*args) * w).sum() of a weighted handle "
+               "(w: the output's shape, dtype, device; no grad); backward(grad, *args, needs=..., weights=w) the "
+               "gradients for the upstream gradient conj(w) * grad", ("weights",), ("weights",)),
+    Capability("saves", "forward(*args, saving=True) returns (output, saved) where a backward follows; "
+               "backward(grad, *args, needs=..., saved=saved) then reads saved (None, or a tensor of its own) "
+               "instead of recomputing it", ("saving",), ("saved",)),
+    Capability("traceable", "forward and backward call torch operators and torch.library.wrap_triton launches only "
+               "(no data pointers, no tensor values read on the host, nothing kept between calls): torch.compile "
+               "may trace them into its graph, on functional tensors, without weights or saving"),
+)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Impl:
+    """One backend's implementation of one op (docs/backend-guide.md). The fields, one line each:
+
+    - ``op``, ``backend``: the op's and the backend's names.
+    - ``forward(*canonical_args)``: the output.
+    - ``backward(grad, *canonical_args, needs=...)``: one entry per differentiable argument, in order (a tensor, a
+      list of tensors for a "tensors" argument, or None where ``needs`` is False).
+    - ``dtypes``: the dtypes it serves.
+    - ``devices``: the device types it serves ("cpu", "cuda"); None: every one.
+    - ``not_supported_reasons(args)``: why it cannot serve the call, or []; it may read each tensor's shape,
+      strides, dtype and device and the non-float non-tensor arguments only (decisions are cached by those:
+      `kernelhub.select.call_key`).
+    - ``deterministic``: False where results may vary run to run (atomics), or the device types where they do not.
+    - ``forced_only``: why it serves only calls that force its backend, never picked by selection ('' if not).
+    - ``tuned_only``: why priority alone never picks it: it serves the buckets it won in tuning, forced or pinned.
+    - ``can``: the capabilities it declares, names of `CAPABILITIES` (each with what declaring it promises).
+    - ``version``: the op contract version (`OpSpec.version`, `Change`) its functions take; None: the version
+      whose argument count ``forward``'s positional parameters match, or the current one (resolved by the
+      registry when the impl is added).
+
+    ``weighted=True``, ``saves=True`` and ``traceable=True`` are accepted as the older spelling of ``can``.
     """
 
     op: str
@@ -329,10 +338,20 @@ class Impl:
     deterministic: bool | tuple[str, ...] = True
     forced_only: str = ""
     tuned_only: str = ""
-    weighted: bool = False
-    saves: bool = False
+    can: frozenset[str] = frozenset()
     version: int | None = None
-    traceable: bool = False
+    weighted: dataclasses.InitVar[bool] = False
+    saves: dataclasses.InitVar[bool] = False
+    traceable: dataclasses.InitVar[bool] = False
+
+    def __post_init__(self, weighted: bool, saves: bool, traceable: bool) -> None:
+        can = frozenset(self.can) | {name for name, on in (("weighted", weighted), ("saves", saves),
+                                                            ("traceable", traceable)) if on}
+        unknown = sorted(can - CAPABILITIES.keys())
+        if unknown:
+            raise ValueError(f"Impl {self.op!r} of {self.backend!r}: unknown capabilities {unknown} "
+                             f"(known: {sorted(CAPABILITIES)})")
+        object.__setattr__(self, "can", can)
 
     def deterministic_on(self, device_type: str) -> bool:
         """Whether results repeat run to run on ``device_type`` (`deterministic`)."""
@@ -367,3 +386,10 @@ def layout_cache(maxsize: int | None = 1024) -> Callable[[Callable], Callable]:
     """``functools.lru_cache(maxsize)`` for a launcher's host-side plan of a call (layouts, grids, device
     properties): the one name the backends use for it, with lru_cache's ``cache_clear``."""
     return functools.lru_cache(maxsize=maxsize)
+
+
+# the older spellings read as views of `can` (the InitVars' defaults stay in __init__'s signature; as class
+# attributes they would read False whatever `can` holds, and dataclasses.replace passes what they read on)
+for _name in ("weighted", "saves", "traceable"):
+    setattr(Impl, _name, property(lambda self, _name=_name: _name in self.can))
+del _name

@@ -287,11 +287,11 @@ def test_tv_on_cuda_is_one_kernel_each_way_and_streams_keep_their_own_sums(op):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("op", ["tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d"])
 def test_tv_with_weights_is_the_weighted_output_and_its_gradient(op, dtype, device):
-    """Given a weighted handle's weights (`Impl.weighted`), the TV functions return the 0-d weighted sum of their
+    """Given a weighted handle's weights (`Impl.can` "weighted"), the TV functions return the 0-d weighted sum of their
     output and the gradient for that sum's upstream gradient, within the op's parity tolerance of the plain
     functions' output weighed in float64 and of their gradient for the upstream gradient ``weights * grad``."""
     impl = kernelhub.get_hub().registry.impls(op)["cuda_ext"]
-    assert impl.weighted
+    assert "weighted" in impl.can
     extra = (1e-8,) if op == "tv_loss_iso_3d" else ()
     gen = torch.Generator().manual_seed(4)
     v = torch.randn((2, 9, 10, 11), generator=gen, dtype=dtype).to(device)
@@ -432,7 +432,7 @@ def test_semiconv_tiled_kernels_equal_the_reference(case, dtype, values):
     """Values, NaN and Inf placement and both gradients equal torch_ref's in the same dtype: exactly where the
     sums are exact (integer values, one winner per output), to float64 rounding otherwise; and the profiler
     shows the tiled kernels ran (the backward's only where one input channel feeds each output channel). On the
-    eager fast path the forward saves the winners and the backward reads them (`Impl.saves`; the kernels' WIN and
+    eager fast path the forward saves the winners and the backward reads them (`Impl.can` "saves"; the kernels' WIN and
     SAVED template arguments), through the operators the backward searches: both exact."""
     gen = torch.Generator().manual_seed(11)
     args = _tiled_call(case, dtype, "cuda", gen, values)

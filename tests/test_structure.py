@@ -88,3 +88,29 @@ def test_the_source_quotes_no_timings():
                 if TIMING.search(line) and "{" not in line:
                     quoted.append(f"{path.relative_to(PACKAGE.parent)}:{n}: {line.strip()}")
     assert quoted == []
+
+
+def test_every_op_of_kernelhub_s_own_follows_the_add_an_op_checklist():
+    """docs/backend-guide.md, "A new op": each spec in `kernelhub.ops.SPECS` lives in a module of kernelhub/ops/
+    placed in `LAYERS`, has its contract in docs/ops.md, its reference in torch_ref's `FORWARDS`, measured
+    tolerances in kernelhub/ops/measured_errors.json, and its rows in the kernel backends' `IMPLS` tables name
+    only ops that exist. (Step 5, the kit, is tests/test_conformance.py, over every op and backend.)"""
+    import json
+
+    from kernelhub_cuda_ext.plugin import IMPLS as CUDA_EXT
+    from kernelhub_torch_ref.plugin import FORWARDS
+    from kernelhub_triton.plugin import IMPLS as TRITON
+
+    from kernelhub.ops import SPECS
+
+    placed = {m for layer in LAYERS for m in layer}
+    contracts = (PACKAGE.parent / "docs" / "ops.md").read_text()
+    measured = json.loads((PACKAGE / "ops" / "measured_errors.json").read_text())
+    names = {spec.name for spec in SPECS}
+    for spec in SPECS:
+        module = getattr(spec.normalize, "__module__", None)
+        assert module in placed and module.startswith("kernelhub.ops."), (spec.name, module)
+        assert f"`{spec.name}`" in contracts, f"{spec.name}: no contract in docs/ops.md"
+        assert spec.name in FORWARDS, f"{spec.name}: no reference in backends/torch_ref"
+        assert spec.name in measured["errors"], f"{spec.name}: no measured tolerances"
+    assert set(TRITON) <= names and set(CUDA_EXT) <= names

@@ -1,9 +1,8 @@
 """kernelhub's own op specs, registered through the same hook a third party uses.
 
-To add an op: write its `OpSpec` in a module here (one module per op family), list
-it in `SPECS`, implement it in backends/torch_ref (the reference), and run
-`python -m kernelhub.testing.tolerances --ops NAME --out kernelhub/ops/measured_errors.json` to measure its
-tolerances (until then it loads marked unmeasured, and its tolerance test fails).
+To add an op, follow the checklist in docs/backend-guide.md ("A new op"): its `OpSpec` in a module here (one
+module per op family), listed in `SPECS`; its reference in backends/torch_ref; its measured tolerances
+(until then it loads marked unmeasured, and its tolerance test fails); the kit.
 """
 
 from __future__ import annotations

@@ -443,6 +443,8 @@ class Check:
 
 CHECK_KINDS = ("parity", "non-contiguous", "opcheck", "gradcheck", "bad inputs", "weighted", "saved",
                "no host sync", "CUDA graph replay")
+# the check of each capability (`kernelhub.spec.CAPABILITIES`) that has one: an impl declaring it gets it
+CAPABILITY_CHECKS = {"weighted": "weighted", "saves": "saved"}
 
 
 def suite(backend: str, device: str = "cpu", ops: Iterable[str] | None = None) -> list[Check]:
@@ -463,10 +465,7 @@ def suite(backend: str, device: str = "cpu", ops: Iterable[str] | None = None) -
         if torch.float64 in impl.dtypes:
             out += [Check("opcheck", op, backend, device), Check("gradcheck", op, backend, device)]
         out.append(Check("bad inputs", op, backend, device))
-        if impl.weighted:
-            out.append(Check("weighted", op, backend, device))
-        if impl.saves:
-            out.append(Check("saved", op, backend, device))
+        out += [Check(CAPABILITY_CHECKS[c], op, backend, device) for c in sorted(impl.can) if c in CAPABILITY_CHECKS]
         # the CUDA promises are the kernel backends': a reference may synchronise (torch_ref's Tikhonov is an SVD)
         if device == "cuda" and backend != hub.registry.spec(op).reference_backend:
             out += [Check("no host sync", op, backend, device), Check("CUDA graph replay", op, backend, device)]
@@ -483,11 +482,11 @@ def _assert_grads_close(got: Sequence[Any], want: Sequence[Any], tol: float, wha
 
 
 def check_weighted(op: str, backend: str, device: str = "cpu") -> None:
-    """For an impl that fuses a weighted handle's weights (`Impl.weighted`), on every small sample it accepts in each
-    dtype it takes: ``forward(*args, weights=w)`` is the 0-d ``(forward(*args) * w).sum()`` (weighed in float64) and
-    ``backward(grad, *args, needs=..., weights=w)`` its ``backward(conj(w) * grad, *args, needs=...)``, within the
-    op's tolerances (its plain functions are checked against the reference by the parity checks); the weights
-    positive, so no cancellation makes a small sum's relative error meaningless."""
+    """For an impl that fuses a weighted handle's weights (`Impl.can` "weighted"), on every small sample it accepts
+    in each dtype it takes: ``forward(*args, weights=w)`` is the 0-d ``(forward(*args) * w).sum()`` (weighed in
+    float64) and ``backward(grad, *args, needs=..., weights=w)`` its ``backward(conj(w) * grad, *args,
+    needs=...)``, within the op's tolerances (its plain functions are checked against the reference by the parity
+    checks); the weights positive, so no cancellation makes a small sum's relative error meaningless."""
     spec = _spec(op)
     registry = get_hub().registry
     impl = registry.impls(op)[backend]
@@ -518,10 +517,10 @@ def check_weighted(op: str, backend: str, device: str = "cpu") -> None:
 
 
 def check_saved(op: str, backend: str, device: str = "cpu") -> None:
-    """For an impl that saves for its backward (`Impl.saves`), on every small, medium and edge sample it accepts in
-    each dtype it takes: ``forward(*args, saving=True)`` gives ``forward(*args)``'s output (bitwise, NaN where it
-    has NaN), and where it saved something, ``backward(..., saved=saved)`` gives ``backward(...)``'s gradients
-    within the op's tolerances (the parity checks run the plain functions, through the operators, against the
+    """For an impl that saves for its backward (`Impl.can` "saves"), on every small, medium and edge sample it
+    accepts in each dtype it takes: ``forward(*args, saving=True)`` gives ``forward(*args)``'s output (bitwise,
+    NaN where it has NaN), and where it saved something, ``backward(..., saved=saved)`` gives ``backward(...)``'s
+    gradients within the op's tolerances (the parity checks run the plain functions, through the operators, against the
     reference). Skipped (pytest's skip) where the impl saved nothing for any of them on this device."""
     spec = _spec(op)
     registry = get_hub().registry

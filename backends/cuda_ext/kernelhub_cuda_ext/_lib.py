@@ -84,7 +84,7 @@ def _register_fakes() -> None:
     torch.library.register_fake(f"{NAME}::tikhonov_backward")(lambda grad, M, lam: like(M))
     # semiconv: img [B, C, D, H, W] and kernel [O, C/g, KD, KH, KW] as ops.py lifts them -> [B, O, *out_size]. Its
     # saving pair (semiconv_forward_saving, semiconv_backward_saved: CUDA only) runs on the hub's eager fast path
-    # alone (`Impl.saves`), never traced: no fakes
+    # alone (`Impl.can` "saves"), never traced: no fakes
     torch.library.register_fake(f"{NAME}::semiconv_forward")(
         lambda img, kernel, semifield, param, groups, stride, padding, dilation, out_size, flip: like(
             img, (img.shape[0], kernel.shape[0], *out_size)))

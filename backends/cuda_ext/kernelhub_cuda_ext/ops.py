@@ -117,7 +117,7 @@ def tikhonov_backward(grad, M, lam, needs):
 
 def semiconv_forward(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting=False,
                      saving=False):
-    """The output; with ``saving`` (`Impl.saves`: a forward whose backward follows) ``(output, saved)``, where
+    """The output; with ``saving`` (`Impl.can` "saves": a forward whose backward follows) ``(output, saved)``, where
     ``saved`` is each output's first winner (uint8) for `semiconv_backward` where its CUDA tiled kernels take the call
     (max and min, 2-D, depthwise-like, unit stride and dilation), else None."""
     a = lift_3d(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting)

@@ -13,7 +13,6 @@ import math
 import torch
 
 from kernelhub import hookimpl
-from kernelhub.ops.kplanes import KPLANES_OPS
 from kernelhub.spec import Backend, Impl
 from kernelhub_cuda_ext import __version__
 
@@ -23,29 +22,31 @@ REAL = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 CPU_AND_CUDA = ("cpu", "cuda")
 SINGLE_AND_DOUBLE = (torch.float32, torch.float64)
 
-# op -> (forward, backward, dtypes, devices), functions of kernelhub_cuda_ext.ops
+# What each row declares beyond its functions, dtypes and devices (`Impl` keywords):
+# - can "weighted": the TV functions take a weighted handle's weights (the weighted sum in the kernels).
+# - can "saves": semiconv's forward saves each output's winner, which its backward reads instead of recomputing.
+# - deterministic False: the planes gradient (semiconv on CUDA: img and kernel gradients) is added with atomics,
+#   its sums may differ in the last bits from run to run.
+# - version 2: the op contract semiconv's functions take (no spread_gradient, no channels_add: the hub sends those
+#   calls to another backend; docs/backend-guide.md).
+TV = {"can": {"weighted"}}
+KPLANES = {"deterministic": False}
+# op -> (forward, backward, dtypes, devices, Impl keywords), functions of kernelhub_cuda_ext.ops
 IMPLS = {
-    "tv_loss_l1_3d": ("l1_forward", "l1_backward", REAL, CPU_AND_CUDA),
-    "tv_loss_sq_3d": ("sq_forward", "sq_backward", REAL, CPU_AND_CUDA),
-    "tv_loss_iso_3d": ("iso_forward", "iso_backward", REAL, CPU_AND_CUDA),
-    "kplanes_interp_tilted": ("kplanes_forward", "kplanes_backward", SINGLE_AND_DOUBLE, CPU_AND_CUDA),
-    "kplanes_interp_tilted_ms": ("kplanes_ms_forward", "kplanes_ms_backward", SINGLE_AND_DOUBLE, CPU_AND_CUDA),
-    "kplanes_interp_tilted_taps": ("kplanes_taps_forward", "kplanes_taps_backward", SINGLE_AND_DOUBLE, CPU_AND_CUDA),
-    "trilinear_interp": ("trilinear_forward", "trilinear_backward", REAL, CPU_AND_CUDA),
+    "tv_loss_l1_3d": ("l1_forward", "l1_backward", REAL, CPU_AND_CUDA, TV),
+    "tv_loss_sq_3d": ("sq_forward", "sq_backward", REAL, CPU_AND_CUDA, TV),
+    "tv_loss_iso_3d": ("iso_forward", "iso_backward", REAL, CPU_AND_CUDA, TV),
+    "kplanes_interp_tilted": ("kplanes_forward", "kplanes_backward", SINGLE_AND_DOUBLE, CPU_AND_CUDA, KPLANES),
+    "kplanes_interp_tilted_ms": ("kplanes_ms_forward", "kplanes_ms_backward", SINGLE_AND_DOUBLE, CPU_AND_CUDA,
+                                 KPLANES),
+    "kplanes_interp_tilted_taps": ("kplanes_taps_forward", "kplanes_taps_backward", SINGLE_AND_DOUBLE, CPU_AND_CUDA,
+                                   KPLANES),
+    "trilinear_interp": ("trilinear_forward", "trilinear_backward", REAL, CPU_AND_CUDA, {}),
     "tikhonov_inverse_2xn": ("tikhonov_forward", "tikhonov_backward",
-                             (torch.complex64, torch.complex128, torch.float32, torch.float64), CPU_AND_CUDA),
-    "semiconv": ("semiconv_forward", "semiconv_backward", REAL, CPU_AND_CUDA),
+                             (torch.complex64, torch.complex128, torch.float32, torch.float64), CPU_AND_CUDA, {}),
+    "semiconv": ("semiconv_forward", "semiconv_backward", REAL, CPU_AND_CUDA,
+                 {"can": {"saves"}, "deterministic": False, "version": 2}),
 }
-# the planes gradient (semiconv on CUDA: img and kernel gradients) is added with atomics: its sums may differ
-# in the last bits from run to run
-NOT_DETERMINISTIC = set(KPLANES_OPS) | {"semiconv"}
-# their functions take a weighted handle's weights (`Impl.weighted`): the weighted sum in the kernels
-WEIGHTED = {"tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d"}
-# their forward saves what their backward reads instead of recomputing it (`Impl.saves`): semiconv's winners
-SAVES = {"semiconv"}
-# the op contract versions our functions take where they are not the op's current one (docs/backend-guide.md):
-# semiconv v2 (no spread_gradient, no channels_add: the hub sends those calls to another backend)
-VERSIONS = {"semiconv": 2}
 
 
 def unavailable_reason() -> str | None:
@@ -78,9 +79,7 @@ def kernelhub_register_impls(registry) -> None:
                                  unavailable_reason))
     from kernelhub_cuda_ext import ops  # plain Python over torch.ops: importing it neither builds nor loads
 
-    for op, (fwd, bwd, dtypes, devices) in IMPLS.items():
+    for op, (fwd, bwd, dtypes, devices, declared) in IMPLS.items():
         forward, backward = getattr(ops, fwd), getattr(ops, bwd)
         registry.add_impl(Impl(op=op, backend=NAME, forward=forward, backward=backward, dtypes=dtypes,
-                               devices=devices, not_supported_reasons=REASONS.get(op, _cuda_built),
-                               deterministic=op not in NOT_DETERMINISTIC, weighted=op in WEIGHTED, saves=op in SAVES,
-                               version=VERSIONS.get(op)))
+                               devices=devices, not_supported_reasons=REASONS.get(op, _cuda_built), **declared))

@@ -150,7 +150,7 @@ def compiled_pass(op: str, which: str, fn: Callable) -> Callable:
         tensors = args[1:] if which == "backward" else args  # a backward's first argument is the upstream gradient
         t = first_tensor(tensors)
         if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
-            # traced into a torch.compile graph (`Impl.traceable`; a functional tensor): the graph's own compile
+            # traced into a torch.compile graph (`Impl.can` "traceable"; a functional tensor): the graph's own compile
             # compiles fn, fused with the ops around it; or a tensor subclass, which fn serves as torch_ref does
             return fn(*args, **kwargs)
         key = (op, which, t.device.type, str(t.dtype), bucket(tensors))

@@ -1,6 +1,6 @@
 """Registers the torch_ref backend (one Impl per op, backward derived with torch.func.vjp) and the inductor
 backend (the same forward and backward through torch.compile: inductor.py). inductor's impl is traceable
-(`Impl.traceable`): traced into a torch.compile graph it is torch_ref's code, which the graph's compile compiles.
+(`Impl.can` "traceable"): traced into a torch.compile graph it is torch_ref's code, which the graph's compile compiles.
 torch_ref's is not: it is the reference as written, run eagerly (a compiled graph that forces or pins it calls
 the operator), SVD included."""
 
@@ -97,5 +97,4 @@ def kernelhub_register_impls(registry) -> None:
                                backward=inductor.compiled_pass(op, "backward", backward), dtypes=spec.dtypes,
                                devices=("cpu", "cuda"), not_supported_reasons=inductor.reasons(op),
                                deterministic=("cpu",) if op in SCATTERING_BACKWARD else True,
-                               tuned_only=inductor.TUNED_ONLY,
-                               traceable=True))
+                               tuned_only=inductor.TUNED_ONLY, can={"traceable"}))

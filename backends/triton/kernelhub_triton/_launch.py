@@ -106,11 +106,11 @@ def launch(bound: Bound, grid: tuple, *args) -> None:
     lookup, each tensor as its address (`_key`). The first call of a key, CPU tensors (Triton's interpreter), a
     triton without ``triton.knobs``, a launch on a device that is not the current one and a launch while a launch
     hook is set (`_hooked`) take Triton's path. A launch on a torch.compile graph's tensors (a functional tensor:
-    the impl is traced into the graph, `kernelhub.spec.Impl.traceable`) is recorded with ``wrap_triton``, and
+    the impl is traced into the graph, `kernelhub.spec.Impl.can` "traceable") is recorded with ``wrap_triton``, and
     inductor launches the kernel from its own code.
     """
     t = args[0]
-    if type(t) is not torch.Tensor:  # traced into a torch.compile graph (`Impl.traceable`): inductor launches it
+    if type(t) is not torch.Tensor:  # traced into a torch.compile graph (`Impl.can` "traceable"): inductor launches it
         torch.library.wrap_triton(bound.kernel)[grid](*_real(args), **bound.kwargs)
         return
     if not t.is_cuda or _knobs is None:

@@ -14,7 +14,6 @@ import os
 import torch
 
 from kernelhub import hookimpl
-from kernelhub.ops.kplanes import KPLANES_OPS
 from kernelhub.spec import Backend, Impl, lazy
 from kernelhub_triton import __version__
 
@@ -22,34 +21,37 @@ NAME = "triton"
 HALF_AND_UP = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 SINGLE_AND_DOUBLE = (torch.float32, torch.float64)
 
-# op -> (module, forward, backward, dtypes, not_supported_reasons or None)
+# What each row declares beyond its functions and dtypes (`Impl` keywords):
+# - can "traceable": traced into torch.compile graphs (every launch goes through _launch.launch, which records it
+#   with wrap_triton there); all but K-Planes': compiling a graph that traced them failed on torch 2.11 + triton
+#   3.6 with "a leaf Variable that requires grad is being used in an in-place operation" (inductor took one of
+#   their kernels for one that writes its inputs), so their calls keep the operator.
+# - can "weighted": the TV functions take a weighted handle's weights (the weighted sum in the kernels).
+# - deterministic False: the planes gradient (semiconv: img and kernel gradients) is added with atomics, its sums
+#   may differ in the last bits from run to run.
+# - version 2: the op contract semiconv's functions take (no spread_gradient, no channels_add: the hub sends those
+#   calls to another backend); their lazy wrappers hide their signatures from the registry's inference
+#   (docs/backend-guide.md).
+TV = {"can": {"weighted", "traceable"}}
+KPLANES = {"deterministic": False}
+# op -> (module, forward, backward, dtypes, not_supported_reasons or None, Impl keywords)
 IMPLS = {
-    "tv_loss_l1_3d": ("tv", "l1_forward", "l1_backward", HALF_AND_UP, "not_supported_reasons"),
-    "tv_loss_sq_3d": ("tv", "sq_forward", "sq_backward", HALF_AND_UP, "not_supported_reasons"),
-    "tv_loss_iso_3d": ("tv", "iso_forward", "iso_backward", HALF_AND_UP, "not_supported_reasons"),
-    "kplanes_interp_tilted": ("kplanes", "forward", "backward", SINGLE_AND_DOUBLE, "not_supported_reasons"),
-    "kplanes_interp_tilted_ms": ("kplanes", "ms_forward", "ms_backward", SINGLE_AND_DOUBLE, "not_supported_reasons"),
+    "tv_loss_l1_3d": ("tv", "l1_forward", "l1_backward", HALF_AND_UP, "not_supported_reasons", TV),
+    "tv_loss_sq_3d": ("tv", "sq_forward", "sq_backward", HALF_AND_UP, "not_supported_reasons", TV),
+    "tv_loss_iso_3d": ("tv", "iso_forward", "iso_backward", HALF_AND_UP, "not_supported_reasons", TV),
+    "kplanes_interp_tilted": ("kplanes", "forward", "backward", SINGLE_AND_DOUBLE, "not_supported_reasons",
+                              KPLANES),
+    "kplanes_interp_tilted_ms": ("kplanes", "ms_forward", "ms_backward", SINGLE_AND_DOUBLE, "not_supported_reasons",
+                                 KPLANES),
     "kplanes_interp_tilted_taps": ("kplanes", "taps_forward", "taps_backward", SINGLE_AND_DOUBLE,
-                                   "not_supported_reasons"),
-    "trilinear_interp": ("trilinear", "forward", "backward", HALF_AND_UP, None),
+                                   "not_supported_reasons", KPLANES),
+    "trilinear_interp": ("trilinear", "forward", "backward", HALF_AND_UP, None, {"can": {"traceable"}}),
     "tikhonov_inverse_2xn": ("tikhonov", "forward", "backward",
-                             (torch.complex64, torch.complex128, torch.float32, torch.float64), None),
-    "semiconv": ("semiconv", "forward", "backward", HALF_AND_UP, "not_supported_reasons"),
+                             (torch.complex64, torch.complex128, torch.float32, torch.float64), None,
+                             {"can": {"traceable"}}),
+    "semiconv": ("semiconv", "forward", "backward", HALF_AND_UP, "not_supported_reasons",
+                 {"can": {"traceable"}, "deterministic": False, "version": 2}),
 }
-# the planes gradient (semiconv: img and kernel gradients) is added with atomics: its sums may differ in the
-# last bits from run to run
-NOT_DETERMINISTIC = set(KPLANES_OPS) | {"semiconv"}
-# the op contract versions our functions take where they are not the op's current one (their lazy wrappers hide
-# their signatures from the registry's inference, docs/backend-guide.md): semiconv v2 (no spread_gradient, no
-# channels_add: the hub sends those calls to another backend)
-VERSIONS = {"semiconv": 2}
-# traced into torch.compile graphs (`Impl.traceable`: every launch goes through _launch.launch, which records it
-# with wrap_triton there) except K-Planes': compiling a graph that traced them failed on torch 2.11 + triton 3.6 (H200,
-# 2026-11-27) with "a leaf Variable that requires grad is being used in an in-place operation" (inductor took one
-# of their kernels for one that writes its inputs); their calls keep the operator
-UNTRACEABLE = set(KPLANES_OPS)
-# their functions take a weighted handle's weights (`Impl.weighted`): the weighted sum in the kernels
-WEIGHTED = {"tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d"}
 
 
 def interpret_mode() -> bool:
@@ -79,7 +81,7 @@ def kernelhub_register_impls(registry) -> None:
     registry.add_backend(Backend(NAME, __version__, "fused Triton kernels with analytic backwards",
                                  unavailable_reason))
     interpreted = interpret_mode()
-    for op, (module, fwd, bwd, dtypes, reasons) in IMPLS.items():
+    for op, (module, fwd, bwd, dtypes, reasons, declared) in IMPLS.items():
         forward, backward = lazy(f"kernelhub_triton.{module}", fwd), lazy(f"kernelhub_triton.{module}", bwd)
         registry.add_impl(Impl(
             op=op,
@@ -89,9 +91,6 @@ def kernelhub_register_impls(registry) -> None:
             dtypes=dtypes,
             devices=("cuda", "cpu") if interpreted else ("cuda",),
             not_supported_reasons=lazy(f"kernelhub_triton.{module}", reasons) if reasons else _no_reasons,
-            deterministic=op not in NOT_DETERMINISTIC,
             forced_only="TRITON_INTERPRET=1 runs Triton's interpreter, for tests only" if interpreted else "",
-            weighted=op in WEIGHTED,
-            version=VERSIONS.get(op),
-            traceable=op not in UNTRACEABLE,
+            **declared,
         ))

@@ -269,7 +269,7 @@ def _layout(shape: tuple, sms: int, mode: int, dtype: torch.dtype, weighted: boo
 
 
 def _forward(volume: torch.Tensor, mode: int, eps: float = 0.0, weights: torch.Tensor | None = None) -> torch.Tensor:
-    """The op's output; with ``weights`` (a weighted handle's, `Impl.weighted`) its weighted sum, 0-d."""
+    """The op's output; with ``weights`` (a weighted handle's, `Impl.can` "weighted") its weighted sum, 0-d."""
     x = volume.contiguous()  # the kernel indexes it as [B, D, H, W] from its pointer: no batched view needed
     dtype = accumulation_dtype(volume.dtype)  # the specs' output dtype
     out = torch.empty((3,) if mode == L1 and weights is None else (), dtype=dtype, device=volume.device)

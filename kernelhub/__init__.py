@@ -20,14 +20,14 @@ from kernelhub.errors import (
     WrongOutputError,
 )
 from kernelhub.hookspecs import hookimpl
-from kernelhub.hub import get_hub, reload
+from kernelhub.hub import get_hub, reload, scoped
 from kernelhub.ops._checks import accumulation_dtype
 from kernelhub.select import Decision
 from kernelhub.spec import Arg, Backend, Case, Impl, OpSpec, SampleInput, Tolerance
 
 __version__ = "0.1.0"
 __all__ = [
-    "op", "explain", "op_names", "reload", "get_hub", "hookimpl", "accumulation_dtype",
+    "op", "explain", "op_names", "reload", "scoped", "get_hub", "hookimpl", "accumulation_dtype",
     "OpSpec", "Impl", "Backend", "Arg", "Case", "SampleInput", "Tolerance", "Decision",
     "KernelhubError", "PluginValidationError", "ConfigError", "NoImplementationError", "StrictModeError",
     "WrongOutputError",

@@ -21,7 +21,7 @@ Invariants of the operators, which are what the PyTorch 2 toolchain sees:
   node, forward and backward: the impl `kernelhub.select.Selector.traced` picks (a forced or pinned backend, the
   op's own order for the call, the config's ``[compile] priority``; traceable impls only, static shapes only,
   never for torch.export). The graph then holds its torch operators and Triton launches and no Python call per
-  op. Dynamo guards on `kernelhub.select.GENERATION` (`OpHandle._via_operators` reads it), so a graph made before
+  op. Dynamo guards on `kernelhub._state.GENERATION` (`OpHandle._via_operators` reads it), so a graph made before
   the hub changed (a reload of another config, a traced backend marked failed) recompiles; `kernelhub.hub` keys
   torch.compile's caches on disk on the hubs' state. An impl that raises while traced leaves the node in the
   graph.
@@ -55,16 +55,16 @@ import torch.autograd.forward_ad as _fwad
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
+from kernelhub import _state
 from kernelhub._glue import plan_call, put_back, to_slots
+from kernelhub._state import GENERATION
 from kernelhub.args import tensors_of
 from kernelhub.errors import ConfigError
-from kernelhub.select import GENERATION
 from kernelhub.spec import OpSpec
 
 __all__ = ["define_ops", "OpHandle", "NAMESPACE", "traced", "EAGER_FAST_PATH", "refuse_unsupported_autodiff"]
 
 NAMESPACE = "kernelhub"
-_DEFINED: dict[str, tuple[Any, Any]] = {}
 def _switch(name: str, default: bool) -> bool:
     """An on/off environment variable: 1/true/on/yes or 0/false/off/no (any case; unset or empty: ``default``);
     anything else raises ConfigError naming the variable."""
@@ -315,8 +315,8 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable, trac
     operators; each finds the hub by its key at call time, so reloading the hub does not redefine operators.
     ``trace`` (`_traced_rule`'s) runs the impl torch.compile traces into its graph in their place.
     """
-    if spec.name in _DEFINED:
-        return _DEFINED[spec.name][0]
+    if spec.name in _state.operators:
+        return _state.operators[spec.name][0]
     name = spec.name
     n = len(spec.args)
 
@@ -370,19 +370,16 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable, trac
         return tuple(result)
 
     torch.library.register_autograd(overload, autograd_backward, setup_context=setup_context, lib=lib)
-    _DEFINED[name] = (overload, bwd)
+    _state.operators[name] = (overload, bwd)
     return overload
-
-
-_LIBRARY: list = []
 
 
 def _library() -> torch.library.Library:
     """The ``kernelhub`` namespace's library fragment, made once and kept for the process (dropping it would
     remove the operators)."""
-    if not _LIBRARY:
-        _LIBRARY.append(torch.library.Library(NAMESPACE, "FRAGMENT"))
-    return _LIBRARY[0]
+    if not _state.library:
+        _state.library.append(torch.library.Library(NAMESPACE, "FRAGMENT"))
+    return _state.library[0]
 
 
 class KernelhubFunction(torch.autograd.Function):
@@ -427,7 +424,7 @@ class KernelhubFunction(torch.autograd.Function):
                                                                             handle.backend, decision))
         elif wrapped:  # the backward operator's vmap rule
             with torch.no_grad():
-                grads = unflatten_grads(handle.spec, args, needs, _DEFINED[handle.spec.name][1](
+                grads = unflatten_grads(handle.spec, args, needs, _state.operators[handle.spec.name][1](
                     grad, *args, needs, handle.backend, handle.hub))
         elif create_graph:
             with torch.no_grad():

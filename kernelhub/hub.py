@@ -4,25 +4,24 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import itertools
 import json
 import re
 import sys
-import threading
-import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 
+from kernelhub import _state
+from kernelhub._state import GENERATION
 from kernelhub.config import Config, check_config, load_config
 from kernelhub.dispatch import OpHandle, define_ops, flatten_grads, weighted_sum
 from kernelhub.errors import NoImplementationError, WrongOutputError
 from kernelhub.registry import CONTAINED, Registry, declared_backend_names
-from kernelhub.select import GENERATION, Decision, Selector
+from kernelhub.select import Decision, Selector
 from kernelhub.spec import OpSpec
 
-__all__ = ["Hub", "get_hub", "reload"]
+__all__ = ["Hub", "get_hub", "reload", "scoped"]
 
 
 class Hub:
@@ -31,8 +30,8 @@ class Hub:
     built directly runs its own handles, eagerly and through the operators (its `key`, their ``hub`` argument)."""
 
     def __init__(self, extra_plugins: Iterable[tuple[str, object]] = (), config: Config | None = None) -> None:
-        self.key = next(_KEYS)
-        _HUBS[self.key] = self
+        self.key = next(_state.keys)
+        _state.hubs[self.key] = self
         extra_plugins = list(extra_plugins)
         known = declared_backend_names() | {name for name, _ in extra_plugins}
         self.config = check_config(config, known) if config is not None else load_config(known)
@@ -46,7 +45,7 @@ class Hub:
             self.config.as_dict(), sorted((b.name, b.version) for b in self.registry.backends.values()),
             sorted((op, name, sorted(impl.can)) for op in self.registry.specs
                    for name, impl in self.registry.impls(op).items())], default=str).encode()).hexdigest()[:16]
-        _FINGERPRINTS[self.key] = self.fingerprint
+        _state.fingerprints[self.key] = self.fingerprint
         _tag_compile_caches()
 
     def handle(self, name: str, backend: str | None = None) -> OpHandle:
@@ -304,27 +303,27 @@ def _words(what: str | tuple) -> str:
     return f"a gradient of {name!r}" + ("" if j is None else f"[{j}]")
 
 
-_HUB: Hub | None = None
-_LOCK = threading.Lock()
-GLOBAL = 0  # the operators' ``hub`` argument for the global hub
-_KEYS = itertools.count(1)
-_HUBS: weakref.WeakValueDictionary[int, Hub] = weakref.WeakValueDictionary()  # Hub.key -> hub, for the operators
+GLOBAL = 0  # the operators' ``hub`` argument for the global hub (`kernelhub._state` holds the hubs)
 
 
-def _global(hub: Hub) -> Hub:
-    """Make ``hub`` the global one: its handles then follow `get_hub` (key `GLOBAL`)."""
-    global _HUB
-    del _HUBS[hub.key]
-    if _FINGERPRINTS.get(GLOBAL) != hub.fingerprint:  # compiled graphs recompile (a hub built directly is in none)
+def _global(hub: Hub | None, fingerprint: str | None = None) -> Hub | None:
+    """Make ``hub`` the global one (None: none, built again at its next use): its handles then follow `get_hub`
+    (key `GLOBAL`). A hub built for this takes the key; one put back (`scoped`) has it and its ``fingerprint``."""
+    if hub is not None and hub.key != GLOBAL:
+        del _state.hubs[hub.key]
+        fingerprint = _state.fingerprints.pop(hub.key)
+        hub.key = GLOBAL
+    if _state.fingerprints.get(GLOBAL) != fingerprint:  # compiled graphs recompile (a hub built directly is in none)
         GENERATION.bump()
-    _FINGERPRINTS[GLOBAL] = _FINGERPRINTS.pop(hub.key)
-    hub.key = GLOBAL
-    _HUB = hub
+    if fingerprint is None:
+        _state.fingerprints.pop(GLOBAL, None)
+    else:
+        _state.fingerprints[GLOBAL] = fingerprint
+    _state.hub = hub
     _tag_compile_caches()
     return hub
 
 
-_FINGERPRINTS: dict[int, str] = {}  # Hub.key -> Hub.fingerprint, every hub built in this process
 _TAG = re.compile(r"kernelhub-[0-9a-f]{16};")
 
 
@@ -332,23 +331,25 @@ def _tag_compile_caches() -> None:
     """Put the hubs' state into ``torch.compiler.config.cache_key_tag`` (after the user's own tag), which keys
     torch.compile's caches on disk: a graph whose operators were traced into impls (`_trace`) is reused only by a
     process whose hubs would trace the same (the same config, plugins and versions); dynamo's guards
-    (`kernelhub.select.GENERATION`) do the same within a process. Torch without the tag: no change."""
+    (`kernelhub._state.GENERATION`) do the same within a process. Torch without the tag: no change."""
     config = getattr(torch.compiler, "config", None)
     if config is None or not isinstance(getattr(config, "cache_key_tag", None), str):
         return
-    for key in [k for k in _FINGERPRINTS if k != GLOBAL and k not in _HUBS]:  # hubs gone
-        del _FINGERPRINTS[key]
-    state = hashlib.sha1(json.dumps(sorted(_FINGERPRINTS.items())).encode()).hexdigest()[:16]
+    for key in [k for k in _state.fingerprints if k != GLOBAL and k not in _state.hubs]:  # hubs gone
+        del _state.fingerprints[key]
+    state = hashlib.sha1(json.dumps(sorted(_state.fingerprints.items())).encode()).hexdigest()[:16]
     config.cache_key_tag = _TAG.sub("", config.cache_key_tag) + f"kernelhub-{state};"
 
 
 def get_hub() -> Hub:
-    if _HUB is None:
-        if torch.compiler.is_compiling():  # dynamo cannot trace the lock or the plugins' loading
-            raise RuntimeError("kernelhub: the hub is built at its first use outside torch.compile: call "
-                               "kernelhub.get_hub() (or kernelhub.op(...)) once before the compiled function runs")
-        _build_global()
-    return _HUB
+    hub = _state.hub
+    if hub is not None:
+        return hub
+    if torch.compiler.is_compiling():  # dynamo cannot trace the lock or the plugins' loading
+        raise RuntimeError("kernelhub: the hub is built at its first use outside torch.compile: call "
+                           "kernelhub.get_hub() (or kernelhub.op(...)) once before the compiled function runs")
+    _build_global()
+    return _state.hub
 
 
 def _build_global() -> None:
@@ -362,22 +363,39 @@ def _build_global() -> None:
 
 
 def _build_global_now() -> None:
-    with _LOCK:
-        if _HUB is None:
+    with _state.lock:
+        if _state.hub is None:
             _global(Hub())
 
 
 def reload(extra_plugins: Iterable[tuple[str, object]] = (), config: Config | None = None) -> Hub:
     """Rebuild the hub: re-read the config, reload plugins, drop cached decisions."""
-    with _LOCK:
+    with _state.lock:
         return _global(Hub(extra_plugins, config))
+
+
+@contextlib.contextmanager
+def scoped(extra_plugins: Iterable[tuple[str, object]] = (), config: Config | None = None) -> Iterator[Hub]:
+    """A global hub of its own for the block (the config and plugins as `reload` reads them, or those given), and
+    afterwards the global hub of before it back, as it was (or none, built at its next use): for tests, and for a
+    program that runs a part under another config. Handles of `kernelhub.op` follow it, as they follow `reload`;
+    a `reload` inside the block lasts until the block ends. Compiled graphs recompile on entry and exit where the
+    hubs' configs or plugins differ."""
+    with _state.lock:
+        before, fingerprint = _state.hub, _state.fingerprints.get(GLOBAL)
+        hub = _global(Hub(extra_plugins, config))
+    try:
+        yield hub
+    finally:
+        with _state.lock:
+            _global(before, fingerprint)
 
 
 def _hub(key: int) -> Hub:
     """The hub an operator call names (`GLOBAL`: the global one)."""
     if key == GLOBAL:
         return get_hub()
-    hub = _HUBS.get(key)
+    hub = _state.hubs.get(key)
     if hub is None:
         raise RuntimeError(f"kernelhub: an operator call names hub {key}, which no longer exists (a kernelhub.Hub "
                            "built directly must outlive the graphs and handles that use it)")

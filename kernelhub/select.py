@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from kernelhub._state import GENERATION
 from kernelhub.args import arg_key, describe_args, first_tensor
 from kernelhub.config import Config
 from kernelhub.errors import NoImplementationError, StrictModeError
@@ -48,22 +49,6 @@ __all__ = ["Candidate", "Decision", "Selector", "call_key", "MAX_CACHED_DECISION
 # a full cache is dropped whole: re-deciding is cheap beside the memory a cache without a bound could take
 # (docs/lab/benchmarks-history.md#measurements-behind-the-code)
 MAX_CACHED_DECISIONS = 4096
-
-
-class _Generation:
-    """``token``: a string that changes whenever a traced choice (`Selector.traced`) may change: a new global hub of
-    another config or plugins (`kernelhub.hub`), or a backend marked failed for a call it was traced for. The
-    handles read it while dynamo traces them (`kernelhub.dispatch.OpHandle`), so dynamo guards on its value and
-    recompiles a graph made before a change. A string, never an int: dynamo specialises on a string's value, and
-    may make an int that changed symbolic."""
-
-    token = "0"
-
-    def bump(self) -> None:
-        self.token = str(int(self.token) + 1)
-
-
-GENERATION = _Generation()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -94,10 +94,9 @@ def fresh_hub(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     monkeypatch.setattr(TuneConfig, "cache_path",
                         lambda self: Path(self.cache).expanduser() if self.cache else tmp_path / "tuning.json")
-    kernelhub.reload()
-    yield
+    with kernelhub.scoped():  # the hub before the test comes back after it (none, where none was built)
+        yield
     monkeypatch.undo()
-    kernelhub.reload()
 
 
 @pytest.fixture(scope="session")

@@ -128,21 +128,21 @@ def test_a_lazy_function_imports_at_its_first_call():
 def test_the_first_use_of_the_hub_inside_a_compiled_function(monkeypatch):
     """No hub built yet: under fullgraph a clear error (dynamo cannot trace the plugins' loading); without fullgraph
     dynamo breaks the graph there and the hub is built eagerly."""
-    from kernelhub import hub
+    from kernelhub import _state
 
     v = torch.randn(3, 4, 5, requires_grad=True)
 
     def step(x):
         return kernelhub.op("tv_loss_sq_3d")(x) * 2
 
-    monkeypatch.setattr(hub, "_HUB", None)
+    monkeypatch.setattr(_state, "hub", None)
     torch._dynamo.reset()
     with pytest.raises(Exception, match="the hub is built at its first use outside torch.compile"):
         torch.compile(step, fullgraph=True, backend="aot_eager")(v)
-    assert hub._HUB is None
+    assert _state.hub is None
     torch._dynamo.reset()
     out = torch.compile(step, backend="aot_eager")(v)
-    assert hub._HUB is not None
+    assert _state.hub is not None
     torch.testing.assert_close(out, kernelhub.op("tv_loss_sq_3d", backend="torch_ref")(v) * 2)
 
 

@@ -3,6 +3,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 import kernelhub
 from kernelhub.config import DEFAULT_PRIORITY, SHIPPED, load_config
@@ -241,3 +242,29 @@ def test_a_file_that_is_not_utf8_is_a_config_error_naming_it(tmp_path):
     with pytest.raises(ConfigError, match="not valid TOML") as info:
         load_config(KNOWN)
     assert str(path) in str(info.value)
+
+
+def test_a_scoped_hub_lasts_for_its_block_and_the_hub_before_it_comes_back(tmp_path):
+    """`kernelhub.scoped`: handles of `kernelhub.op` run on the block's own hub (its config), a `reload` inside the
+    block lasts until its end, and after it the global hub of before is back, the same object, with its config;
+    compiled graphs are told (the generation) where the configs differ."""
+    from kernelhub import _state
+
+    handle = kernelhub.op("tv_loss_l1_3d")
+    before = kernelhub.get_hub()
+    token = _state.GENERATION.token
+    pinned = kernelhub.config.parse_config({"ops": {"tv_loss_l1_3d": {"pin": "torch_ref"}}}, "test",
+                                           kernelhub.registry.declared_backend_names())
+    v = torch.randn(2, 5, 6, 7)
+    with kernelhub.scoped(config=pinned) as hub:
+        assert kernelhub.get_hub() is hub is not before
+        assert _state.GENERATION.token != token  # another config: graphs recompile
+        assert kernelhub.explain("tv_loss_l1_3d", v).chosen == "torch_ref"
+        torch.testing.assert_close(handle(v), kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(v))
+        kernelhub.reload()
+        assert kernelhub.get_hub() is not hub
+    assert kernelhub.get_hub() is before and before.key == 0
+    assert before.config.op("tv_loss_l1_3d").pin == ""
+    with kernelhub.scoped() as same:  # the same config and plugins: no recompile
+        token = _state.GENERATION.token
+    assert same is not before and _state.GENERATION.token == token

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "kernelhub"
 LAYERS = [
     # what everything reads: errors, declarations, a call's arguments, the hook contracts, timing, argument checks
     ["kernelhub.errors", "kernelhub.spec", "kernelhub.args", "kernelhub.hookspecs", "kernelhub.timing",
-     "kernelhub.ops._checks"],
+     "kernelhub.ops._checks", "kernelhub._state"],
     ["kernelhub.config", "kernelhub.ops.tolerances", "kernelhub._glue"],
     ["kernelhub.ops.tv", "kernelhub.ops.kplanes", "kernelhub.ops.semiconv", "kernelhub.ops.trilinear",
      "kernelhub.ops.tikhonov"],

@@ -1,0 +1,45 @@
+"""kernelhub's process-wide state, all of it. Everything else lives on a hub (`kernelhub.hub.Hub`: its registry,
+config, selector and caches), and the hubs are held here:
+
+- ``hub``: the global hub (`kernelhub.get_hub`), None until its first use; `kernelhub.scoped` swaps it for a block.
+- ``hubs``: Hub.key -> hub, every hub alive (an operator call names its hub by key); weak.
+- ``fingerprints``: Hub.key -> that hub's fingerprint (config, plugins, versions), what torch.compile's caches are
+  keyed on (`kernelhub.hub`).
+- ``keys``: where the next Hub.key comes from.
+- ``lock``: held while the global hub changes.
+- ``GENERATION``: a token that changes where a torch.compile graph's traced choice may (dynamo guards on it).
+- ``operators``: op -> (forward, backward) operator, defined once per process (`kernelhub.dispatch.define_ops`), and
+  ``library``, their torch.library fragment: operators cannot be undefined, so no scope resets these.
+
+Only `kernelhub.hub`, `kernelhub.select` and `kernelhub.dispatch` read and write them."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from typing import Any
+
+hub: Any = None
+hubs: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+fingerprints: dict[int, str] = {}
+keys = itertools.count(1)
+lock = threading.Lock()
+operators: dict[str, tuple[Any, Any]] = {}
+library: list = []
+
+
+class _Generation:
+    """``token``: a string that changes whenever a traced choice (`kernelhub.select.Selector.traced`) may change: a
+    new global hub of another config or plugins (`kernelhub.hub`), or a backend marked failed for a call it was
+    traced for. The handles read it while dynamo traces them (`kernelhub.dispatch.OpHandle`), so dynamo guards on
+    its value and recompiles a graph made before a change. A string, never an int: dynamo specialises on a string's
+    value, and may make an int that changed symbolic."""
+
+    token = "0"
+
+    def bump(self) -> None:
+        self.token = str(int(self.token) + 1)
+
+
+GENERATION = _Generation()

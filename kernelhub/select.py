@@ -98,13 +98,20 @@ class Selector:
     def __init__(self, registry: Registry, config: Config) -> None:
         self.registry = registry
         self.config = config
+        # What a selector keeps (a hub's, so a new hub starts empty); each line: key -> value, who fills it, what
+        # empties it. Every entry is dropped where its premise changes, so none serves a call it was not made for.
+        # call_key -> decision: `decide`; `forget` (new winners), `mark_failed` (that key), full (all of it)
         self._cache: dict[tuple, Decision] = {}
         # (op, forced, deterministic switch, the call's layout as given) -> (decision, the defaults that complete
-        # the canonical call, its `kernelhub._glue.plan_call`): read by dispatch.OpHandle on every eager call,
-        # written by `remember`
+        # the canonical call, its `kernelhub._glue.plan_call`): `remember`, read by dispatch.OpHandle on every
+        # eager call; dropped with `_cache` (`forget`, `mark_failed`, full)
         self.remembered: dict[tuple, tuple[Decision, tuple, tuple]] = {}
+        # call_key -> backend -> why it may not serve that key again (it raised): `mark_failed`; never emptied
         self._failed: dict[tuple, dict[str, str]] = {}
+        # what was warned about once (a failed backend, a case, a pin, a traced impl): the warnings; never emptied
         self._warned: set[tuple] = set()
+        # call_key -> the impl torch.compile traces (None: the operator): `traced`; `not_traceable` (that key),
+        # `mark_failed` (that key, where it named the failed backend), full (all of it)
         self._traced: dict[tuple, Impl | None] = {}
         self.tuning = Tuning(registry, config)
 

@@ -44,7 +44,7 @@ bare ``tv_loss_l1_3d`` call on the same volumes, what ``TVLoss3d`` adds to the o
 error against the truth, and writes a PNG of the projected phase (the sum over
 slices): truth | hub | torch_ref | their difference, scaled up to the truth's range (the factor is printed).
 
-    python examples/ptycho_tv.py                 # CPU: 96^2 x 4 slices, 5-25 s on 2 cores
+    python examples/ptycho_tv.py                 # CPU: 96^2 x 4 slices
     python examples/ptycho_tv.py --benchmark     # a GPU: 512^2 x 8 slices, 625 positions
 """
 
@@ -151,7 +151,7 @@ def reconstruct(model: Multislice, measured: torch.Tensor, backend: str | None, 
     one = torch.ones((), device=device)
     ph, am = phase.detach(), amplitude.detach()
     tv_times, bare_times = [], []
-    for _ in range(max(50, args.iters)):  # fresh leaves each call; ~1 ms each, so enough for a steady median
+    for _ in range(max(50, args.iters)):  # fresh leaves each call; enough for a steady median
         tv_times.append(timed_ms(lambda: constraint(ph.detach().requires_grad_(),
                                                     am.detach().requires_grad_()).backward(one), device)[1])
         bare_times.append(timed_ms(lambda: op(torch.stack((ph.detach().requires_grad_(),

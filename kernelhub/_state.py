@@ -8,6 +8,7 @@ config, selector and caches), and the hubs are held here:
 - ``keys``: where the next Hub.key comes from.
 - ``lock``: held while the global hub changes.
 - ``GENERATION``: a token that changes where a torch.compile graph's traced choice may (dynamo guards on it).
+- ``EAGER_FAST_PATH``: ``KERNELHUB_EAGER_FAST_PATH``, read at import (off: every call through the operators).
 - ``operators``: op -> (forward, backward) operator, defined once per process (`kernelhub.dispatch.define_ops`), and
   ``library``, their torch.library fragment: operators cannot be undefined, so no scope resets these.
 
@@ -16,15 +17,33 @@ Only `kernelhub.hub`, `kernelhub.select` and `kernelhub.dispatch` read and write
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import weakref
 from typing import Any
+
+from kernelhub.errors import ConfigError
+
+
+def _switch(name: str, default: bool) -> bool:
+    """An on/off environment variable: 1/true/on/yes or 0/false/off/no (any case; unset or empty: ``default``);
+    anything else raises ConfigError naming the variable."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in ("1", "true", "on", "yes"):
+        return True
+    if value in ("0", "false", "off", "no"):
+        return False
+    raise ConfigError(f"{name}={os.environ[name]!r}: allowed values are 1/true/on/yes and 0/false/off/no")
+
 
 hub: Any = None
 hubs: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 fingerprints: dict[int, str] = {}
 keys = itertools.count(1)
 lock = threading.Lock()
+EAGER_FAST_PATH = _switch("KERNELHUB_EAGER_FAST_PATH", True)
 operators: dict[str, tuple[Any, Any]] = {}
 library: list = []
 

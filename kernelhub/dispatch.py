@@ -40,13 +40,12 @@ input requires grad (or grad mode is off), the hub's forward alone. A repeated c
 each tensor's type, device, dtype, shape and strides, every other argument's type and value) whose arguments the
 spec found canonical finds its decision by one dict lookup (`Selector.remembered`), skipping the spec's checks;
 any other call runs the checks and `Selector.decide`. ``KERNELHUB_EAGER_FAST_PATH=0`` (or false, off, no; read at
-import, `_switch`) sends every call through the operators.
+import, `kernelhub._state.EAGER_FAST_PATH`) sends every call through the operators.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -59,26 +58,11 @@ from kernelhub import _state
 from kernelhub._glue import plan_call, put_back, to_slots
 from kernelhub._state import GENERATION
 from kernelhub.args import tensors_of
-from kernelhub.errors import ConfigError
 from kernelhub.spec import OpSpec
 
-__all__ = ["define_ops", "OpHandle", "NAMESPACE", "traced", "EAGER_FAST_PATH", "refuse_unsupported_autodiff"]
+__all__ = ["define_ops", "OpHandle", "NAMESPACE", "traced", "refuse_unsupported_autodiff"]
 
 NAMESPACE = "kernelhub"
-def _switch(name: str, default: bool) -> bool:
-    """An on/off environment variable: 1/true/on/yes or 0/false/off/no (any case; unset or empty: ``default``);
-    anything else raises ConfigError naming the variable."""
-    value = os.environ.get(name, "").strip().lower()
-    if not value:
-        return default
-    if value in ("1", "true", "on", "yes"):
-        return True
-    if value in ("0", "false", "off", "no"):
-        return False
-    raise ConfigError(f"{name}={os.environ[name]!r}: allowed values are 1/true/on/yes and 0/false/off/no")
-
-
-EAGER_FAST_PATH = _switch("KERNELHUB_EAGER_FAST_PATH", True)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active",
                             lambda: torch._C._functorch.peek_interpreter_stack() is not None)
@@ -513,7 +497,7 @@ class OpHandle:
         return OpHandle(self.spec, self._overload, self.backend, self.hub_of, self.hub, weights)
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if EAGER_FAST_PATH and not kwargs and self.hub_of is not None and _fwad._current_level < 0 \
+        if _state.EAGER_FAST_PATH and not kwargs and self.hub_of is not None and _fwad._current_level < 0 \
                 and not _tracing():
             layout = _layout(args)
             if layout is not None:
@@ -536,7 +520,7 @@ class OpHandle:
         args = spec.canonical(*given, **kwargs)
         if _fwad._current_level >= 0 or _functorch_active():
             refuse_unsupported_autodiff(spec.name, args)
-        if EAGER_FAST_PATH and self.hub_of is not None and not _tracing():
+        if _state.EAGER_FAST_PATH and self.hub_of is not None and not _tracing():
             tensors = _plain_tensors(args, spec.tensor_args)
             if tensors is not None:
                 hub = self.hub_of()

@@ -355,7 +355,7 @@ def get_hub() -> Hub:
 def _build_global() -> None:
     """Build the global hub, not compiled either where dynamo, without fullgraph, resumes eagerly past the raise
     above (`torch.compiler.disable`; only where dynamo is imported: a process that never compiled has no dynamo to
-    disable, and its import costs an eager program 2 s on the 2-core CPU)."""
+    disable, and its import is a large part of an eager program's start)."""
     if "torch._dynamo" in sys.modules:
         torch.compiler.disable(_build_global_now)()
     else:

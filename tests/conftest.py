@@ -51,8 +51,8 @@ def pytest_configure(config):
 def _interpret_without_overflow_checks() -> None:
     """The fast tier runs Triton's interpreter without its integer-overflow checks (``sanitize_overflow``: each
     32-bit add, subtract and multiply of a kernel's index arithmetic recomputed in 64 bits and asserted in range),
-    which were two thirds of the interpreter's time on the semiconv cases (the 2-core CPU: a forward + backward of
-    its first small sample 11.4 s with them, 4.2 s without). A compiled kernel on a GPU has no such check (Triton
+    which were most of the interpreter's time on the semiconv cases (docs/lab/benchmarks-history.md, "Test
+    tiers"). A compiled kernel on a GPU has no such check (Triton
     drops device asserts outside debug mode); the full tier keeps them."""
     import dataclasses
 

@@ -4,11 +4,11 @@ each device, generated from the registry.
 The fast tier (tests/conftest.py) runs a subset chosen by cost, in which every op x backend keeps a parity
 case in float32 and in float64 where declared, and every kind of check runs:
 - torch_ref and cuda_ext: every check (milliseconds each; gradcheck against one random projection of the
-  Jacobian, the full tier against all of it: 10 s for torch_ref's K-Planes taps alone);
+  Jacobian, the full tier against all of it: slow for torch_ref's K-Planes taps alone);
 - inductor: parity in float32 and float64 only (its float16 / bfloat16 graphs are the same code computing in
-  float32), and in the fast tier one small sample per dtype: each shape bucket is a compile (20-50 s of a cold
-  2-core machine per case of several samples); its non-contiguous, opcheck and gradcheck checks (a compile
-  each) in the full tier;
+  float32), and in the fast tier one small sample per dtype: each shape bucket is a compile (the slowest checks
+  of a cold 2-core machine: docs/lab/benchmarks-history.md, "Test tiers"); its non-contiguous, opcheck and
+  gradcheck checks (a compile each) in the full tier;
 - triton under the interpreter (no GPU): parity on the small samples in float32 and float64 (in the fast tier
   the first small sample in the other dtypes), the edge ones in float32 and float64; its medium ones (seconds
   each, semiconv's tens of seconds) in the full tier. Non-contiguous in float32 and float64 on the first small
@@ -47,7 +47,7 @@ def _as_tiered(case):
     elif case.backend == "triton" and case.device == "cpu":  # CPU tensors: the interpreter
         if case.size == "medium" or (case.size == "edge" and case.dtype not in WIDE):
             reason = "the Triton interpreter: the small samples in every dtype, edge ones in float32 and float64"
-        elif FAST and case.size == "small" and case.dtype not in WIDE:  # semiconv's six: 20 s per dtype
+        elif FAST and case.size == "small" and case.dtype not in WIDE:  # semiconv's six: a compile each
             case = dataclasses.replace(case, sample=_first_small_sample(case))
     marks = [pytest.mark.full(reason)] if reason else []
     return pytest.param(case, marks=marks, id=str(case))
@@ -78,7 +78,7 @@ def _check_tiered(check):
     elif check.kind in ("opcheck", "gradcheck") and interpreted:
         reason = "the Triton interpreter: every small float64 sample, several runs each"
     elif check.kind == "weighted" and interpreted:
-        reason = "the Triton interpreter: four runs of each small sample in each dtype (20 s a check)"
+        reason = "the Triton interpreter: four runs of each small sample in each dtype (slow on a CPU)"
     elif check.kind == "gradcheck" and FAST:  # one random projection of the Jacobian; the full tier: all of it
         check = dataclasses.replace(check, fast_mode=True)
     return pytest.param(check, marks=[pytest.mark.full(reason)] if reason else [], id=str(check))

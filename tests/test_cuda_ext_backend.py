@@ -72,7 +72,7 @@ def test_concurrent_first_uses_build_once(tmp_path):
 def test_a_build_killed_half_way_does_not_block_the_next(tmp_path):
     root = tmp_path / "cache"
     # on a loaded machine (15 test workers) the victim's start, a Python importing torch and then the compiler's,
-    # took over 30 s: the wait for it is generous, and it must still hold the lock when killed
+    # can be slow: the wait for it is generous, and it must still hold the lock when killed
     victim = _build_in_subprocess(root, {"FAKE_SLEEP": "60"})
     deadline = time.time() + 180
     while not (root / "runs").exists() and time.time() < deadline:  # it holds the lock and is compiling

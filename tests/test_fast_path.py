@@ -9,14 +9,14 @@ from kernelhub_torch_ref import tv
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import kernelhub
-from kernelhub import dispatch, testing
+from kernelhub import _state, dispatch, testing
 
 OPS = kernelhub.op_names()
 FAST_FN = "KernelhubFunctionBackward"
 
 
 def _call(op, args, fast, monkeypatch):
-    monkeypatch.setattr(dispatch, "EAGER_FAST_PATH", fast)
+    monkeypatch.setattr(_state, "EAGER_FAST_PATH", fast)
     spec = kernelhub.get_hub().registry.spec(op)
     args = testing.with_grad(op, args)  # fresh leaves per call
     out = kernelhub.op(op)(*args)
@@ -52,7 +52,7 @@ def test_no_grad_inference_mode_and_inputs_without_grad_take_the_fast_path_witho
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_the_same_errors_on_both_paths(fast, monkeypatch):
-    monkeypatch.setattr(dispatch, "EAGER_FAST_PATH", fast)
+    monkeypatch.setattr(_state, "EAGER_FAST_PATH", fast)
     with pytest.raises(ValueError, match="tv_loss_l1_3d: argument 'volume' must have at least 3 dims"):
         kernelhub.op("tv_loss_l1_3d")(torch.ones(4, 4))
     pts, rot, planes = torch.zeros(4, 3), torch.eye(3)[None], torch.ones(3, 2, 4, 4)
@@ -75,7 +75,7 @@ def test_double_backward_raises_naming_the_op_however_it_is_asked_for(fast, how,
     torch.autograd.grad against the call's inputs: a gradient penalty (``loss + |grad|^2``) whose second-order term
     found no path to the inputs once came back without it (and ``allow_unused=True`` gave None), and
     torch.autograd.functional.hessian returned zeros, silently."""
-    monkeypatch.setattr(dispatch, "EAGER_FAST_PATH", fast)
+    monkeypatch.setattr(_state, "EAGER_FAST_PATH", fast)
     v = torch.randn(3, 4, 5, requires_grad=True)
     out = kernelhub.op("tv_loss_sq_3d")(v)
     assert (type(out.grad_fn).__name__ == FAST_FN) == fast
@@ -97,7 +97,7 @@ def test_batched_upstream_gradients_and_vmap_run_sample_by_sample_on_both_paths(
     per sample gives, on both paths, also for an op with a list of tensors (K-Planes' planes): the backward
     operator returns a list, for which torch makes no batching fallback, and an impl's kernels take plain tensors
     only (`dispatch._per_sample`, `dispatch._per_grad_sample`)."""
-    monkeypatch.setattr(dispatch, "EAGER_FAST_PATH", fast)
+    monkeypatch.setattr(_state, "EAGER_FAST_PATH", fast)
     spec = kernelhub.get_hub().registry.spec(op)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sample = testing.samples(op, "small", torch.float64, torch.device(device))[0]
@@ -355,7 +355,7 @@ def test_a_gradient_sharing_memory_with_the_call_is_a_wrong_output(returned, fas
     from kernelhub.hub import Hub
     from kernelhub.spec import Backend, Impl
 
-    monkeypatch.setattr(dispatch, "EAGER_FAST_PATH", fast)
+    monkeypatch.setattr(_state, "EAGER_FAST_PATH", fast)
     ref = kernelhub.get_hub().registry.impls("tv_loss_sq_3d")["torch_ref"]
     wrong = {"the volume": lambda g, v: v, "a view of it": lambda g, v: v.view(v.shape[::-1]).view(v.shape),
              "the upstream gradient expanded": lambda g, v: g.expand(v.shape)}[returned]
@@ -389,7 +389,7 @@ def test_a_gradient_in_a_list_sharing_memory_with_the_call_is_a_wrong_output(ret
     from kernelhub.hub import Hub
     from kernelhub.spec import Backend, Impl
 
-    monkeypatch.setattr(dispatch, "EAGER_FAST_PATH", fast)
+    monkeypatch.setattr(_state, "EAGER_FAST_PATH", fast)
     op = "kplanes_interp_tilted_ms"
     ref = kernelhub.get_hub().registry.impls(op)["torch_ref"]
     pts = torch.rand(6, 3) * 2 - 1
@@ -426,7 +426,7 @@ def test_a_weighted_handle_gives_the_weighted_output_summed_in_one_node(op, fast
     one dim, none, two (trilinear) and complex ones (Tikhonov, where the product's gradient conjugates w); on
     the fast path the weighting is inside the op's node (no multiplication node), through the operators it is
     the torch ops; weights that require grad get their gradient (the op's output) on both."""
-    monkeypatch.setattr(dispatch, "EAGER_FAST_PATH", fast)
+    monkeypatch.setattr(_state, "EAGER_FAST_PATH", fast)
     spec = kernelhub.get_hub().registry.spec(op)
     dtype = torch.float64 if torch.float64 in spec.dtypes else torch.complex128
     sample = testing.samples(op, "small", dtype)[0]
@@ -455,7 +455,7 @@ def test_a_weighted_handle_gives_the_weighted_output_summed_in_one_node(op, fast
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_a_weighted_handle_refuses_weights_that_do_not_fit_the_output(fast, monkeypatch):
-    monkeypatch.setattr(dispatch, "EAGER_FAST_PATH", fast)
+    monkeypatch.setattr(_state, "EAGER_FAST_PATH", fast)
     handle, v = kernelhub.op("tv_loss_l1_3d"), torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
     for weights in (torch.ones(4, dtype=torch.float64), torch.ones(3), torch.ones((), dtype=torch.float64)):
         with pytest.raises(ValueError, match=r"tv_loss_l1_3d: argument 'weights' must have the output's shape, "

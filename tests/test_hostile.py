@@ -242,9 +242,9 @@ def test_fuzz_plugin_loading_never_loses_the_first_party(plans):
 # -- 9. an impl returning its input is a wrong output -------------------------------------------------------------
 @pytest.mark.parametrize("fast", [True, False])
 def test_an_impl_returning_its_input_falls_back_with_one_warning(install, tmp_path, fast, monkeypatch):
-    from kernelhub import dispatch
+    from kernelhub import _state
 
-    monkeypatch.setattr(dispatch, "EAGER_FAST_PATH", fast)
+    monkeypatch.setattr(_state, "EAGER_FAST_PATH", fast)
     install("alias", ALIASING)
     (tmp_path / "kernelhub.toml").write_text('priority = ["alias", "torch_ref"]\n')
     kernelhub.reload()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import kernelhub
-from kernelhub import cli, dispatch
+from kernelhub import _state, cli
 from kernelhub import nn as khnn
 from kernelhub.config import Config, ConfigError, TuneConfig
 
@@ -25,7 +25,7 @@ from kernelhub.config import Config, ConfigError, TuneConfig
 def test_a_second_order_term_through_the_upstream_gradient_raises_never_vanishes(case, fast, monkeypatch):
     """``grad(c * op(x), x, create_graph=True)`` depends on c through the upstream gradient; differentiating it
     with respect to c must not give None (allow_unused) or zero: the op's double-backward error, on both paths."""
-    monkeypatch.setattr(dispatch, "EAGER_FAST_PATH", fast)
+    monkeypatch.setattr(_state, "EAGER_FAST_PATH", fast)
     c = torch.tensor(0.5, requires_grad=True)
     if case == "weighted":
         x = torch.randn(2, 4, 5, 6, requires_grad=True)
@@ -223,7 +223,7 @@ def test_module_constructors_name_the_module_and_argument(make, says):
 @pytest.mark.parametrize("value, off", [("0", True), ("false", True), ("off", True), ("no", True), ("1", False),
                                         ("true", False), ("on", False)])
 def test_the_fast_path_switch_reads_the_usual_spellings(value, off):
-    code = "import kernelhub.dispatch as d; print(d.EAGER_FAST_PATH)"
+    code = "import kernelhub._state as s; print(s.EAGER_FAST_PATH)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, KERNELHUB_EAGER_FAST_PATH=value)).stdout.strip()
     assert out == str(not off)

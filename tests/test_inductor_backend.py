@@ -65,13 +65,13 @@ def test_the_tuner_picks_it_where_it_is_fastest_and_reports_its_compile_time(mon
     assert set(c) == {"inductor", "torch_ref"} and c["inductor"]["error"] is None
     # the compile is the first call, timed apart (first_call_s); the timed runs after it compile nothing.
     # (A ratio of first call to step would be a timing test: with inductor's caches warm from an earlier
-    # test and two xdist workers on two cores, CI once saw 0.47 s against a 60 ms step.)
+    # test and two xdist workers on two cores, CI once saw a first call only several steps long.)
     assert c["inductor"]["first_call_s"] > 0
     compiled = [(before, after) for before, after in seen if after]
     assert compiled and all(before == after for before, after in compiled)
     assert {k[:2] for k in compiled[0][0]} == {("trilinear_interp", "forward"), ("trilinear_interp", "backward")}
-    # the faster one wins (inductor, by several x, on an idle machine; two xdist workers on two cores once timed
-    # it 2.4x slower than torch_ref, so the test follows the measurement rather than assume it)
+    # the faster one wins (inductor, on an idle machine; two xdist workers on two cores once timed it slower
+    # than torch_ref, so the test follows the measurement rather than assume it)
     fastest = min(c, key=lambda n: c[n]["step_ms"])
     decision = kernelhub.explain("trilinear_interp", FEATS, POINTS)
     if "within_noise" in data["tuned"][0]:  # no winner: the priority order decides (torch_ref; inductor is tuned-only)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kernelhub
-from kernelhub import cli, dispatch
+from kernelhub import _state, cli
 from kernelhub.errors import ConfigError, NoImplementationError, PluginValidationError, StrictModeError
 
 # A test backend: tv_loss_l1_3d on CPU in float32 for 3-D volumes only; counts its calls.
@@ -152,7 +152,7 @@ def _only_test_backends_compete(monkeypatch):
 @pytest.fixture(params=["fast path", "operator"])
 def path(request, monkeypatch):
     """Run the test on the eager fast path and on the torch.library operators (kernelhub/dispatch.py)."""
-    monkeypatch.setattr(dispatch, "EAGER_FAST_PATH", request.param == "fast path")
+    monkeypatch.setattr(_state, "EAGER_FAST_PATH", request.param == "fast path")
     return request.param
 
 

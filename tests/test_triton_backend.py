@@ -62,7 +62,7 @@ def test_tv_is_bitwise_deterministic(op):
 @pytest.mark.parametrize("op", OPS)
 def test_gradcheck_float64(op):
     # the interpreter is slow: one random projection of the Jacobian, and in the fast tier semiconv's first
-    # small sample only (its six took 78 s of a 2-core machine; the full tier runs them all)
+    # small sample only (its six are slow on a 2-core machine; the full tier runs them all)
     one = not CUDA and op == "semiconv" and testing.tier() == "fast"
     sample = testing.samples(op, "small", torch.float64, DEVICE)[0].name if one else None
     testing.check_gradcheck(op, "triton", device=DEVICE, fast_mode=not CUDA, sample=sample)

@@ -54,7 +54,7 @@ _LOCK = threading.RLock()
 
 
 def unavailable_reason() -> str | None:
-    # found, not imported: importing inductor imports dynamo (2-3 s of a process's start, paid by every CLI
+    # found, not imported: importing inductor imports dynamo (a large part of a process's start, paid by every CLI
     # command that decides a call); an install where it is found but fails to import raises at the first
     # compile, and the hub falls back from a raising impl
     try:

@@ -131,7 +131,7 @@ class Selector:
         skip the spec's checks and the decision key: ``args`` passed the checks, are canonical as given plus the
         defaults ``rest``, and were decided ``decision``, which is remembered only while it is the cached decision
         of ``args`` (one not cached, made while tuning was impossible, is decided again at the next call); ``plan``
-        is what the caller's autograd glue keeps of every call of the layout (`kernelhub.spec.plan_call`)."""
+        is what the caller's autograd glue keeps of every call of the layout (`kernelhub._glue.plan_call`)."""
         if self._cache.get(call_key(memo_key[0], args, memo_key[1])) is decision:
             if len(self.remembered) >= MAX_CACHED_DECISIONS:
                 self.remembered.clear()

@@ -126,18 +126,13 @@ def test_size_ranges_order_calls_by_their_elements_and_explain_names_the_range(t
         ["torch_ref", "cuda_ext"]] * 2 + [["cuda_ext", "torch_ref"]]
     with pytest.MonkeyPatch.context() as m:
         m.setenv("KERNELHUB_CONFIG", str(path))
-        kernelhub.reload()
-        try:
-            import torch
+        with kernelhub.scoped():
             for shape, chosen, named in (((1, 16, 16, 16), "torch_ref", "calls of >= 4,096 elements, this one 4,096"),
                                          ((1, 8, 8, 8), "cuda_ext", "calls of >= 100 elements, this one 512"),
                                          ((1, 4, 4, 4), "cuda_ext", None)):
                 decision = kernelhub.explain("tv_loss_sq_3d", torch.randn(shape))
                 reason = decision.candidates[0].reasons[0]
                 assert decision.chosen == chosen and ((named in reason) if named else "elements" not in reason)
-        finally:
-            m.delenv("KERNELHUB_CONFIG")
-            kernelhub.reload()
 
 
 @pytest.mark.parametrize("sizes, message", [

@@ -172,11 +172,8 @@ def test_an_impl_whose_forward_takes_star_args_is_the_current_version_or_what_it
 def test_a_misspelled_or_unmarked_hook_is_reported_at_load():
     misspelled = types.SimpleNamespace(kernelhub_register_impl=hookimpl(lambda registry: None))
     unmarked = types.SimpleNamespace(kernelhub_register_impls=lambda registry: None)
-    try:
-        hub = kernelhub.reload(extra_plugins=[("misspelled", misspelled), ("unmarked", unmarked)])
+    with kernelhub.scoped(extra_plugins=[("misspelled", misspelled), ("unmarked", unmarked)]) as hub:
         errors = {e.plugin: e.error for e in hub.registry.plugin_errors}
-    finally:
-        kernelhub.reload()
     assert "hook 'kernelhub_register_impl' is not a kernelhub hook (did you mean 'kernelhub_register_impls'?)" \
         in errors["misspelled"]
     assert "kernelhub_register_impls is not marked with @kernelhub.hookimpl, so it would never run" in \

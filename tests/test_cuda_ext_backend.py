@@ -108,8 +108,7 @@ def test_a_failing_build_makes_the_backend_unavailable_with_the_reason(monkeypat
     monkeypatch.setattr(_lib, "build", fail)
     monkeypatch.setattr(_lib, "aot_library", lambda: None)  # as if installed without an ahead-of-time build
     monkeypatch.setattr(_lib, "_OUTCOME", [])
-    try:
-        hub = kernelhub.reload()
+    with kernelhub.scoped() as hub:
         assert "the compiler said no" in hub.registry.unavailable_reason("cuda_ext")
         decision = kernelhub.explain("tv_loss_l1_3d", torch.randn(3, 4, 5))
         assert decision.chosen != "cuda_ext"
@@ -124,9 +123,6 @@ def test_a_failing_build_makes_the_backend_unavailable_with_the_reason(monkeypat
         assert out.returncode == 0, out.stderr
         backend = json.loads(out.stdout)["backends"]["cuda_ext"]
         assert not backend["available"] and "cannot create the build directory" in backend["reason"]
-    finally:
-        monkeypatch.undo()
-        kernelhub.reload()
 
 
 def _load_in_subprocess(target, cache):

@@ -24,11 +24,8 @@ ALLOW = [a for tag in DECLINED for a in ("--allow-partial", tag)]
 
 
 def _check(capsys, mistake, *argv):
-    kernelhub.reload(extra_plugins=[("partial", partial.plugin(mistake))])
-    try:
+    with kernelhub.scoped(extra_plugins=[("partial", partial.plugin(mistake))]):
         code = cli.main(["check", "partial", *argv])
-    finally:
-        kernelhub.reload()
     out = capsys.readouterr().out
     return code, (json.loads(out) if "--json" in argv else out)
 

@@ -143,14 +143,12 @@ def test_the_kill_switch_runs_a_third_party_ops_own_reference_backend():
     plugins = [("cube_plugin", plugin),
                ("cube_fast", types.SimpleNamespace(kernelhub_register_impls=kernelhub_register_impls))]
     x = torch.randn(4, 3, requires_grad=True)
-    try:
-        assert kernelhub.reload(extra_plugins=plugins).explain("cube_sum", x).chosen == "cube_fast"
-        hub = kernelhub.reload(extra_plugins=plugins, config=dataclasses.replace(Config(), kill_switch=True))
+    with kernelhub.scoped(extra_plugins=plugins) as hub:
+        assert hub.explain("cube_sum", x).chosen == "cube_fast"
+    with kernelhub.scoped(extra_plugins=plugins, config=dataclasses.replace(Config(), kill_switch=True)) as hub:
         decision = hub.explain("cube_sum", x)
         assert decision.chosen == "cube_ref"
         (fast,) = [c for c in decision.candidates if c.backend == "cube_fast"]
         assert any("kill switch" in r and "'cube_ref'" in r for r in fast.reasons)
         kernelhub.op("cube_sum")(x).backward()
         torch.testing.assert_close(x.grad, 3 * x.detach().square())
-    finally:
-        kernelhub.reload()

@@ -39,10 +39,10 @@ projected phase (its error, below, at most ``--max-phase-error``, 0.1) and fails
 with ``--step 16`` (25 positions) the error is 0.59 (tested); on an H200, 512^2 x 16 slices with 169 or 625
 positions reached 1.55 and 1.03, hence the benchmark's 8 slices and 625 positions (0.070).
 
-It prints the backend, the time per iteration and the time of the TV constraint (forward + backward; and of one
-bare ``tv_loss_l1_3d`` call on the same volumes, what ``TVLoss3d`` adds to the op) of both runs, the SSIMs and the phase
-error against the truth, and writes a PNG of the projected phase (the sum over
-slices): truth | hub | torch_ref | their difference, scaled up to the truth's range (the factor is printed).
+It prints the backend, the time per iteration and the time of the TV constraint (forward + backward; and of one bare
+``tv_loss_l1_3d`` call on the same volumes, what ``TVLoss3d`` adds to the op) of both runs, the SSIMs and the phase
+error against the truth, and writes a PNG of the projected phase (the sum over slices): truth | hub | torch_ref | their
+difference, scaled up to the truth's range (the factor is printed).
 
     python examples/ptycho_tv.py                 # CPU: 96^2 x 4 slices
     python examples/ptycho_tv.py --benchmark     # a GPU: 512^2 x 8 slices, 625 positions

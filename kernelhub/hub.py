@@ -261,8 +261,7 @@ def _storage_of(t: torch.Tensor) -> int:
 # which storage a tensor's memory is (a view shares its base's); raises for a tensor without one (sparse, say):
 # then `_check_result` decides. torch._C._storage_address reads it without making a Python storage object (with
 # the rest of `_check_output` and `_check_grads`, cheaper than one `_is_alias_of` per pair:
-# docs/lab/benchmarks-history.md#measurements-behind-the-code);
-# its fallback reads the same.
+# docs/lab/benchmarks-history.md#measurements-behind-the-code); its fallback reads the same.
 _storage = getattr(torch._C, "_storage_address", _storage_of)
 _NO_STORAGE = (RuntimeError, NotImplementedError, TypeError)
 

@@ -55,9 +55,8 @@ def entry_key(op: str, args: Sequence[Any]) -> str:
 def _well_formed(entry: Any) -> bool:
     """Whether a cache entry has the shape the selector reads: candidates of backend name -> {"error": None or a
     message, and with no error a finite "step_ms" > 0; any spread or forward time a finite number >= 0, a "vs_fastest"
-    {"ratio": a number, "slower_in" and "rounds":
-    ints}}, a
-    "within_noise" list of names, and text where messages quote it. Anything else in the file
+    {"ratio": a number, "slower_in" and "rounds": ints}}, a "within_noise" list of names, and text where messages quote
+    it. Anything else in the file
     (a hand edit, a truncated write from another tool) is ignored, never trusted or executed."""
     if not (isinstance(entry, dict) and isinstance(entry.get("candidates"), dict)):
         return False

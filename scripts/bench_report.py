@@ -10,11 +10,10 @@
 
 ``record`` runs `kernelhub.bench.run` (every backend against eager torch_ref and torch.compile of it, and the
 memory floor) and writes its rows with where and how they were measured (device, date, commit, the tree of the
-files that ran, command, versions; ``KERNELHUB_RECORD_COMMIT`` names the commit where the checkout's .git is
-older than its files). ``record-host`` runs benchmarks/host_overhead.py (the hub's per-call wall time against minimal
-glue
-around the same kernels) with the arguments after ``--`` and records it the same way; a second run into the
-same file (for example ``-- --compiled-steps``) adds its rows. ``record-nn`` runs benchmarks/nd_semiconv.py
+files that ran, command, versions; ``KERNELHUB_RECORD_COMMIT`` names the commit where the checkout's .git is older than
+its files). ``record-host`` runs benchmarks/host_overhead.py (the hub's per-call wall time against minimal glue around
+the same kernels) with the arguments after ``--`` and records it the same way; a second run into the same file (for
+example ``-- --compiled-steps``) adds its rows. ``record-nn`` runs benchmarks/nd_semiconv.py
 (`kernelhub.nn.SemiConv` against pytorch_nd_semiconv's paths), ``record-cases`` benchmarks/semiconv_cases.py
 (triton and cuda_ext on semiconv's kinds of call), each recorded the same way. ``render`` reads every
 ``docs/results/*.json`` and rewrites docs/benchmarks.md (forward + backward, each host's summary), every table in

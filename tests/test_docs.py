@@ -44,11 +44,10 @@ def _bench_report():
 
 
 def test_the_readme_is_short_and_the_benchmarks_page_is_what_its_script_renders():
-    """README.md stays a page (<= 120 lines); docs/benchmarks.md (<= 25 KB: the forward + backward tables, a figure
-    per GPU record, each host's summary; every table in docs/lab/benchmarks-detail.md) and the README's tables (winners,
-    host cost) are generated from the
-    recorded results by scripts/bench_report.py, never edited by hand; code and docs cite docs/ops.md, not design
-    notes outside the repository."""
+    """README.md stays a page (<= 120 lines); docs/benchmarks.md (<= 25 KB: the forward + backward tables, a figure per
+    GPU record, each host's summary; every table in docs/lab/benchmarks-detail.md) and the README's tables (winners,
+    host cost) are generated from the recorded results by scripts/bench_report.py, never edited by hand; code and docs
+    cite docs/ops.md, not design notes outside the repository."""
     bench_report = _bench_report()
     assert len((REPO / "README.md").read_text().splitlines()) <= 120
     assert (REPO / "docs" / "benchmarks.md").stat().st_size <= 25_000

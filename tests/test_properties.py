@@ -8,18 +8,18 @@ function per op, and a new op must add one), a value mode and a memory layout pe
   is what checks the reference backend itself, whose parity against float64 is how tolerances are measured);
 - every other impl: forward and backward against the float64 reference within the tolerance measured on this
   very input, `kernelhub.testing.tolerances.call_tolerance` (4 x eager torch's error in that dtype against
-  float64; for float64, where that is zero, 4 x how far the reference's forward and gradients move when its
-  inputs move by one rounding), and never below the spec's tolerance. Values are scaled by powers of ten, but
-  coordinates (points, rotations) keep their drawn range: it is part of the problem, not of its scale. Inputs with NaN
-  or Inf compare forwards only: the contract is that non-finite values
-  propagate to the output as in the reference; their gradients are not specified.
+  float64; for float64, where that is zero, 4 x how far the reference's forward and gradients move when its inputs move
+  by one rounding), and never below the spec's tolerance. Values are scaled by powers of ten, but coordinates (points,
+  rotations) keep their drawn range: it is part of the problem, not of its scale. Inputs with NaN or Inf compare
+  forwards only: the contract is that non-finite values propagate to the output as in the reference; their gradients are
+  not specified.
 
-On failure the message repeats the drawn case (op, backend, dtype, shapes, layouts, values, torch seed) and
-hypothesis prints the falsifying draws and a `@reproduce_failure` blob. ``KERNELHUB_PROPERTY_EXAMPLES`` sets the
-examples per impl (default 10 in the full tier, 3 in the fast one, the first 3 of the same sequence),
-``KERNELHUB_PROPERTY_DEVICES`` the devices (default "cpu,cuda"). The examples are
-the same in every run (CI stays reproducible) unless ``KERNELHUB_PROPERTY_RANDOM=1`` draws new ones. Without a GPU
-the Triton kernels run under the interpreter; inductor (a compile per shape) is left out unless
+On failure the message repeats the drawn case (op, backend, dtype, shapes, layouts, values, torch seed) and hypothesis
+prints the falsifying draws and a `@reproduce_failure` blob. ``KERNELHUB_PROPERTY_EXAMPLES`` sets the examples per impl
+(default 10 in the full tier, 3 in the fast one, the first 3 of the same sequence), ``KERNELHUB_PROPERTY_DEVICES`` the
+devices (default "cpu,cuda"). The examples are the same in every run (CI stays reproducible) unless
+``KERNELHUB_PROPERTY_RANDOM=1`` draws new ones. Without a GPU the Triton kernels run under the interpreter; inductor (a
+compile per shape) is left out unless
 ``KERNELHUB_TEST_INDUCTOR=all``.
 """
 

@@ -26,9 +26,9 @@ def acc_type(dtype: torch.dtype):
 
 
 def cdiv(a: int, b: int) -> int:
-    """``triton.cdiv`` for the launchers' host code: Triton's is a constexpr function, several times dearer a call,
-    and a launch makes several (docs/lab/benchmarks-history.md#measurements-behind-the-code); this is the same integer
-    arithmetic."""
+    """``triton.cdiv`` for the launchers' host code: Triton's is a constexpr function, several times dearer a
+    call, and a launch makes several (docs/lab/benchmarks-history.md#measurements-behind-the-code); this is the
+    same integer arithmetic."""
     return -(-a // b)
 
 
@@ -71,8 +71,8 @@ def _key(bound: Bound, device: int, args: tuple) -> tuple[tuple, list]:
     is asked once per key: where Triton refuses a tensor (a CPU tensor, say), that launch raises and its key,
     which holds each tensor's device, is never kept.
 
-    One loop per call, no function call per argument (each is host time on every launch). So the launchers pass per-call
-    floats positionally (a Bound's value is fixed with it: a float there, an
+    One loop per call, no function call per argument (each is host time on every launch). So the launchers pass
+    per-call floats positionally (a Bound's value is fixed with it: a float there, an
     eps say, would make a Bound per value)."""
     key: list = [bound, device]
     values: list = []

@@ -23,13 +23,15 @@ Timing: the first call (a backend that compiles, such as inductor, compiles then
 and recorded as ``first_call_s``, never mixed into the times after warm-up. Those go through the hub's operator with
 the backend forced (each pays the same dispatch cost), every candidate in each of `ROUNDS` interleaved rounds
 (`kernelhub.timing.rounds`: CUDA events on CUDA). A candidate is slower than the fastest (the least median) where
-its per-round ratio to the fastest has a median of at least 1 + `NOISE_FLOOR` and it was the slower in so many
-rounds that a tie would give that with probability at most 5% (`rounds_needed`: 8 of 9 rounds with ``--quick``, 12
-of 15 without; a one-sided sign test: one or two rounds a machine's hiccup turns do not make a tie). So a stable
-ordering wins even where each candidate's own spread is wide, and a pair whose order flips between rounds, or whose
-gap is under `NOISE_FLOOR`, is a tie. The entry records each
-candidate's round times and its comparison with the fastest (``vs_fastest``), which `explain` and ``kernelhub
-tune`` print.
+its per-round ratio to the fastest has a median of at least 1 + `NOISE_FLOOR` and either of two one-sided tests,
+each at 2.5% (so a tie passes one of them with probability at most 5%), finds it slower: the sign test, it was the
+slower in so many rounds (`rounds_needed`: 8 of 9 rounds with ``--quick``, 12 of 15 without; one or two rounds a
+machine's hiccup turns do not make a tie), or Student's t-test on the rounds' log ratios (`log_ratio_t`: a large
+gap wins although a few rounds a busy host disturbed went the other way, which the sign test alone would call a
+tie). So a stable ordering wins even where each candidate's own spread is wide, and a pair whose order flips
+between rounds with no clear gap, or whose gap is under `NOISE_FLOOR`, is a tie. The entry records each
+candidate's round times and its comparison with the fastest (``vs_fastest``: the median ratio, the rounds it was
+the slower in, the t statistic), which `explain` and ``kernelhub tune`` print.
 Parity: forward and backward against the float64 reference on the same fresh random inputs, within the call's
 tolerance (above).
 
@@ -42,7 +44,9 @@ out-of-memory, a transient fault) only loses its place as a winner.
 from __future__ import annotations
 
 import datetime
+import functools
 import math
+import statistics
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -55,7 +59,8 @@ from kernelhub.parity import call_tolerance, parity_error, reference_with_upstre
 from kernelhub.timing import device_model, paired, quartiles, rounds
 from kernelhub.winners import WinnerCache, entry_key
 
-__all__ = ["Tuning", "may_tune_now", "within_noise", "NOISE_FLOOR", "ROUNDS", "rounds_needed"]
+__all__ = ["Tuning", "may_tune_now", "within_noise", "NOISE_FLOOR", "ROUNDS", "rounds_needed", "log_ratio_t",
+           "t_critical"]
 
 NOISE_FLOOR = 0.05  # the least gap (median per-round ratio - 1) called a difference: runs move more than that
 ROUNDS = {True: 9, False: 15}  # interleaved rounds, with --quick and without
@@ -91,10 +96,48 @@ def _fresh(args: Sequence[Any], seed: int = 0) -> tuple:
     return map_tensors(args, fresh)
 
 
+LEVEL = 0.025  # each of the two one-sided tests' level: a tie passes either with probability at most 5%
+
+
 def rounds_needed(n: int) -> int:
     """The least number of rounds out of ``n`` in which a candidate must be the slower to be called slower: where
-    the two tie (each round a coin flip), that many or more happen with probability at most 5%."""
-    return next(k for k in range(n + 2) if sum(math.comb(n, i) for i in range(k, n + 1)) <= 0.05 * 2 ** n)
+    the two tie (each round a coin flip), that many or more happen with probability at most `LEVEL`."""
+    return next(k for k in range(n + 2) if sum(math.comb(n, i) for i in range(k, n + 1)) <= LEVEL * 2 ** n)
+
+
+T_CAP = 999.0  # |t| recorded at most this (rounds of one and the same ratio have no spread: t is infinite)
+
+
+def log_ratio_t(ratios: Sequence[float]) -> float:
+    """Student's t statistic of the mean of the rounds' log ratios, within +-`T_CAP` (0 for one round)."""
+    logs = [math.log(r) for r in ratios]
+    if len(logs) < 2:
+        return 0.0
+    mean, spread = statistics.fmean(logs), statistics.stdev(logs)
+    t = mean / (spread / math.sqrt(len(logs))) if spread > 0 else math.copysign(math.inf, mean) if mean else 0.0
+    return max(-T_CAP, min(T_CAP, t))
+
+
+@functools.lru_cache(maxsize=64)
+def t_critical(df: int, level: float = LEVEL) -> float:
+    """The one-sided critical value of Student's t with ``df`` degrees of freedom at ``level``: its upper tail's
+    probability, the density integrated (Simpson's rule) from the value out, is ``level`` (bisection)."""
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def density(x: float) -> float:
+        return math.exp(log_c - (df + 1) / 2 * math.log1p(x * x / df))
+
+    def tail(x: float) -> float:  # 1/2 - the integral from 0 to x
+        n = 2000
+        h = x / n
+        s = density(0) + density(x) + sum((4 if i % 2 else 2) * density(i * h) for i in range(1, n))
+        return 0.5 - s * h / 3
+
+    lo, hi = 0.0, 100.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if tail(mid) > level else (lo, mid)
+    return (lo + hi) / 2
 
 
 def within_noise(cands: dict[str, dict]) -> list[str]:
@@ -109,17 +152,24 @@ def within_noise(cands: dict[str, dict]) -> list[str]:
     steps = {n: cands[n]["step_rounds"] for n in ok}
     for n in ok[1:]:
         ratio, slower = paired(steps, n, ok[0])
-        cands[n]["vs_fastest"] = {"ratio": round(ratio, 4), "slower_in": slower, "rounds": len(steps[n])}
-        if ratio < 1 + NOISE_FLOOR or slower < rounds_needed(len(steps[n])):
+        t = log_ratio_t([a / b for a, b in zip(steps[n], steps[ok[0]])])
+        rounds_timed = len(steps[n])
+        cands[n]["vs_fastest"] = {"ratio": round(ratio, 4), "slower_in": slower, "rounds": rounds_timed,
+                                  "t": round(t, 2)}
+        clear = slower >= rounds_needed(rounds_timed) or (rounds_timed > 1 and t >= t_critical(rounds_timed - 1))
+        if ratio < 1 + NOISE_FLOOR or not clear:
             close.append(n)
     return close
 
 
 def versus(cand: dict) -> str:
-    """How a candidate compared with the fastest, in words ("1.59x, slower in 9/9 rounds"), or '' (an entry tuned
-    before the paired rounds)."""
+    """How a candidate compared with the fastest, in words ("1.59x, slower in 9/9 rounds, t 4.1"), or '' (an entry
+    tuned before the paired rounds)."""
     vs = cand.get("vs_fastest")
-    return f"{vs['ratio']:.2f}x, slower in {vs['slower_in']}/{vs['rounds']} rounds" if vs else ""
+    if not vs:
+        return ""
+    t = f", t {vs['t']:.1f}" if isinstance(vs.get("t"), (int, float)) else ""
+    return f"{vs['ratio']:.2f}x, slower in {vs['slower_in']}/{vs['rounds']} rounds{t}"
 
 
 class Tuning:

@@ -55,9 +55,9 @@ def entry_key(op: str, args: Sequence[Any]) -> str:
 def _well_formed(entry: Any) -> bool:
     """Whether a cache entry has the shape the selector reads: candidates of backend name -> {"error": None or a
     message, and with no error a finite "step_ms" > 0; any spread or forward time a finite number >= 0, a "vs_fastest"
-    {"ratio": a number, "slower_in" and "rounds": ints}}, a "within_noise" list of names, and text where messages quote
-    it. Anything else in the file
-    (a hand edit, a truncated write from another tool) is ignored, never trusted or executed."""
+    {"ratio": a number, "slower_in" and "rounds": ints, "t": a finite number where recorded}}, a "within_noise" list
+    of names, and text where messages quote it. Anything else in the file (a hand edit, a truncated write from
+    another tool) is ignored, never trusted or executed."""
     if not (isinstance(entry, dict) and isinstance(entry.get("candidates"), dict)):
         return False
     if not all(isinstance(entry.get(k, ""), str) for k in ("torch", "call", "tuned", "bucket")):
@@ -74,10 +74,15 @@ def _well_formed(entry: Any) -> bool:
         if not all(_number(cand[k]) for k in ("step_spread", "forward_ms", "forward_spread") if k in cand):
             return False
         vs = cand.get("vs_fastest", {"ratio": 1, "slower_in": 0, "rounds": 0})
-        if not (isinstance(vs, dict) and _number(vs.get("ratio")) and all(
+        if not (isinstance(vs, dict) and _number(vs.get("ratio")) and _finite(vs.get("t", 0)) and all(
                 isinstance(vs.get(k), int) and not isinstance(vs.get(k), bool) for k in ("slower_in", "rounds"))):
             return False
     return True
+
+
+def _finite(x: Any) -> bool:
+    """A finite int or float (not a bool), of either sign."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _number(x: Any, positive: bool = False) -> bool:

@@ -178,7 +178,7 @@ def test_a_gap_within_the_noise_records_no_winner():
     assert within_noise(cands([1.0, 1.0, 1.0, 3.0, 3.0], [1.5, 1.5, 1.5, 1.0, 1.0])) == ["b0", "b1"]
     assert within_noise(cands([1.0] * 9, [1.2] * 8 + [0.9])) == ["b0"]  # slower in 8 of 9 rounds: enough
     # slower in 7 of 9: the sign test alone says a tie, the log ratios' t-test decides: a steady 1.2x with two
-    # rounds at 0.9x is slower (t 2.8); with two rounds at 0.5x the mean log ratio is below 0: a tie
+    # rounds at 0.9x is slower (t 2.8); with two rounds at 0.5x, a mean log ratio below 0: a tie
     assert within_noise(cands([1.0] * 9, [1.2] * 7 + [0.9] * 2)) == ["b0"]
     assert within_noise(cands([1.0] * 9, [1.2] * 7 + [0.5] * 2)) == ["b0", "b1"]
     # a 5x gap that a busy host reversed in 3 of 9 rounds (slower in 6 of 9) is not "within noise" (`kernelhub

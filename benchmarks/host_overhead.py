@@ -366,7 +366,8 @@ def main(argv: list[str] | None = None, record: dict | None = None) -> int:
             about = {"_op": op, "_call": CALLS[fam][size], "_chosen": chosen}
             if args.compiled_steps:
                 r = compiled_step_rows(op, call, device, args.repeat, args.compile_mode, not args.no_forced)
-                traced = kernelhub.get_hub().selector.traced(op, kernelhub.get_hub().registry.spec(op).normalize(*call))
+                hub = kernelhub.get_hub()
+                traced = hub.selector.traced(op, hub.registry.spec(op).normalize(*call))
                 about["_traced"] = traced.backend if traced is not None else "the operator"
                 print(f"{fam}/{size} ({op}; hub picks {chosen}, its compiled graph traces {about['_traced']}): "
                       f"compiled steps ({args.compile_mode}), wall us per forward+backward")

@@ -267,7 +267,8 @@ def _unknown_hooks(pm: pluggy.PluginManager, module: object) -> str:
     return "; ".join(problems)
 
 
-_OWN = ("weights", "saving", "saved", "needs")  # the keywords the hub passes besides the op's arguments
+# the keywords the hub passes besides the op's arguments: ``needs``, and the declared capabilities' own
+_OWN = frozenset({"needs", *(k for c in CAPABILITIES.values() for k in (*c.forward_kwargs, *c.backward_kwargs))})
 
 
 def _signature(fn) -> inspect.Signature | None:

@@ -33,7 +33,7 @@ from kernelhub.bench import make_step  # noqa: E402
 from kernelhub.ops import kplanes  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from host_overhead import FAMILIES  # noqa: E402
+from host_overhead import FAMILIES, _semiconv  # noqa: E402
 
 BACKENDS = ("cuda_ext", "triton")
 
@@ -56,6 +56,10 @@ SWEEP = {
        for op in ("tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d")},
     **{f"kplanes_interp_tilted{suffix}": [(f"B{b} T4 C32 200²", _kp(kind, b)) for b in (4096, 16384, 65536, 262144)]
        for suffix, kind in (("", ""), ("_ms", "ms"), ("_taps", "taps"))},
+    # depthwise tropical max (semiconv's case tropical_2d_depthwise) from the host-bound sizes up
+    "semiconv": [(f"{b}x{c}x{hw}² {k}x{k}", _semiconv(b, c, hw, k))
+                 for b, c, hw, k in ((1, 4, 32, 3), (1, 4, 32, 5), (2, 8, 64, 3), (4, 16, 64, 3), (4, 16, 128, 3),
+                                     (8, 16, 128, 3))],
 }
 
 
@@ -104,7 +108,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--ops", nargs="*", default=None)
     p.add_argument("--only", nargs="*", default=["benchmark", "host", "sweep"])
-    p.add_argument("--repeat", type=int, default=7)
+    p.add_argument("--repeat", type=int, default=15)
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     device = torch.device(a.device)

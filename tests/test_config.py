@@ -28,7 +28,7 @@ def test_defaults_are_the_shipped_file_and_a_user_file_merges_over_it(tmp_path):
            (False, False, frozenset(), DEFAULT_PRIORITY, "cached")
     assert default.op("tv_loss_l1_3d").pin == "" and default.op("tv_loss_l1_3d").priority == ()
     assert default.op("kplanes_interp_tilted_taps").priority == ()
-    assert default.op("kplanes_interp_tilted_taps").sizes == ((49_152, ("triton",)),)
+    assert default.op("kplanes_interp_tilted_taps").sizes == ((12_288, ("triton",)),)
     assert default.op("tv_loss_l1_3d").sizes == ((67_108_864, ("triton",)),)
     assert default.op("semiconv").priority == ("triton",)
     user = load_config(KNOWN, write(tmp_path / "kernelhub.toml", """
@@ -81,7 +81,7 @@ def test_a_files_own_op_priority_replaces_the_built_in_one_and_a_pin_alone_keeps
     assert cfg.priority_for("kplanes_interp_tilted_taps", ["torch_ref", "cuda_ext", "triton"], "torch_ref",
                             elements=3 * 65536) == ["triton", "cuda_ext", "torch_ref"]
     assert cfg.priority_for("kplanes_interp_tilted_taps", ["torch_ref", "cuda_ext", "triton"], "torch_ref",
-                            elements=3 * 4096) == ["cuda_ext", "triton", "torch_ref"]
+                            elements=3 * 1024) == ["cuda_ext", "triton", "torch_ref"]
 
 
 def test_a_case_priority_merges_case_by_case_and_an_op_priority_alone_drops_the_shipped_cases(tmp_path):

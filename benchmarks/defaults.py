@@ -29,6 +29,7 @@ os.environ["KERNELHUB_CONFIG"] = str(_cfg)
 
 import kernelhub  # noqa: E402
 from kernelhub import testing, timing  # noqa: E402
+from kernelhub.args import first_tensor  # noqa: E402
 from kernelhub.bench import make_step  # noqa: E402
 from kernelhub.ops import kplanes  # noqa: E402
 
@@ -98,7 +99,8 @@ def measure(op: str, args, device: torch.device, repeat: int) -> dict:
     forced = [b for b in BACKENDS if b in ms]
     fastest = min(forced, key=ms.get)
     why = next((c.reasons[0] for c in decision.candidates if c.backend == decision.chosen), "")
-    return {"picked": decision.chosen, "why": why, "ms": ms, "fastest": fastest,
+    return {"elements": first_tensor(args).numel(), "picked": decision.chosen, "why": why, "ms": ms,
+            "fastest": fastest,
             "hub_vs_fastest": timing.paired(times, "hub", fastest)[0],
             "picked_vs_fastest": timing.paired(times, decision.chosen, fastest)[0] if decision.chosen in ms else None}
 

@@ -5,6 +5,7 @@
     python scripts/bench_report.py record-nn --out docs/results/h200_nn.json                  # on a GPU machine
     python scripts/bench_report.py record-cases --out docs/results/h200_cases.json            # on a GPU machine
     python scripts/bench_report.py record-defaults --out docs/results/h200_defaults.json      # on a GPU machine
+    python scripts/bench_report.py record-tune --out docs/results/h200_tune.json -- --quick   # on a GPU machine
     python scripts/bench_report.py render                                                     # anywhere
     python scripts/bench_report.py plots                                                      # with matplotlib
 
@@ -19,9 +20,10 @@ example ``-- --compiled-steps``) adds its rows. ``record-nn`` runs benchmarks/nd
 ``docs/results/*.json`` and rewrites docs/benchmarks.md (forward + backward, each host's summary), every table in
 docs/lab/benchmarks-detail.md, and the tables between the README's markers (the winners, the host cost);
 tests/test_docs.py fails if any differs from what it renders. ``record-defaults`` runs benchmarks/defaults.py (the
-untuned hub against each backend forced); ``plots`` draws the figure of each GPU record that docs/benchmarks.md
-shows (docs/img/bench_<device>.png). Older measurements and studies are
-in docs/lab/.
+untuned hub against each backend forced), from whose records ``render`` also writes the measurements block of
+kernelhub/kernelhub.toml; ``record-tune`` runs ``kernelhub tune`` three times, each into a winners file of its own;
+``plots`` draws the figure of each GPU record that docs/benchmarks.md shows (docs/img/bench_<device>.png). Older
+measurements and studies are in docs/lab/.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,6 +54,7 @@ HOST_FORMAT = "kernelhub-host-record/1"
 NN_FORMAT = "kernelhub-nn-record/1"
 CASES_FORMAT = "kernelhub-semiconv-cases-record/1"
 DEFAULTS_FORMAT = "kernelhub-defaults-record/1"
+TUNE_FORMAT = "kernelhub-tune-record/1"
 SCRIPTS = {"nd_semiconv": NN_FORMAT, "semiconv_cases": CASES_FORMAT,  # record-nn, record-cases, record-defaults
            "defaults": DEFAULTS_FORMAT}
 BASELINES = ("torch_ref", "compiled")
@@ -97,7 +101,7 @@ def record_host(out: Path, argv: list[str]) -> None:
     print(f"wrote {out}")
 
 
-def record_script(script: str, out: Path) -> None:
+def record_script(script: str, out: Path, argv: list[str] = ()) -> None:
     """The rows of a benchmark script that writes them with ``--json`` (`SCRIPTS`: benchmarks/nd_semiconv.py, every
     path checked against float64 first; benchmarks/semiconv_cases.py), recorded in ``out`` with where and how they
     were measured."""
@@ -108,13 +112,76 @@ def record_script(script: str, out: Path) -> None:
         sys.path.pop(0)
     meta = _where_and_how()
     out.parent.mkdir(parents=True, exist_ok=True)
-    module.main(["--json", str(out)])
+    module.main([*argv, "--json", str(out)])
     data = json.loads(out.read_text())
     if script == "nd_semiconv":  # pytorch_nd_semiconv's Numba path depends on numpy's version
         import numpy
         meta["versions"]["numpy"] = numpy.__version__
     out.write_text(json.dumps({**data, **meta, "format": SCRIPTS[script]}, indent=1) + "\n")
     print(f"wrote {out}")
+
+
+def record_tune(out: Path, runs: int, argv: list[str]) -> None:
+    """``kernelhub tune --json`` with the arguments after ``--``, ``runs`` times, each into a winners file of its
+    own (a fresh start each time), recorded in ``out`` with where and how they ran."""
+    meta = _where_and_how()
+    results = []
+    for k in range(runs):
+        with tempfile.TemporaryDirectory() as scratch:
+            config = Path(scratch) / "kernelhub.toml"
+            config.write_text(f'[tune]\ncache = "{Path(scratch) / "tuning.json"}"\n')
+            done = subprocess.run([sys.executable, "-c", "import sys; from kernelhub.cli import main; sys.exit(main())",
+                                   "tune", "--json", *argv], capture_output=True, text=True,
+                                  env={**os.environ, "KERNELHUB_CONFIG": str(config)})
+            if done.returncode:
+                raise SystemExit(f"kernelhub tune failed (run {k + 1}):\n{done.stderr[-2000:]}")
+            results.append(json.loads(done.stdout))
+        print(f"tune run {k + 1} of {runs}: {len(results[-1]['tuned'])} buckets", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model = next((e["device"] for r in results for e in r["tuned"]), results[0]["device"])  # the device's model
+    out.write_text(json.dumps({"format": TUNE_FORMAT, "device": model, **meta, "runs": results},
+                              indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+def tune_buckets(data: dict) -> dict[tuple[str, str], list[dict]]:
+    """(op, bucket) -> each run's outcome: its two fastest backends that passed parity, their gap (the median
+    times' ratio), the winner (None: within noise) and the slower one's paired comparison (``vs_fastest``)."""
+    out: dict = {}
+    for run in data["runs"]:
+        for e in run["tuned"]:
+            ok = sorted((c["step_ms"], n) for n, c in e["candidates"].items() if c["error"] is None)
+            if len(ok) < 2:
+                continue
+            (fast_ms, fast), (slow_ms, slow) = ok[:2]
+            out.setdefault((e["op"], e["bucket"]), []).append(
+                {"fastest": fast, "second": slow, "gap": slow_ms / fast_ms, "winner": e["winner"],
+                 "vs": e["candidates"][slow].get("vs_fastest") or {}})
+    return out
+
+
+def tune_report(data: dict, every: bool = False) -> list[str]:
+    """docs/benchmarks.md's section of one record-tune record: the buckets with a gap of 15% or more in some run
+    (``every``: all of them, for docs/lab/benchmarks-detail.md)."""
+    buckets = tune_buckets(data)
+    big = {k: v for k, v in buckets.items() if any(r["gap"] >= 1.15 for r in v)}
+    same = sum(len({r["winner"] for r in v}) == 1 and v[0]["winner"] is not None for v in big.values())
+    noise = sum(r["gap"] >= 1.15 and r["winner"] is None for v in buckets.values() for r in v)
+    gaps = sum(r["gap"] >= 1.15 for v in buckets.values() for r in v)
+    v = ", ".join(f"{k} {x}" for k, x in data["versions"].items())
+    lines = [f"### {data['device']}", "", f"{v}. {data['date']}, commit {data['commit']}: `{data['command']}`. "
+             f"**{same} of {len(big)} buckets with a gap of 15% or more in some run named the same winner in every "
+             f"run; {noise} of the {gaps} runs' gaps of 15% or more were called noise.** Each cell: the fastest, "
+             "the second's time over it, the winner named, and the second's paired rounds (slower in, of; t). " +
+             ("Every bucket." if every else "The buckets with such a gap; every bucket: lab/benchmarks-detail.md."),
+             "",
+             "| op | bucket | " + " | ".join(f"run {k + 1}" for k in range(len(data["runs"]))) + " |",
+             "|---|---|" + "---|" * len(data["runs"])]
+    for (op, bucket_), runs in sorted((buckets if every else big).items()):
+        cells = [f"{r['fastest']} {r['gap']:.2f}x: **{r['winner'] or '-'}** ({r['vs'].get('slower_in', '?')}/"
+                 f"{r['vs'].get('rounds', '?')}, t {r['vs'].get('t', math.nan):.1f})" for r in runs]
+        lines.append(f"| `{op}` | {bucket_[:40]} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def nn_report(data: dict) -> list[str]:
@@ -501,10 +568,15 @@ def defaults_report(data: dict) -> list[str]:
     b = data.get("before")
     rows = data["rows"]
     within = sum(r["hub_vs_fastest"] <= 1.05 for r in rows)
+    target = [r for r in rows if r["kind"] != "sweep"]
     parts = [f"### {data['device']}", "", f"{v}. {data['date']}, commit {data['commit']}: `{data['command']}`. "
              f"**{within} of {len(rows)} calls within 1.05x**" +
              (f" ({b['within']} of {b['calls']} with {b['what']}, commit {b['commit']}; worst {b['worst']:.2f}, "
-              f"{b['worst_call']})." if b else "."), "",
+              f"{b['worst_call']})." if b else ".") +
+             f" At the benchmark samples and host sizes (the target's calls): "
+             f"{sum(r['hub_vs_fastest'] <= 1.05 for r in target)} of {len(target)}, worst "
+             f"{max((r['hub_vs_fastest'] for r in target), default=math.nan):.2f}." +
+             (f" After this run, {data['after']}." if data.get("after") else ""), "",
              "| op | calls | within 1.05x | worst hub / fastest | that call: the hub picks, fastest (x) |",
              "|---|---:|---:|---:|---|"]
     for op in sorted({r["op"] for r in rows}):
@@ -515,6 +587,44 @@ def defaults_report(data: dict) -> list[str]:
         parts.append(f"| `{op}` | {len(mine)} | {sum(r['hub_vs_fastest'] <= 1.05 for r in mine)} | "
                      f"{w['hub_vs_fastest']:.2f} | {w['kind']} {w['call']}: {pick} |")
     return parts + [""]
+
+
+TOML = REPO / "kernelhub" / "kernelhub.toml"
+TOML_BEGIN = "# >>> measured: generated by `python scripts/bench_report.py render` from docs/results/, do not edit"
+TOML_END = "# <<< measured"
+
+
+def _count(n: int) -> str:
+    """An element count in a few characters: 4096 -> 4.1K, 33554432 -> 33.6M."""
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(n)
+
+
+def toml_block(records: list[dict]) -> str:
+    """The shipped kernelhub.toml's measurements, from each device's benchmarks/defaults.py record: per op, each
+    call measured (by its first tensor's elements, what the size ranges compare) with the faster of cuda_ext and
+    triton and the other one's time over it. The per-op tables below the block are read against it."""
+    lines = [TOML_BEGIN]
+    for data in records:
+        lines += textwrap.wrap(
+            f"Measured on an {data['device']} ({', '.join(f'{k} {x}' for k, x in data['versions'].items())}), "
+            f"{data['date']}, commit {data['commit']}: `{data['command']}`. Forward+backward, float32, cuda_ext "
+            "and triton forced, interleaved rounds (CUDA events). Per op, each call's first-tensor elements, the "
+            "faster backend and the other one's time over it (ties within a few percent flip from run to run):",
+            width=116, initial_indent="# ", subsequent_indent="# ")
+        for op in sorted({r["op"] for r in data["rows"] if "elements" in r}):
+            calls = sorted((r for r in data["rows"] if r["op"] == op and "elements" in r),
+                           key=lambda r: (r["elements"], r["call"]))
+            cells = []
+            for r in calls:
+                other = max((b for b in r["ms"] if b not in ("hub", r["fastest"])), key=r["ms"].get, default=None)
+                ratio = f" {r['ms'][other] / r['ms'][r['fastest']]:.2f}" if other else ""
+                cells.append(f"{_count(r['elements'])} {r['fastest']}{ratio}")
+            lines += textwrap.wrap(f"{op}: " + "; ".join(cells), width=116, initial_indent="#   ",
+                                   subsequent_indent="#     ")
+    return "\n".join(lines + [TOML_END])
 
 
 def _between(text: str, begin: str, end: str, new: str) -> str:
@@ -544,13 +654,15 @@ def render(check: bool = False) -> list[str]:
                      "`hub / min:pick` and `hub:B / min:B` are the median of the rounds' ratios (each round times "
                      "every row in a new order), which a drift of the host's speed leaves alone; rows recorded "
                      "before that show the ratio of the medians.")
+    cpus = [h for h in hosts if h["device"].startswith("cpu")]
+    newest_cpu = max(cpus, key=lambda h: max(r["date"] for r in h["runs"]), default=None)
     text = report(records) + _section(
-        "Per-call host cost", hosts, host_summary,
+        "Per-call host cost", [h for h in hosts if not h["device"].startswith("cpu") or h is newest_cpu], host_summary,
         "What a call costs the host: forward + backward µs per call, calls back to back, median of interleaved rounds "
         "(`benchmarks/host_overhead.py`). `hub`: the hub's choice; `min:pick`: the same backend's forward and "
         "backward in a minimal `torch.autograd.Function` (the floor for Python glue around its kernels); `hub / "
         "min:pick`: the median of the rounds' ratios. Compare within one run only: hosts differ by up to 2x. The "
-        "forward alone, each backend forced and the Triton launchers: lab/benchmarks-detail.md.")
+        "forward alone, each backend forced, the Triton launchers and the older CPU hosts: lab/benchmarks-detail.md.")
     detail = report(records, ("fwd", "fwd+bwd")) + _section("Per-call host cost", hosts, host_report, host_intro)
     text += _section("kernelhub.nn against pytorch_nd_semiconv", _records(NN_FORMAT), nn_report,
                      "`kernelhub.nn.SemiConv` (each backend forced, and the hub's own choice) against "
@@ -565,18 +677,28 @@ def render(check: bool = False) -> list[str]:
     text += _section("Untuned choice", _records(DEFAULTS_FORMAT), defaults_report,
                      "What a user who never runs `kernelhub tune` gets: the shipped kernelhub.toml's choice against "
                      "cuda_ext and triton forced, forward + backward, at every op's benchmark samples, the host "
-                     "sizes above and the sizes around the shipped size ranges, timed against each other in 7 "
-                     "interleaved rounds (CUDA events; `benchmarks/defaults.py`); hub / fastest is the median of "
-                     "the rounds' ratios. Where the hub picks the fastest backend the ratio is the dispatch's "
+                     "sizes above and the sizes around the shipped size ranges, timed against each other in "
+                     "15 interleaved rounds (CUDA events; `benchmarks/defaults.py`); hub / fastest is the median "
+                     "of the rounds' ratios. Where the hub picks the fastest backend the ratio is the dispatch's "
                      "noise; the host-bound calls move by 10-20% from run to run on this host.")
+    tune_intro = ("`kernelhub tune` run three times on one machine, each run into its own winners file "
+                  "(`python scripts/bench_report.py record-tune`): per bucket, each run's fastest backend, the gap to "
+                  "the second (median forward + backward ms), and the winner it named (\"-\": within noise, no "
+                  "winner). The target: where the fastest two differ by 15% or more, the same winner in at least "
+                  "90% of the buckets, and no such gap called noise.")
+    text += _section("Tuning, run three times", _records(TUNE_FORMAT), tune_report, tune_intro)
+    detail += _section("Tuning, run three times", _records(TUNE_FORMAT), lambda d: tune_report(d, every=True),
+                       tune_intro)
+    toml = TOML.read_text()
+    start, stop = toml.index(TOML_BEGIN), toml.index(TOML_END) + len(TOML_END)
+    new_toml = toml[:start] + toml_block(_records(DEFAULTS_FORMAT)) + toml[stop:]
     readme = _between(README.read_text(), BEGIN, END, winners_table(records))
     new_readme = _between(readme, HOST_BEGIN, HOST_END, host_table(hosts))
-    stale = [str(p.relative_to(REPO)) for p, new in ((REPORT, text), (DETAIL, detail + "\n"), (README, new_readme))
-             if not p.exists() or p.read_text() != new]
+    outputs = ((REPORT, text), (DETAIL, detail + "\n"), (README, new_readme), (TOML, new_toml))
+    stale = [str(p.relative_to(REPO)) for p, new in outputs if not p.exists() or p.read_text() != new]
     if not check:
-        REPORT.write_text(text)
-        DETAIL.write_text(detail + "\n")
-        README.write_text(new_readme)
+        for path, new in outputs:
+            path.write_text(new)
     return stale
 
 
@@ -595,7 +717,12 @@ def main(argv: list[str] | None = None) -> int:
                         ("record-defaults", "defaults")):
         n = sub.add_parser(cmd, help=f"run benchmarks/{script}.py here and record it")
         n.add_argument("--out", type=Path, required=True)
+        n.add_argument("script_args", nargs=argparse.REMAINDER, help=f"after --: benchmarks/{script}.py's arguments")
         n.set_defaults(script=script)
+    t = sub.add_parser("record-tune", help="run kernelhub tune here several times and record the runs")
+    t.add_argument("--out", type=Path, required=True)
+    t.add_argument("--runs", type=int, default=3)
+    t.add_argument("tune_args", nargs=argparse.REMAINDER, help="after --: kernelhub tune's arguments")
     sub.add_parser("render", help="rewrite docs/benchmarks.md, docs/lab/benchmarks-detail.md and the README's tables "
                                   "from docs/results/*.json")
     sub.add_parser("plots", help="draw docs/img/bench_<device>.png of each GPU record (needs matplotlib)")
@@ -603,10 +730,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "record":
         record(args.out, args.quick, args.ops, args.device)
     elif args.cmd in ("record-nn", "record-cases", "record-defaults"):
-        record_script(args.script, args.out)
+        rest = args.script_args
+        record_script(args.script, args.out, rest[1:] if rest[:1] == ["--"] else rest)
     elif args.cmd == "record-host":
         rest = args.host_args
         record_host(args.out, rest[1:] if rest[:1] == ["--"] else rest)
+    elif args.cmd == "record-tune":
+        rest = args.tune_args
+        record_tune(args.out, args.runs, rest[1:] if rest[:1] == ["--"] else rest)
     elif args.cmd == "plots":
         for path in plots():
             print(f"wrote {path.relative_to(REPO)}")

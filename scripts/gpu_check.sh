@@ -21,7 +21,10 @@
 #   toolchain - benchmarks/toolchain.py: compile time of a two-op step; the K-Planes tomography step eager,
 #            compiled and under CUDA graphs against its GPU time, as $OUT/toolchain.json
 #   defaults - benchmarks/defaults.py: the untuned hub against cuda_ext and triton forced at every op's benchmark
-#            samples, host sizes and the sizes around the shipped size ranges (DEFAULTS_ARGS narrows), as $OUT/defaults.json
+#            samples, host sizes and the sizes around the shipped size ranges (DEFAULTS_ARGS narrows), recorded as
+#            $OUT/h200_defaults.json for docs/results/ (scripts/bench_report.py record-defaults)
+#   tunes  - kernelhub tune --quick three times, each into a winners file of its own, recorded as $OUT/h200_tune.json for
+#            docs/results/ (scripts/bench_report.py record-tune)
 #   ddp    - two GPUs: examples/ddp_step.py under torchrun (NCCL) and the second-GPU tests
 #   all    - tests and bench (the default)
 # Several steps in one call: scripts/gpu_check.sh tests host examples
@@ -119,8 +122,12 @@ if has toolchain; then
     2>&1 | tee "$OUT/toolchain.txt" || rc=1
 fi
 if has defaults; then
-  timeout -k 10 "${DEFAULTS_TIMEOUT:-420}" python3 benchmarks/defaults.py --device cuda ${DEFAULTS_ARGS:-} \
-    --json "$OUT/defaults.json" 2>&1 | grep -v "^W[0-9]" | tee "$OUT/defaults.txt" || rc=1
+  timeout -k 10 "${DEFAULTS_TIMEOUT:-420}" python3 scripts/bench_report.py record-defaults --out "$OUT/h200_defaults.json" \
+    -- --device cuda ${DEFAULTS_ARGS:-} 2>&1 | grep -v "^W[0-9]" | tee "$OUT/defaults.txt" || rc=1
+fi
+if has tunes; then
+  timeout -k 10 "${TUNES_TIMEOUT:-300}" python3 scripts/bench_report.py record-tune --out "$OUT/h200_tune.json" \
+    -- --quick --device cuda 2>&1 | tee "$OUT/tunes.txt" || rc=1
 fi
 if has ddp; then
   for dtype in float64 float32; do  # float32: atomics in the K-Planes backward, so a looser default --utol

@@ -1,5 +1,6 @@
 import re
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -44,25 +45,17 @@ def test_defaults_are_the_shipped_file_and_a_user_file_merges_over_it(tmp_path):
 
 
 def test_each_shipped_per_op_preference_says_where_it_was_measured():
-    """A per-op priority in the shipped file is a measurement: the comment above its table names the device and
-    the date."""
-    lines = SHIPPED.read_text().splitlines()
-    tables = [i for i, line in enumerate(lines) if line.startswith("[ops.")]
-    preferences = [i for i in tables if any(lines[j].startswith("priority = [\"") for j in range(i + 1, i + 3)
-                                           if j < len(lines))]
-    assert preferences, "the shipped file has no per-op preference"
-    for i in preferences:
-        comment = []
-        j = i - 1
-        while j >= 0 and lines[j].startswith("#"):
-            comment.insert(0, lines[j])
-            j -= 1
-        text = " ".join(comment)
-        if not comment:  # a table right after another preference shares its comment
-            k = max(t for t in tables if t < i)
-            assert k in preferences, lines[i]
-            continue
-        assert "measured on" in text and re.search(r"20\d\d-\d\d-\d\d", text), lines[i]
+    """A per-op priority or size range in the shipped file is a measurement: the file's measurements block
+    (generated from docs/results/ by scripts/bench_report.py; tests/test_docs.py checks it is what that renders)
+    names the device, the date and the commit, and has a line for every op the file orders on its own."""
+    text = SHIPPED.read_text()
+    ordered = {op for op, table in tomllib.loads(text)["ops"].items()
+               if table.get("priority") or table.get("sizes") or table.get("cases")}
+    assert {"semiconv", "tikhonov_inverse_2xn", "tv_loss_sq_3d", "kplanes_interp_tilted"} <= ordered
+    block = text[text.index("# >>> measured"):text.index("# <<< measured")]
+    assert "Measured on an NVIDIA" in block and re.search(r"20\d\d-\d\d-\d\d, commit [0-9a-f]{7}", block)
+    for op in ordered:
+        assert re.search(rf"^#   {op}: ", block, re.M), f"{op} has no line in kernelhub.toml's measurements block"
 
 
 def test_a_files_own_op_priority_replaces_the_built_in_one_and_a_pin_alone_keeps_it(tmp_path):

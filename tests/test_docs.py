@@ -130,7 +130,8 @@ def test_a_record_names_the_tree_that_ran_and_the_commit_it_is(tmp_path, monkeyp
 
     runs = [r for d in bench_report._records(bench_report.HOST_FORMAT) for r in d["runs"]]
     runs += bench_report._records() + bench_report._records(bench_report.NN_FORMAT)
-    runs += bench_report._records(bench_report.CASES_FORMAT)
+    runs += bench_report._records(bench_report.CASES_FORMAT) + bench_report._records(bench_report.DEFAULTS_FORMAT)
+    runs += bench_report._records(bench_report.TUNE_FORMAT)
     for run in runs:
         commit = run.get("commit", "")
         if "tree" not in run or not re.fullmatch(r"[0-9a-f]{7,40}", commit):

@@ -349,10 +349,14 @@ def test_semiconv_checks_a_call_once_and_gives_new_canonical_lists_each_time(mon
 
 
 def test_explain_of_a_huge_shape_allocates_nothing():
-    code = ("import resource, sys\nfrom kernelhub import cli\n"
+    # the growth of the process's peak memory over its peak once kernelhub is loaded: a CUDA build of torch maps
+    # about 2 GiB of libraries at import, so the peak alone says little there
+    code = ("import resource, sys\nimport kernelhub\nfrom kernelhub import cli\nkernelhub.get_hub()\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
             "rc = cli.main(['explain', 'tv_loss_l1_3d', '--shape', '1024,1024,1024', '--device', 'cpu'])\n"
-            "print('peak MiB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\nsys.exit(rc)\n")
+            "print('grew MiB', (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n"
+            "sys.exit(rc)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    peak = int(proc.stdout.rsplit("peak MiB", 1)[1])
-    assert peak < 2048, proc.stdout  # the 4 GiB volume is described with fake tensors (shapes only)
+    grew = int(proc.stdout.rsplit("grew MiB", 1)[1])
+    assert grew < 1024, proc.stdout  # the 4 GiB volume is described with fake tensors (shapes only)

@@ -3,8 +3,9 @@
 For every op a backend implements and each benchmark shape of its spec (float32; complex64 for
 Tikhonov), in one process:
 
-- the memory floor: the fewest bytes the pass must move (each input read once, each output
-  and gradient written once) over the copy bandwidth measured here first;
+- the floor: the op's least work for the pass (DRAM bytes, cache gathers, atomics, arithmetic:
+  `kernelhub.spec.OpSpec.least_work`) over the rates measured here first, the binding one
+  (`kernelhub.bench.floor`);
 - the median time of the reference in eager mode, the reference under torch.compile (compile
   time excluded, reported), and each kernel backend, for the forward and for forward+backward,
   two ways: "call" (triton.testing.do_bench: L2 flushed before every call, after warm-up; the
@@ -27,22 +28,21 @@ import torch
 
 import kernelhub
 from kernelhub import testing
-from kernelhub.args import nbytes
-from kernelhub.bench import compiled_reference, copy_bandwidth
+from kernelhub.bench import compiled_reference, floor, rates
 
-# per op: (inputs that get gradients, inputs the backward must read again); None = forward only.
-# trilinear's feats gradient is w_k(points) * grad: it re-reads points, not feats.
+# per op: the inputs that get gradients, one entry per pass (None = forward only); the floor of each pass is the
+# op's least work (`kernelhub.spec.OpSpec.least_work`) over the rates measured here first (`kernelhub.bench.floor`)
 MODES = {
-    "tv_loss_l1_3d": [None, ((0,), (0,))],
-    "tv_loss_sq_3d": [None, ((0,), (0,))],
-    "tv_loss_iso_3d": [None, ((0,), (0,))],
+    "tv_loss_l1_3d": [None, (0,)],
+    "tv_loss_sq_3d": [None, (0,)],
+    "tv_loss_iso_3d": [None, (0,)],
     # K-Planes: the planes' gradient (a training step with fixed rays) and every gradient
-    "kplanes_interp_tilted": [None, ((2,), (0, 1, 2)), ((0, 1, 2), (0, 1, 2))],
-    "kplanes_interp_tilted_ms": [None, ((2,), (0, 1, 2)), ((0, 1, 2), (0, 1, 2))],
-    "kplanes_interp_tilted_taps": [None, ((2,), (0, 1, 2)), ((0, 1, 2), (0, 1, 2))],
-    "trilinear_interp": [None, ((0,), (1,)), ((0, 1), (0, 1))],
-    "tikhonov_inverse_2xn": [None, ((0,), (0,))],
-    "semiconv": [None, ((0, 1), (0, 1))],
+    "kplanes_interp_tilted": [None, (2,), (0, 1, 2)],
+    "kplanes_interp_tilted_ms": [None, (2,), (0, 1, 2)],
+    "kplanes_interp_tilted_taps": [None, (2,), (0, 1, 2)],
+    "trilinear_interp": [None, (0,), (0, 1)],
+    "tikhonov_inverse_2xn": [None, (0,)],
+    "semiconv": [None, (0, 1)],
 }
 
 
@@ -76,16 +76,6 @@ def _max_pool(img, kernel, semifield, stride, padding, dilation, groups, kind):
 # taps as four calls, and as a base call plus a taps call; max pooling beside semiconv
 EXTRA = {"tikhonov_inverse_2xn": [("closed_form", _closed_form)], "semiconv": [("max_pool", _max_pool)],
          "kplanes_interp_tilted_taps": [("4_calls", _four_calls), ("2_calls", _two_calls)]}
-
-
-def floor_bytes(args, out, mode) -> int:
-    """Forward: read every tensor input, write the output. Backward: read the upstream gradient
-    and the inputs the formula needs, write each gradient."""
-    fwd = sum(nbytes(a) for a in args) + nbytes(out)
-    if mode is None:
-        return fwd
-    grads_of, rereads = mode
-    return fwd + nbytes(out) + sum(nbytes(args[i]) for i in rereads) + sum(nbytes(args[i]) for i in grads_of)
 
 
 def make_step(fn, args, grads_of, grad):
@@ -127,9 +117,11 @@ def run(ops, backends, shapes=None) -> tuple[list[dict], list[str]]:
     memory (eager torch_ref at some benchmark sizes: that comparison is then missing, not failed)."""
     hub = kernelhub.get_hub()
     failures = []
-    bw = copy_bandwidth(torch.device("cuda"))
-    print(f"copy bandwidth: {bw / 1e12:.2f} TB/s (read + write, 1 GiB device-to-device)", flush=True)
-    rows = [{"op": "copy", "bandwidth_TBps": bw / 1e12}]
+    measured = rates(torch.device("cuda"))
+    print(f"copy bandwidth: {measured['dram_Bps'] / 1e12:.2f} TB/s (read + write, 1 GiB device-to-device); "
+          f"cache gathers {measured['gather_Bps'] / 1e12:.2f} TB/s, atomics {measured['atomics_per_s'] / 1e9:.0f}/ns, "
+          f"FP32 {measured['flops_per_s'] / 1e12:.1f} TFLOP/s", flush=True)
+    rows = [{"op": "copy", "bandwidth_TBps": measured["dram_Bps"] / 1e12, "rates": measured}]
     for op in ops:
         spec = hub.registry.spec(op)
         impls = hub.registry.impls(op)
@@ -139,11 +131,10 @@ def run(ops, backends, shapes=None) -> tuple[list[dict], list[str]]:
             if shapes and not any(sub in sample.name for sub in shapes):
                 continue
             args = sample.args
-            out, grad, compiled, compile_s = compiled_reference(ref_fn, args, [m and m[0] for m in MODES[op]])
-            for m in MODES[op]:
-                grads_of = m and m[0]
-                mode = "fwd" if m is None else "fwd+bwd " + ",".join(spec.args[i].name for i in grads_of)
-                floor_ms = floor_bytes(args, out, m) / bw * 1e3
+            out, grad, compiled, compile_s = compiled_reference(ref_fn, args, MODES[op])
+            for grads_of in MODES[op]:
+                mode = "fwd" if grads_of is None else "fwd+bwd " + ",".join(spec.args[i].name for i in grads_of)
+                floor_ms, binds = floor(spec.least_work(args, out, grads_of), measured)
                 timings = {}
                 for label, fn in [("eager", ref_fn), ("compiled", compiled), *EXTRA.get(op, [])] + [
                         (b, kernelhub.op(op, backend=b)) for b in backends
@@ -161,7 +152,7 @@ def run(ops, backends, shapes=None) -> tuple[list[dict], list[str]]:
 
                 for label, (ms, graph_ms, peak) in timings.items():
                     row = {"op": op, "shape": sample.name, "mode": mode, "impl": label, "ms": ms,
-                           "graph_ms": graph_ms, "floor_ms": floor_ms, "x_floor": ms / floor_ms,
+                           "graph_ms": graph_ms, "floor_ms": floor_ms, "binds": binds, "x_floor": ms / floor_ms,
                            "graph_x_floor": graph_ms / floor_ms, "peak_MiB": peak,
                            "speedup_vs_eager": vs("eager", 0) / ms, "speedup_vs_compiled": vs("compiled", 0) / ms,
                            "graph_speedup_vs_eager": vs("eager", 1) / graph_ms,
@@ -169,7 +160,7 @@ def run(ops, backends, shapes=None) -> tuple[list[dict], list[str]]:
                            "compile_s": compile_s if label == "compiled" else None}
                     rows.append(row)
                     print(f"{op:20s} {sample.name:14s} {mode:21s} {label:9s} call {ms:8.4f} ms {row['x_floor']:6.2f}x "
-                          f"floor ({floor_ms:.4f}) {row['speedup_vs_eager']:6.1f}x eager "
+                          f"floor ({floor_ms:.4f}, {binds}) {row['speedup_vs_eager']:6.1f}x eager "
                           f"{row['speedup_vs_compiled']:5.2f}x compiled | graph {graph_ms:8.4f} ms "
                           f"{row['graph_x_floor']:5.2f}x floor {row['graph_speedup_vs_eager']:6.1f}x eager "
                           f"{row['graph_speedup_vs_compiled']:5.2f}x compiled | peak {peak:7.1f} MiB", flush=True)

@@ -4,10 +4,9 @@ against the op's memory floor, on one device.
 For every op and each sample of the chosen size (the spec's "benchmark" shapes; "medium" with
 ``quick``), forward and forward + backward (into every differentiable input):
 
-- the floor: the fewest bytes the pass must move over the copy bandwidth measured first on the same
-  device. Forward: read each tensor input, write the output. Backward: also read the upstream gradient
-  and the tensor inputs again, and write each gradient (an upper bound where a backward needs fewer
-  inputs: benchmarks/kernels.py refines it per op);
+- the floor: the op's least work for the pass (`kernelhub.spec.OpSpec.least_work`: DRAM bytes, bytes gathered
+  from cache, atomic adds, arithmetic) over the rates measured first on the same device (`rates`), the largest of
+  the four: the resource that binds ("binds" in each row);
 - the median time and its spread (`kernelhub.timing.timed`: `triton.testing.do_bench` on CUDA,
   `torch.utils.benchmark` on the CPU; the spread is the repeats' interquartile range over the median) of the
   reference's forward in eager mode ("torch_ref"), under `torch.compile` ("compiled",
@@ -30,14 +29,12 @@ from kernelhub.args import nbytes
 from kernelhub.hub import get_hub
 from kernelhub.timing import device_model, time_ms, timed
 
-__all__ = ["compiled_reference", "copy_bandwidth", "floor_bytes", "make_step", "run", "plot", "figure"]
+__all__ = ["compiled_reference", "copy_bandwidth", "rates", "floor", "RESOURCES", "make_step", "run", "plot",
+           "figure"]
 
-
-def floor_bytes(spec, args: Sequence[Any], out: torch.Tensor, backward: bool) -> int:
-    fwd = sum(nbytes(a) for a in args) + nbytes(out)
-    if not backward:
-        return fwd
-    return 2 * fwd + sum(nbytes(args[i]) for i in spec.differentiable)
+# each `kernelhub.spec.Work` field, the rate `rates` measures for it, and the name a row gives it where it binds
+RESOURCES = (("dram_bytes", "dram_Bps", "DRAM"), ("gather_bytes", "gather_Bps", "gathers"),
+             ("atomics", "atomics_per_s", "atomics"), ("flops", "flops_per_s", "FP32"))
 
 
 def copy_bandwidth(device: torch.device) -> float:
@@ -45,6 +42,52 @@ def copy_bandwidth(device: torch.device) -> float:
     x = torch.randn(2**28 if device.type == "cuda" else 2**26, device=device)
     y = torch.empty_like(x)
     return 2 * nbytes(x) / (time_ms(lambda: y.copy_(x), device) * 1e-3)
+
+
+def rates(device: torch.device) -> dict[str, float]:
+    """The device's rates for `floor`, each measured by torch's own kernels (so each is what a good kernel reaches
+    at least, not the hardware's peak: a floor from them is a little generous):
+
+    - ``dram_Bps``: `copy_bandwidth`;
+    - ``gather_Bps``: rows of 32 float32 (128 bytes) gathered at random from an 8 MiB table (in L2 on a GPU) and
+      summed in bags of 64 (``embedding_bag``), gathered bytes per second;
+    - ``atomics_per_s``: ``index_add_`` of rows of 32 into a 4 MiB table at random rows, adds per second;
+    - ``flops_per_s``: a float32 matrix product (TF32 off), two operations per multiply-add.
+
+    On the CPU only the copy and the matrix product are measured (torch's CPU gathers and ``index_add_`` are no
+    measure of a cache's or of atomics' rate); gathers and atomics then never bind.
+    """
+    cuda = device.type == "cuda"
+    g = torch.Generator(device=device).manual_seed(0)
+    m = 4096 if cuda else 1024
+    a, b = torch.randn(m, m, device=device, generator=g), torch.randn(m, m, device=device, generator=g)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        mm_ms = time_ms(lambda: a @ b, device)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    measured = {"dram_Bps": copy_bandwidth(device), "gather_Bps": math.inf, "atomics_per_s": math.inf,
+                "flops_per_s": 2 * m**3 / (mm_ms * 1e-3)}
+    if not cuda:
+        return measured
+    n = 2**22
+    table = torch.randn(2**16, 32, device=device, generator=g)
+    idx = torch.randint(0, table.shape[0], (n,), device=device, generator=g)
+    offsets = torch.arange(0, n, 64, device=device)
+    gather_ms = time_ms(lambda: torch.nn.functional.embedding_bag(idx, table, offsets, mode="sum"), device)
+    acc = torch.zeros(2**15, 32, device=device)
+    src = torch.randn(n, 32, device=device, generator=g)
+    rows = idx % acc.shape[0]
+    atomics_ms = time_ms(lambda: acc.index_add_(0, rows, src), device)
+    return {**measured, "gather_Bps": n * 128 / (gather_ms * 1e-3), "atomics_per_s": n * 32 / (atomics_ms * 1e-3)}
+
+
+def floor(work: Any, measured: dict[str, float]) -> tuple[float, str]:
+    """(milliseconds, the resource that binds): the largest of the `kernelhub.spec.Work`'s amounts over its rate
+    (`rates`)."""
+    ms, binds = max((getattr(work, field) / measured[rate] * 1e3, name) for field, rate, name in RESOURCES)
+    return ms, binds
 
 
 def make_step(fn: Callable, args: Sequence[Any], grads_of: Sequence[int] | None,
@@ -82,7 +125,7 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
     these strings (one benchmark shape per run where compiles are long)."""
     hub = get_hub()
     dev = torch.device(device)
-    bw = copy_bandwidth(dev)
+    measured = rates(dev)
     rows = []
     seen: list[str] = []
     matched = 0
@@ -113,7 +156,7 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
                 grad = testing.upstream_grad(out)
             for grads_of in (None, spec.differentiable):
                 passname = "fwd" if grads_of is None else "fwd+bwd"
-                floor_ms = floor_bytes(spec, args, out, grads_of is not None) / bw * 1e3
+                floor_ms, binds = floor(spec.least_work(args, out, grads_of), measured)
                 times, first, spread = {}, {}, {}
                 for label, fn in [("torch_ref", ref_fn)] + [("compiled", compiled)] * (compiled is not None) + [
                         (b, get_hub().handle(op, b)) for b in names]:
@@ -131,14 +174,15 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
                         log(f"{op} {sample.name} {passname} {label}: {type(exc).__name__}: {exc}"[:300])
                 for label, ms in times.items():
                     rows.append({"op": op, "shape": sample.name, "pass": passname, "impl": label, "ms": ms,
-                                 "spread": spread[label], "floor_ms": floor_ms, "x_floor": ms / floor_ms,
+                                 "spread": spread[label], "floor_ms": floor_ms, "binds": binds,
+                                 "x_floor": ms / floor_ms,
                                  "vs_torch_ref": times.get("torch_ref", math.nan) / ms,
                                  "vs_compiled": times.get("compiled", math.nan) / ms, "first_call_s": first[label],
                                  "compile_s": compile_s if label == "compiled" else None})
     if shapes and not matched:
         raise ValueError(f"--shapes {' '.join(shapes)}: no {'medium' if quick else 'benchmark'} sample of "
                          f"{', '.join(ops)} has a name containing it; their names: {', '.join(seen)}")
-    return {"device": device_model(dev), "copy_GBps": bw / 1e9, "rows": rows}
+    return {"device": device_model(dev), "copy_GBps": measured["dram_Bps"] / 1e9, "rates": measured, "rows": rows}
 
 
 def require_plot() -> None:

@@ -329,19 +329,36 @@ def cmd_bench(args: argparse.Namespace) -> dict:
     if args.plot:
         bench.plot(data, args.plot)
         data["plot"] = args.plot
-    return data
+    return {**data, "wide": args.wide}
 
 
 def render_bench(data: dict, console: Console) -> None:
-    t = Table(title=f"kernelhub bench on {data['device']} (copy bandwidth {data['copy_GBps']:.0f} GB/s)")
-    numbers = ("ms", "spread", "x floor", "vs torch_ref", "vs compiled", "first call s")
-    for col in ("op", "shape", "pass", "impl", *numbers):
-        t.add_column(col, justify="right" if col in numbers else "left")
-    for r in data["rows"]:
-        t.add_row(r["op"], r["shape"], r["pass"], r["impl"], f"{r['ms']:.4g}", f"{r['spread']:.0%}",
-                  f"{r['x_floor']:.2f}x",
-                  f"{r['vs_torch_ref']:.2f}x", f"{r['vs_compiled']:.2f}x", f"{r['first_call_s']:.3g}")
-    console.print(t)
+    # one small table per (op, sample) under its name: whole op and backend names in any width (80 columns: a CI
+    # log); the repeats' spread and the first call's seconds with --wide
+    r = data.get("rates")
+    rates = ("".join([f"; cache gathers {r['gather_Bps'] / 1e9:.0f} GB/s" * math.isfinite(r["gather_Bps"]),
+                      f", atomics {r['atomics_per_s'] / 1e9:.1f}/ns" * math.isfinite(r["atomics_per_s"]),
+                      f", FP32 {r['flops_per_s'] / 1e12:.2f} TFLOP/s"]) if r else "")
+    console.print(f"kernelhub bench on {data['device']} (copy bandwidth {data['copy_GBps']:.0f} GB/s{rates}); x floor: "
+                  "the time over the op's least work at these rates, and the resource that binds (docs/ops.md)")
+    wide = data.get("wide", False)
+    numbers = ("ms",) + ("spread",) * wide + ("x floor", "vs torch_ref", "vs compiled") + ("first call s",) * wide
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for row in data["rows"]:
+        groups.setdefault((row["op"], row["shape"]), []).append(row)
+    for (op, shape), rows in groups.items():
+        t = Table(title=f"{op} {shape}", title_justify="left")
+        t.add_column("pass", no_wrap=True)
+        t.add_column("impl", no_wrap=True)
+        for col in numbers:
+            t.add_column(col, justify="right", no_wrap=True)
+        for r in rows:
+            cells = {"ms": f"{r['ms']:.4g}", "spread": f"{r['spread']:.0%}",
+                     "x floor": f"{r['x_floor']:.2f}x {r.get('binds', '')}".rstrip(),
+                     "vs torch_ref": f"{r['vs_torch_ref']:.2f}x", "vs compiled": f"{r['vs_compiled']:.2f}x",
+                     "first call s": f"{r['first_call_s']:.3g}"}
+            t.add_row(r["pass"], r["impl"], *[cells[c] for c in numbers])
+        console.print(t)
     if data.get("plot"):
         console.print(f"plot written to {data['plot']}")
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import kernelhub
-from kernelhub import bench, cli, tune, winners
+from kernelhub import bench, cli, testing, tune, winners
 from kernelhub.args import bucket
 from kernelhub.winners import WinnerCache
 
@@ -539,3 +539,68 @@ def test_the_runtime_path_does_not_import_the_test_kit_cli_or_bench(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_floor_is_the_binding_resource_of_the_op_s_least_work():
+    """`kernelhub.bench.floor`: each amount of the op's least work over its measured rate, the largest binds."""
+    from kernelhub.spec import Work
+
+    rates = {"dram_Bps": 1e12, "gather_Bps": 1e13, "atomics_per_s": 1e11, "flops_per_s": 1e13}
+    assert bench.floor(Work(10**9), rates) == (pytest.approx(1.0), "DRAM")
+    assert bench.floor(Work(10**9, 10**11), rates) == (pytest.approx(10.0), "gathers")
+    assert bench.floor(Work(10**9, 10**11, 10**10, 10**10), rates) == (pytest.approx(100.0), "atomics")
+    assert bench.floor(Work(10**9, flops=10**11), rates) == (pytest.approx(10.0), "FP32")
+    cpu = bench.rates(torch.device("cpu"))  # on the CPU gathers and atomics are not measured: they never bind
+    assert cpu["dram_Bps"] > 0 and cpu["flops_per_s"] > 0 and cpu["gather_Bps"] == cpu["atomics_per_s"] == math.inf
+    assert bench.floor(Work(1, 10**15, 10**15), cpu)[1] == "DRAM"
+
+
+@pytest.mark.parametrize("op", kernelhub.op_names())
+def test_each_op_s_least_work_reads_its_inputs_and_the_backward_adds_to_the_forward(op):
+    """`OpSpec.least_work` on the op's small samples: the forward moves at least its tensors and output once, and
+    forward + backward at least the forward plus each gradient written, and more of every resource."""
+    from kernelhub.args import nbytes
+
+    spec = kernelhub.get_hub().registry.spec(op)
+    for s in testing.samples(op, "small", spec.default_dtype, "cpu", seed=0):
+        out = spec.output(*s.args)
+        fwd = spec.least_work(s.args, out, None)
+        both = spec.least_work(s.args, out, spec.differentiable)
+        inputs = sum(nbytes(s.args[i]) for i in spec.tensor_args) + nbytes(out)
+        assert fwd.dram_bytes >= inputs and fwd.atomics == 0, (s.name, fwd)
+        assert both.dram_bytes >= fwd.dram_bytes + sum(nbytes(s.args[i]) for i in spec.differentiable), s.name
+        assert all(getattr(both, f) >= getattr(fwd, f) for f in ("gather_bytes", "atomics", "flops")), s.name
+
+
+def test_k_planes_least_work_counts_every_tap_s_texels_and_the_planes_gradient_s_atomics():
+    """Four texels of every channel per (point, tilt, plane, tap), gathered forward and again backward; one
+    atomic add per texel channel where the planes get a gradient, none where only the points do."""
+    spec = kernelhub.get_hub().registry.spec("kplanes_interp_tilted_taps")
+    b, t, ch = 10, 2, 8
+    args = (torch.zeros(b, 3), torch.zeros(t, 3, 3), torch.zeros(3 * t, ch, 5, 7), 0.01)
+    out = spec.output(*args)
+    texels = 4 * b * t * 3 * 4 * ch  # taps x points x tilts x planes x corners x channels
+    assert spec.least_work(args, out, None).gather_bytes == 4 * texels
+    assert spec.least_work(args, out, (2,)).gather_bytes == 8 * texels
+    assert spec.least_work(args, out, (2,)).atomics == texels and spec.least_work(args, out, (0,)).atomics == 0
+
+
+def test_bench_prints_whole_names_in_80_columns_and_what_binds():
+    """`kernelhub bench`: one small table per op and sample, whole op and backend names at 80 columns, each
+    multiple of the floor with the resource that binds; the spread and first call with --wide."""
+    from rich.console import Console
+
+    row = {"op": "kplanes_interp_tilted_taps", "shape": "B614400_T4_C32_200x200", "pass": "fwd+bwd", "ms": 7.9,
+           "spread": 0.01, "x_floor": 2.1, "binds": "atomics", "vs_torch_ref": 14.5, "vs_compiled": 9.9,
+           "first_call_s": 0.8}
+    data = {"device": "NVIDIA H200", "copy_GBps": 4300.0, "rows": [{**row, "impl": n} for n in
+                                                                  ("torch_ref", "compiled", "cuda_ext", "triton")],
+            "rates": {"dram_Bps": 4.3e12, "gather_Bps": 1e13, "atomics_per_s": 1e12, "flops_per_s": 5e13}}
+    for wide, width in ((False, 80), (True, 400)):
+        console = Console(width=width, record=True)
+        cli.render_bench({**data, "wide": wide}, console)
+        text = console.export_text()
+        assert max(map(len, text.splitlines())) <= width and "…" not in text
+        assert "kplanes_interp_tilted_taps B614400_T4_C32_200x200" in text and "2.10x atomics" in text
+        assert all(f" {n} " in text for n in ("torch_ref", "compiled", "cuda_ext", "triton"))
+        assert ("first call s" in text) == wide

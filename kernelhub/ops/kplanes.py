@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from kernelhub.args import nbytes
 from kernelhub.ops import _checks as c
 from kernelhub.ops.tolerances import MEASURED_ERRORS, tolerances_from
-from kernelhub.spec import Arg, OpSpec, SampleInput
+from kernelhub.spec import Arg, OpSpec, SampleInput, Work
 
 __all__ = ["KPLANES", "KPLANES_MS", "KPLANES_TAPS", "KPLANES_OPS"]
 
@@ -124,6 +125,29 @@ def _bad_inputs(kind: str):
     return bad
 
 
+def _work(taps: int):
+    """`kernelhub.spec.Work` of a K-Planes call at ``taps`` positions per point: DRAM, the points, rotations and
+    planes read and the output written once (the planes fit in L2: their taps are gathers, not DRAM reads);
+    gathers, the four texels of every channel at each (point, tilt, plane, scale, tap); about 8 operations per
+    texel channel (the bilinear weights) and 2 per channel for the product of the three planes. Backward: the
+    upstream gradient, points and rotations read again, each gradient written, the texels gathered again (the
+    product rule needs the other planes' samples), one atomic add per texel channel into the planes' gradient,
+    twice the forward's operations."""
+    def work(args, out: torch.Tensor, grads_of) -> Work:
+        pts, rotations, planes = args[0], args[1], args[2]
+        planes = planes if isinstance(planes, list) else [planes]
+        per_point = pts.shape[0] * rotations.shape[0] * 3 * taps  # (point, tilt, plane, tap) per scale
+        channels = per_point * sum(p.shape[1] for p in planes)
+        gathers = 4 * channels * pts.element_size()
+        flops = 8 * channels + 2 * channels // 3
+        dram = nbytes(pts) + nbytes(rotations) + nbytes(planes) + nbytes(out)
+        if grads_of is None:
+            return Work(dram, gathers, 0, flops)
+        dram += nbytes(out) + nbytes(pts) + nbytes(rotations) + sum(nbytes(args[i]) for i in grads_of)
+        return Work(dram, 2 * gathers, 4 * channels if 2 in grads_of else 0, 3 * flops)
+    return work
+
+
 def _out(pts, rotations, planes):
     return pts.new_empty((pts.shape[0], rotations.shape[0] * planes.shape[1]))
 
@@ -138,6 +162,7 @@ KPLANES = OpSpec(
     output=_out,
     samples=_samples("single"),
     bad_inputs=_bad_inputs("single"),
+    work=_work(1),
 )
 
 KPLANES_MS = OpSpec(
@@ -151,6 +176,7 @@ KPLANES_MS = OpSpec(
         (pts.shape[0], rotations.shape[0] * sum(p.shape[1] for p in planes))),
     samples=_samples("ms"),
     bad_inputs=_bad_inputs("ms"),
+    work=_work(1),
 )
 
 KPLANES_TAPS = OpSpec(
@@ -163,6 +189,7 @@ KPLANES_TAPS = OpSpec(
     output=lambda pts, rotations, planes, h: pts.new_empty((4, *_out(pts, rotations, planes).shape)),
     samples=_samples("taps"),
     bad_inputs=_bad_inputs("taps"),
+    work=_work(4),
 )
 
 # for backends that treat all three alike

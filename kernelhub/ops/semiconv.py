@@ -14,9 +14,10 @@ from typing import NamedTuple
 
 import torch
 
+from kernelhub.args import nbytes
 from kernelhub.ops import _checks as c
 from kernelhub.ops.tolerances import MEASURED_ERRORS, tolerances_from
-from kernelhub.spec import Arg, Case, Change, OpSpec, SampleInput, SampleSpace, layout_cache
+from kernelhub.spec import Arg, Case, Change, OpSpec, SampleInput, SampleSpace, Work, layout_cache
 
 __all__ = ["SEMICONV", "parse_semifield", "zero_of", "output_size", "Lifted", "lift_3d", "lift_plan",
            "fold_broadcast", "out_channels"]
@@ -522,6 +523,21 @@ TROPICAL_2D_DEPTHWISE = Case(
     "padding below the kernel's size on each side: the calls cuda_ext's tiled kernels serve (docs/ops.md)",
     _tropical_2d_depthwise)
 
+def _work(args, out: torch.Tensor, grads_of) -> Work:
+    """`kernelhub.spec.Work` of a semiconv call: the image and kernel read and the output written once (a window's
+    taps reuse what a tile holds, not DRAM); two operations (the product and the sum of the semifield) per tap of
+    each output, where a tap is one input channel of the group at one kernel position. Backward: the upstream
+    gradient, image and kernel read again, each gradient written, the taps again (the winners or the weights)
+    and one operation per tap for each gradient."""
+    img, kernel = args[0], args[1]
+    flops = 2 * out.numel() * kernel[0].numel()
+    dram = nbytes(img) + nbytes(kernel) + nbytes(out)
+    if grads_of is None:
+        return Work(dram, flops=flops)
+    dram += nbytes(out) + nbytes(img) + nbytes(kernel) + sum(nbytes(args[i]) for i in grads_of)
+    return Work(dram, flops=2 * flops + flops * len(grads_of) // 2)
+
+
 SEMICONV = OpSpec(
     name=OP,
     args=(Arg("img", "tensor", differentiable=True, doc="[B, C, *S], 1-3 spatial dims"),
@@ -541,6 +557,7 @@ SEMICONV = OpSpec(
     bad_inputs=_bad_inputs,
     space=SampleSpace(tags=_tags, required=_REQUIRED, draw=_draw),
     cases=(TROPICAL_2D_DEPTHWISE,),
+    work=_work,
     changes=(Change(2, (("group_broadcasting", False),), "group broadcasting: one kernel serves every group",
                     tags=("group_broadcasting",)),
              Change(3, (("spread_gradient", False), ("channels_add", False)),

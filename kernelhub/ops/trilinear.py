@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from kernelhub.args import nbytes
 from kernelhub.ops import _checks as c
 from kernelhub.ops.tolerances import MEASURED_ERRORS, tolerances_from
-from kernelhub.spec import Arg, OpSpec, SampleInput
+from kernelhub.spec import Arg, OpSpec, SampleInput, Work
 
 __all__ = ["TRILINEAR"]
 
@@ -52,6 +53,21 @@ def _bad_inputs():
     ]
 
 
+def _work(args, out: torch.Tensor, grads_of) -> Work:
+    """`kernelhub.spec.Work` of a trilinear call: the features, points and output once; backward, the upstream
+    gradient and the points again, the features again where the points get a gradient, each gradient written.
+    Operations per point: 16 per feature forward (eight weighted corners), 8 per feature for the features'
+    gradient and 48 for the points'."""
+    feats, points = args
+    f = feats.shape[0] * feats.shape[2]  # points x features
+    dram = nbytes(feats) + nbytes(points) + nbytes(out)
+    if grads_of is None:
+        return Work(dram, flops=16 * f)
+    dram += nbytes(out) + nbytes(points) + (nbytes(feats) if 1 in grads_of else 0)
+    dram += sum(nbytes(args[i]) for i in grads_of)
+    return Work(dram, flops=16 * f + (8 * f if 0 in grads_of else 0) + (48 * f if 1 in grads_of else 0))
+
+
 TRILINEAR = OpSpec(
     name=OP,
     args=(Arg("feats", "tensor", differentiable=True, doc="[N, 8, F], corner k = 4i + 2j + l"),
@@ -63,4 +79,5 @@ TRILINEAR = OpSpec(
     output=lambda feats, points: feats.new_empty((feats.shape[0], feats.shape[2])),
     samples=_samples,
     bad_inputs=_bad_inputs,
+    work=_work,
 )

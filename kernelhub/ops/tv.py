@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from kernelhub.args import nbytes
 from kernelhub.ops import _checks as c
 from kernelhub.ops.tolerances import MEASURED_ERRORS, tolerances_from
-from kernelhub.spec import Arg, OpSpec, SampleInput
+from kernelhub.spec import Arg, OpSpec, SampleInput, Work
 
 __all__ = ["TV_L1", "TV_SQ", "TV_ISO"]
 
@@ -35,6 +36,17 @@ def _samples(with_eps: bool):
             out.append(SampleInput("constant", (torch.full((3, 4, 5), 2.5, dtype=dtype, device=device), *extra)))
         return out
     return samples
+
+
+def _work(volume_args, out: torch.Tensor, grads_of) -> Work:
+    """`kernelhub.spec.Work` of a TV loss: the volume read (forward; again in the backward, with its gradient
+    written); about ten operations per voxel forward (three differences, their absolute values or squares, the
+    sums) and fifteen backward."""
+    volume = volume_args[0]
+    n, b, o = volume.numel(), nbytes(volume), nbytes(out)
+    if grads_of is None:
+        return Work(b + o, flops=10 * n)
+    return Work(3 * b + 2 * o, flops=25 * n)
 
 
 def _bad_inputs(with_eps: bool):
@@ -72,6 +84,7 @@ TV_L1 = OpSpec(
     output=lambda volume: volume.new_empty((3,), dtype=c.accumulation_dtype(volume.dtype)),
     samples=_samples(False),
     bad_inputs=_bad_inputs(False),
+    work=_work,
 )
 
 TV_SQ = OpSpec(
@@ -84,6 +97,7 @@ TV_SQ = OpSpec(
     output=lambda volume: volume.new_empty((), dtype=c.accumulation_dtype(volume.dtype)),
     samples=_samples(False),
     bad_inputs=_bad_inputs(False),
+    work=_work,
 )
 
 TV_ISO = OpSpec(
@@ -96,4 +110,5 @@ TV_ISO = OpSpec(
     output=lambda volume, eps: volume.new_empty((), dtype=c.accumulation_dtype(volume.dtype)),
     samples=_samples(True),
     bad_inputs=_bad_inputs(True),
+    work=_work,
 )

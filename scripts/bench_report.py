@@ -22,8 +22,8 @@ docs/lab/benchmarks-detail.md, and the tables between the README's markers (the 
 tests/test_docs.py fails if any differs from what it renders. ``record-defaults`` runs benchmarks/defaults.py (the
 untuned hub against each backend forced), from whose records ``render`` also writes the measurements block of
 kernelhub/kernelhub.toml; ``record-tune`` runs ``kernelhub tune`` three times, each into a winners file of its own;
-``plots`` draws the figure of each GPU record that docs/benchmarks.md shows (docs/img/bench_<device>.png). Older
-measurements and studies are in docs/lab/.
+``plots`` draws the figure of each op of each GPU record that docs/benchmarks.md shows
+(docs/img/<op>_<device>.png). Older measurements and studies are in docs/lab/.
 """
 
 from __future__ import annotations
@@ -347,7 +347,8 @@ def report(records: list[dict], passes: tuple[str, ...] = ("fwd+bwd",)) -> str:
              "milliseconds per call after warm-up (CUDA: `triton.testing.do_bench`; CPU: `torch.utils.benchmark`), "
              + ("forward (`fwd`) and forward+backward (`fwd+bwd`)" if detail else "forward+backward") +
              " through the hub with each backend forced, against eager `torch_ref` and `torch.compile` of it; the "
-             "floor is the minimal bytes the op must move over the measured copy bandwidth. "
+             "floor: the bytes the op must move over the measured copy bandwidth (the op's least work in records "
+             "after 2026-11-27: docs/ops.md). "
              + ("The summary: [docs/benchmarks.md](../benchmarks.md)." if detail else
                 "The forward alone, and each host's every per-call row: [lab/benchmarks-detail.md]"
                 "(lab/benchmarks-detail.md); studies and older rounds: [docs/lab/](lab/)."), ""]
@@ -361,14 +362,13 @@ def report(records: list[dict], passes: tuple[str, ...] = ("fwd+bwd",)) -> str:
         parts += [f"## {data['device']}", "",
                   f"{data['date']}, commit {data['commit']}, {data['samples']} samples, {data.get('threads', '?')} "
                   f"threads, {v}; copy bandwidth {data['copy_GBps']:.0f} GB/s. Command: `{data['command']}`.", ""]
-        if not detail and not data["device"].startswith("cpu"):
-            parts += [f"![forward + backward on {data['device']}, each backend's time over the floor]"
-                      f"(img/{_figure_name(data)})", ""]
         for op, groups in sorted(_tables(data).items()):
             groups = {k: g for k, g in groups.items() if k[1] in passes}
             impls = sorted({n for g in groups.values() for n in g if n not in BASELINES})
-            parts += [f"### `{op}`", "",
-                      "| shape | pass | floor ms | eager | compiled | " + " | ".join(impls) + " | best (x floor) |",
+            parts += [f"### `{op}`", ""]
+            if not detail and not data["device"].startswith("cpu"):
+                parts += [f"![{op}](img/{_figure_name(data, op)})", ""]
+            parts += ["| shape | pass | floor ms | eager | compiled | " + " | ".join(impls) + " | best (x floor) |",
                       "|---|---|---|---|---|" + "---|" * len(impls) + "---|"]
             for (shape, passname), g in groups.items():
                 any_row = next(iter(g.values()))
@@ -380,21 +380,53 @@ def report(records: list[dict], passes: tuple[str, ...] = ("fwd+bwd",)) -> str:
     return "\n".join(parts)
 
 
-def _figure_name(data: dict) -> str:
-    return "bench_" + re.sub(r"[^a-z0-9]+", "_", data["device"].lower().removeprefix("nvidia ")).strip("_") + ".png"
+def _figure_name(data: dict, op: str) -> str:
+    """docs/img/'s name of the figure of ``op`` in one GPU record (`op_figure`)."""
+    device = re.sub(r"[^a-z0-9]+", "_", data["device"].lower().removeprefix("nvidia ")).strip("_")
+    return f"{op}_{device}.png"
+
+
+def op_figure(data: dict, op: str):
+    """One op's forward + backward in one record: each sample (ordered by its floor, labelled with its name) and
+    the time of eager torch_ref, torch.compile of it and each backend, with the floor's line; log scale."""
+    import matplotlib.pyplot as plt
+
+    groups = {shape: g for (shape, passname), g in _tables(data)[op].items() if passname == "fwd+bwd"}
+    shapes = sorted(groups, key=lambda sh: next(iter(groups[sh].values()))["floor_ms"])
+    impls = sorted({n for g in groups.values() for n in g}, key=lambda n: (n not in BASELINES, BASELINES.index(n)
+                                                                          if n in BASELINES else 0, n))
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    xs = range(len(shapes))
+    for k, name in enumerate(impls):
+        ax.plot(xs, [groups[sh][name]["ms"] if name in groups[sh] else math.nan for sh in shapes], marker="o",
+                label={"torch_ref": "eager torch_ref", "compiled": "torch.compile(torch_ref)"}.get(name, name),
+                color=f"C{k}", linestyle=":" if name in BASELINES else "-")
+    ax.plot(xs, [next(iter(groups[sh].values()))["floor_ms"] for sh in shapes], color="black", linestyle="--",
+            marker="_", label="floor")
+    ax.set_xticks(list(xs), [sh.replace("_", " ") for sh in shapes], fontsize=7, rotation=12, ha="right")
+    ax.set_yscale("log")
+    ax.set_ylabel("ms, forward + backward", fontsize=8)
+    ax.set_title(f"{op} on {data['device']}", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    return fig
 
 
 def plots() -> list[Path]:
-    """docs/img/bench_<device>.png for each GPU record: `kernelhub.bench.figure` of its forward + backward rows (one
-    panel per op, each backend's and the references' time over the floor). Needs matplotlib."""
-    from kernelhub import bench
+    """docs/img/<op>_<device>.png for each op of each GPU record (`op_figure`). Needs matplotlib."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
     written = []
     for data in _records():
         if not data["device"].startswith("cpu"):
-            path = REPO / "docs" / "img" / _figure_name(data)
-            bench.plot({**data, "rows": [r for r in data["rows"] if r["pass"] == "fwd+bwd"]}, str(path))
-            written.append(path)
+            for op in sorted(_tables(data)):
+                path = REPO / "docs" / "img" / _figure_name(data, op)
+                fig = op_figure(data, op)
+                fig.savefig(path, dpi=100)
+                plt.close(fig)
+                written.append(path)
     return written
 
 
@@ -658,10 +690,10 @@ def render(check: bool = False) -> list[str]:
     newest_cpu = max(cpus, key=lambda h: max(r["date"] for r in h["runs"]), default=None)
     text = report(records) + _section(
         "Per-call host cost", [h for h in hosts if not h["device"].startswith("cpu") or h is newest_cpu], host_summary,
-        "What a call costs the host: forward + backward µs per call, calls back to back, median of interleaved rounds "
+        "Forward + backward µs per call, calls back to back, median of interleaved rounds "
         "(`benchmarks/host_overhead.py`). `hub`: the hub's choice; `min:pick`: the same backend's forward and "
         "backward in a minimal `torch.autograd.Function` (the floor for Python glue around its kernels); `hub / "
-        "min:pick`: the median of the rounds' ratios. Compare within one run only: hosts differ by up to 2x. The "
+        "min:pick`: the median of the rounds' ratios. Compare within one run only. The "
         "forward alone, each backend forced, the Triton launchers and the older CPU hosts: lab/benchmarks-detail.md.")
     detail = report(records, ("fwd", "fwd+bwd")) + _section("Per-call host cost", hosts, host_report, host_intro)
     text += _section("kernelhub.nn against pytorch_nd_semiconv", _records(NN_FORMAT), nn_report,
@@ -679,8 +711,7 @@ def render(check: bool = False) -> list[str]:
                      "cuda_ext and triton forced, forward + backward, at every op's benchmark samples, the host "
                      "sizes above and the sizes around the shipped size ranges, timed against each other in "
                      "15 interleaved rounds (CUDA events; `benchmarks/defaults.py`); hub / fastest is the median "
-                     "of the rounds' ratios. Where the hub picks the fastest backend the ratio is the dispatch's "
-                     "noise; the host-bound calls move by 10-20% from run to run on this host.")
+                     "of the rounds' ratios (where the hub picks the fastest, the dispatch's noise).")
     tune_intro = ("`kernelhub tune` run three times on one machine, each run into its own winners file "
                   "(`python scripts/bench_report.py record-tune`): per bucket, each run's fastest backend, the gap to "
                   "the second (median forward + backward ms), and the winner it named (\"-\": within noise, no "
@@ -725,7 +756,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("tune_args", nargs=argparse.REMAINDER, help="after --: kernelhub tune's arguments")
     sub.add_parser("render", help="rewrite docs/benchmarks.md, docs/lab/benchmarks-detail.md and the README's tables "
                                   "from docs/results/*.json")
-    sub.add_parser("plots", help="draw docs/img/bench_<device>.png of each GPU record (needs matplotlib)")
+    sub.add_parser("plots", help="draw docs/img/<op>_<device>.png of each GPU record (needs matplotlib)")
     args = p.parse_args(argv)
     if args.cmd == "record":
         record(args.out, args.quick, args.ops, args.device)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from kernelhub import testing
-from kernelhub.args import nbytes
+from kernelhub.args import first_tensor, nbytes
 from kernelhub.hub import get_hub
 from kernelhub.timing import device_model, time_ms, timed
 
@@ -173,7 +173,8 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
                     except Exception as exc:  # a backend that cannot serve this sample, out of memory...
                         log(f"{op} {sample.name} {passname} {label}: {type(exc).__name__}: {exc}"[:300])
                 for label, ms in times.items():
-                    rows.append({"op": op, "shape": sample.name, "pass": passname, "impl": label, "ms": ms,
+                    rows.append({"op": op, "shape": sample.name, "elements": first_tensor(args).numel(),
+                                 "pass": passname, "impl": label, "ms": ms,
                                  "spread": spread[label], "floor_ms": floor_ms, "binds": binds,
                                  "x_floor": ms / floor_ms,
                                  "vs_torch_ref": times.get("torch_ref", math.nan) / ms,

@@ -7,23 +7,23 @@
 #   tune   - kernelhub tune (benchmark shapes, every backend), kernelhub list, kernelhub bench --plot
 #   examples - examples/ptycho_tv.py and examples/phase_2d.py (EXAMPLES narrows) at their --benchmark sizes (PNGs and JSON under $OUT)
 #   nn     - benchmarks/nd_semiconv.py: kernelhub.nn.SemiConv against pytorch_nd_semiconv (wheels in .whl/nd; under
-#            the numpy in .whl/numpy, if any), recorded as $OUT/h200_nn.json for docs/results/; and benchmarks/tvloss3d.py
+#            the numpy in .whl/numpy, if any), recorded as $OUT/<card>_nn.json for docs/results/; and benchmarks/tvloss3d.py
 #            (what kernelhub.nn.TVLoss3d costs over the bare op)
 #   host   - benchmarks/host_overhead.py: per-call wall time of the hub against minimal glue (HOST_ARGS narrows it),
-#            recorded as $OUT/h200_host.json (HOST_RECORD: another file) for docs/results/; and
+#            recorded as $OUT/<card>_host.json (HOST_RECORD: another file) for docs/results/; and
 #            benchmarks/cuda_graph_step.py (a small hub step eager against a CUDA graph replay of it)
 #   cases  - benchmarks/semiconv_cases.py: triton and cuda_ext on semiconv's kinds of call, recorded as
-#            $OUT/h200_cases.json for docs/results/
+#            $OUT/<card>_cases.json for docs/results/
 #   report - scripts/bench_report.py record: kernelhub bench of every op at its benchmark shapes, recorded as
-#            $OUT/h200.json for docs/results/ (REPORT_OPS narrows it)
+#            $OUT/<card>.json for docs/results/ (REPORT_OPS narrows it)
 #   compiled - compiled steps calling the hub against the compiled reference, default and reduce-overhead
 #            (benchmarks/host_overhead.py --compiled-steps; COMPILED_FAMILIES, default tv), as $OUT/compiled_*.json
 #   toolchain - benchmarks/toolchain.py: compile time of a two-op step; the K-Planes tomography step eager,
 #            compiled and under CUDA graphs against its GPU time, as $OUT/toolchain.json
 #   defaults - benchmarks/defaults.py: the untuned hub against cuda_ext and triton forced at every op's benchmark
 #            samples, host sizes and the sizes around the shipped size ranges (DEFAULTS_ARGS narrows), recorded as
-#            $OUT/h200_defaults.json for docs/results/ (scripts/bench_report.py record-defaults)
-#   tunes  - kernelhub tune --quick three times, each into a winners file of its own, recorded as $OUT/h200_tune.json for
+#            $OUT/<card>_defaults.json for docs/results/ (scripts/bench_report.py record-defaults)
+#   tunes  - kernelhub tune --quick three times, each into a winners file of its own, recorded as $OUT/<card>_tune.json for
 #            docs/results/ (scripts/bench_report.py record-tune)
 #   ddp    - two GPUs: examples/ddp_step.py under torchrun (NCCL) and the second-GPU tests
 #   all    - tests and bench (the default)
@@ -65,11 +65,14 @@ if ! python3 -m pip install -q --no-deps --no-build-isolation -e . -e ./backends
 fi
 echo "install (CUDA_EXT=${CUDA_EXT:-1}: with cuda_ext's ahead-of-time build): ${SECONDS} s"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+# the records are named after the card: h200_*.json, h100_*.json (docs/results/ keeps one file per device)
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE "[a-z][0-9]{3}" | head -1 | tr A-Z a-z)
+card=${card:-gpu}
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
 (git rev-parse --short HEAD 2>/dev/null; git status --short | head -5) | tee -a "$OUT/device.txt"
 rc=0
 if has report; then
-  timeout -s INT -k 30 "${REPORT_TIMEOUT:-0}" python3 scripts/bench_report.py record --out "$OUT/h200.json" \
+  timeout -s INT -k 30 "${REPORT_TIMEOUT:-0}" python3 scripts/bench_report.py record --out "$OUT/$card.json" \
     ${REPORT_OPS:+--ops $REPORT_OPS} 2> "$OUT/report.log" || rc=1
   tail -3 "$OUT/report.log"
 fi
@@ -106,7 +109,7 @@ if has bench || has all; then
   grep "^sweep" "$OUT/bench.txt"
 fi
 if has host; then  # recorded for docs/results/ (a record already at $HOST_RECORD gains this run's rows)
-  timeout -k 10 "${HOST_TIMEOUT:-420}" python3 scripts/bench_report.py record-host --out "${HOST_RECORD:-$OUT/h200_host.json}" \
+  timeout -k 10 "${HOST_TIMEOUT:-420}" python3 scripts/bench_report.py record-host --out "${HOST_RECORD:-$OUT/${card}_host.json}" \
     -- ${HOST_ARGS:-} 2>&1 | tee "$OUT/host_overhead.txt" || rc=1
   timeout -k 10 120 python3 benchmarks/cuda_graph_step.py 2>&1 | tee "$OUT/cuda_graph_step.txt" || rc=1
 fi
@@ -122,11 +125,11 @@ if has toolchain; then
     2>&1 | tee "$OUT/toolchain.txt" || rc=1
 fi
 if has defaults; then
-  timeout -k 10 "${DEFAULTS_TIMEOUT:-420}" python3 scripts/bench_report.py record-defaults --out "$OUT/h200_defaults.json" \
+  timeout -k 10 "${DEFAULTS_TIMEOUT:-420}" python3 scripts/bench_report.py record-defaults --out "$OUT/${card}_defaults.json" \
     -- --device cuda ${DEFAULTS_ARGS:-} 2>&1 | grep -v "^W[0-9]" | tee "$OUT/defaults.txt" || rc=1
 fi
 if has tunes; then
-  timeout -k 10 "${TUNES_TIMEOUT:-300}" python3 scripts/bench_report.py record-tune --out "$OUT/h200_tune.json" \
+  timeout -k 10 "${TUNES_TIMEOUT:-300}" python3 scripts/bench_report.py record-tune --out "$OUT/${card}_tune.json" \
     -- --quick --device cuda 2>&1 | tee "$OUT/tunes.txt" || rc=1
 fi
 if has ddp; then
@@ -139,18 +142,18 @@ if has ddp; then
     | tail -3
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
-if has nn; then  # recorded for docs/results/ as $OUT/h200_nn.json (pytorch_nd_semiconv's Numba path calls
+if has nn; then  # recorded for docs/results/ as $OUT/<card>_nn.json (pytorch_nd_semiconv's Numba path calls
   # np.row_stack, gone from numpy 2.4: the run takes the numpy in .whl/numpy where there is one)
   np_path=""
   if ls .whl/numpy/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/np .whl/numpy/*.whl && np_path=/tmp/np
   fi
   PYTHONPATH=$np_path${PYTHONPATH:+:$PYTHONPATH} timeout -k 10 "${NN_TIMEOUT:-300}" python3 scripts/bench_report.py \
-    record-nn --out "$OUT/h200_nn.json" 2>&1 | tee "$OUT/nd_semiconv.txt" | grep -v "^  \|^Traceback\|^$" || rc=1
+    record-nn --out "$OUT/${card}_nn.json" 2>&1 | tee "$OUT/nd_semiconv.txt" | grep -v "^  \|^Traceback\|^$" || rc=1
   python3 benchmarks/tvloss3d.py --json "$OUT/tvloss3d.json" 2>&1 | tee "$OUT/tvloss3d.txt" || rc=1
 fi
-if has cases; then  # recorded for docs/results/ as $OUT/h200_cases.json
-  timeout -k 10 "${CASES_TIMEOUT:-240}" python3 scripts/bench_report.py record-cases --out "$OUT/h200_cases.json" 2>&1 \
+if has cases; then  # recorded for docs/results/ as $OUT/<card>_cases.json
+  timeout -k 10 "${CASES_TIMEOUT:-240}" python3 scripts/bench_report.py record-cases --out "$OUT/${card}_cases.json" 2>&1 \
     | tee "$OUT/semiconv_cases.txt" || rc=1
 fi
 if has examples; then

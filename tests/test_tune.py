@@ -562,7 +562,8 @@ def test_each_op_s_least_work_reads_its_inputs_and_the_backward_adds_to_the_forw
     from kernelhub.args import nbytes
 
     spec = kernelhub.get_hub().registry.spec(op)
-    for s in testing.samples(op, "small", spec.default_dtype, "cpu", seed=0):
+    for s in testing.samples(op, "small", spec.default_dtype, "cpu", seed=0) + \
+            testing.samples(op, "edge", spec.default_dtype, "cpu", seed=0):
         out = spec.output(*s.args)
         fwd = spec.least_work(s.args, out, None)
         both = spec.least_work(s.args, out, spec.differentiable)

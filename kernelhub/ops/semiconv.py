@@ -523,6 +523,7 @@ TROPICAL_2D_DEPTHWISE = Case(
     "padding below the kernel's size on each side: the calls cuda_ext's tiled kernels serve (docs/ops.md)",
     _tropical_2d_depthwise)
 
+
 def _work(args, out: torch.Tensor, grads_of) -> Work:
     """`kernelhub.spec.Work` of a semiconv call: the image and kernel read and the output written once (a window's
     taps reuse what a tile holds, not DRAM); two operations (the product and the sum of the semifield) per tap of
@@ -530,7 +531,7 @@ def _work(args, out: torch.Tensor, grads_of) -> Work:
     gradient, image and kernel read again, each gradient written, the taps again (the winners or the weights)
     and one operation per tap for each gradient."""
     img, kernel = args[0], args[1]
-    flops = 2 * out.numel() * kernel[0].numel()
+    flops = 2 * out.numel() * (kernel[0].numel() if kernel.shape[0] else 0)
     dram = nbytes(img) + nbytes(kernel) + nbytes(out)
     if grads_of is None:
         return Work(dram, flops=flops)

@@ -38,11 +38,11 @@ def _samples(with_eps: bool):
     return samples
 
 
-def _work(volume_args, out: torch.Tensor, grads_of) -> Work:
+def _work(args, out: torch.Tensor, grads_of) -> Work:
     """`kernelhub.spec.Work` of a TV loss: the volume read (forward; again in the backward, with its gradient
     written); about ten operations per voxel forward (three differences, their absolute values or squares, the
     sums) and fifteen backward."""
-    volume = volume_args[0]
+    volume = args[0]
     n, b, o = volume.numel(), nbytes(volume), nbytes(out)
     if grads_of is None:
         return Work(b + o, flops=10 * n)

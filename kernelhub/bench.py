@@ -55,7 +55,7 @@ def rates(device: torch.device) -> dict[str, float]:
     - ``flops_per_s``: a float32 matrix product (TF32 off), two operations per multiply-add.
 
     On the CPU only the copy and the matrix product are measured (torch's CPU gathers and ``index_add_`` are no
-    measure of a cache's or of atomics' rate); gathers and atomics then never bind.
+    measure of a cache's or of atomics' rate): those two are None, and never bind.
     """
     cuda = device.type == "cuda"
     g = torch.Generator(device=device).manual_seed(0)
@@ -67,7 +67,7 @@ def rates(device: torch.device) -> dict[str, float]:
         mm_ms = time_ms(lambda: a @ b, device)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
-    measured = {"dram_Bps": copy_bandwidth(device), "gather_Bps": math.inf, "atomics_per_s": math.inf,
+    measured = {"dram_Bps": copy_bandwidth(device), "gather_Bps": None, "atomics_per_s": None,
                 "flops_per_s": 2 * m**3 / (mm_ms * 1e-3)}
     if not cuda:
         return measured
@@ -83,10 +83,11 @@ def rates(device: torch.device) -> dict[str, float]:
     return {**measured, "gather_Bps": n * 128 / (gather_ms * 1e-3), "atomics_per_s": n * 32 / (atomics_ms * 1e-3)}
 
 
-def floor(work: Any, measured: dict[str, float]) -> tuple[float, str]:
+def floor(work: Any, measured: dict[str, float | None]) -> tuple[float, str]:
     """(milliseconds, the resource that binds): the largest of the `kernelhub.spec.Work`'s amounts over its rate
-    (`rates`)."""
-    ms, binds = max((getattr(work, field) / measured[rate] * 1e3, name) for field, rate, name in RESOURCES)
+    (`rates`; a rate not measured, None, is left out)."""
+    ms, binds = max((getattr(work, field) / measured[rate] * 1e3, name) for field, rate, name in RESOURCES
+                    if measured[rate])
     return ms, binds
 
 

@@ -336,9 +336,9 @@ def render_bench(data: dict, console: Console) -> None:
     # one small table per (op, sample) under its name: whole op and backend names in any width (80 columns: a CI
     # log); the repeats' spread and the first call's seconds with --wide
     r = data.get("rates")
-    rates = ("".join([f"; cache gathers {r['gather_Bps'] / 1e9:.0f} GB/s" * math.isfinite(r["gather_Bps"]),
-                      f", atomics {r['atomics_per_s'] / 1e9:.1f}/ns" * math.isfinite(r["atomics_per_s"]),
-                      f", FP32 {r['flops_per_s'] / 1e12:.2f} TFLOP/s"]) if r else "")
+    rates = "".join([f"; cache gathers {r['gather_Bps'] / 1e9:.0f} GB/s" if r and r["gather_Bps"] else "",
+                     f", atomics {r['atomics_per_s'] / 1e9:.1f}/ns" if r and r["atomics_per_s"] else "",
+                     f", FP32 {r['flops_per_s'] / 1e12:.2f} TFLOP/s" if r else ""])
     console.print(f"kernelhub bench on {data['device']} (copy bandwidth {data['copy_GBps']:.0f} GB/s{rates}); x floor: "
                   "the time over the op's least work at these rates, and the resource that binds (docs/ops.md)")
     wide = data.get("wide", False)

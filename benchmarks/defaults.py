@@ -55,7 +55,10 @@ def _kp(kind, b, t=4, c=32, res=200):
 SWEEP = {
     **{op: [(f"{b}x256³", _tv(b, 256, 256, 256)) for b in (1, 2, 4, 6, 8)]
        for op in ("tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d")},
+    # K-Planes at the benchmark's planes and at the host sizes' (T 2, C 16, 128²): the points alone decide a size
+    # range, and at small B the two kinds of call have put different backends ahead
     **{f"kplanes_interp_tilted{suffix}": [(f"B{b} T4 C32 200²", _kp(kind, b)) for b in (4096, 16384, 65536, 262144)]
+       + [(f"B{b} T2 C16 128²", _kp(kind, b, 2, 16, 128)) for b in (4096, 16384, 65536)]
        for suffix, kind in (("", ""), ("_ms", "ms"), ("_taps", "taps"))},
     # depthwise tropical max (semiconv's case tropical_2d_depthwise) from the host-bound sizes up
     "semiconv": [(f"{b}x{c}x{hw}² {k}x{k}", _semiconv(b, c, hw, k))

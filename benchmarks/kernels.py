@@ -4,7 +4,7 @@ For every op a backend implements and each benchmark shape of its spec (float32;
 Tikhonov), in one process:
 
 - the floor: the op's least work for the pass (DRAM bytes, cache gathers, atomics, arithmetic:
-  `kernelhub.spec.OpSpec.least_work`) over the rates measured here first, the binding one
+  `kernelhub.bench.least_work`) over the rates measured here first, the binding one
   (`kernelhub.bench.floor`);
 - the median time of the reference in eager mode, the reference under torch.compile (compile
   time excluded, reported), and each kernel backend, for the forward and for forward+backward,
@@ -28,10 +28,10 @@ import torch
 
 import kernelhub
 from kernelhub import testing
-from kernelhub.bench import compiled_reference, floor, rates
+from kernelhub.bench import compiled_reference, floor, least_work, rates
 
 # per op: the inputs that get gradients, one entry per pass (None = forward only); the floor of each pass is the
-# op's least work (`kernelhub.spec.OpSpec.least_work`) over the rates measured here first (`kernelhub.bench.floor`)
+# op's least work (`kernelhub.bench.least_work`) over the rates measured here first (`kernelhub.bench.floor`)
 MODES = {
     "tv_loss_l1_3d": [None, (0,)],
     "tv_loss_sq_3d": [None, (0,)],
@@ -134,7 +134,7 @@ def run(ops, backends, shapes=None) -> tuple[list[dict], list[str]]:
             out, grad, compiled, compile_s = compiled_reference(ref_fn, args, MODES[op])
             for grads_of in MODES[op]:
                 mode = "fwd" if grads_of is None else "fwd+bwd " + ",".join(spec.args[i].name for i in grads_of)
-                floor_ms, binds = floor(spec.least_work(args, out, grads_of), measured)
+                floor_ms, binds = floor(least_work(spec, args, out, grads_of), measured)
                 timings = {}
                 for label, fn in [("eager", ref_fn), ("compiled", compiled), *EXTRA.get(op, [])] + [
                         (b, kernelhub.op(op, backend=b)) for b in backends

@@ -4,7 +4,7 @@ against the op's memory floor, on one device.
 For every op and each sample of the chosen size (the spec's "benchmark" shapes; "medium" with
 ``quick``), forward and forward + backward (into every differentiable input):
 
-- the floor: the op's least work for the pass (`kernelhub.spec.OpSpec.least_work`: DRAM bytes, bytes gathered
+- the floor: the op's least work for the pass (`least_work`: DRAM bytes, bytes gathered
   from cache, atomic adds, arithmetic) over the rates measured first on the same device (`rates`), the largest of
   the four: the resource that binds ("binds" in each row);
 - the median time and its spread (`kernelhub.timing.timed`: `triton.testing.do_bench` on CUDA,
@@ -27,10 +27,11 @@ import torch
 from kernelhub import testing
 from kernelhub.args import first_tensor, nbytes
 from kernelhub.hub import get_hub
+from kernelhub.spec import OpSpec, Work
 from kernelhub.timing import device_model, time_ms, timed
 
-__all__ = ["compiled_reference", "copy_bandwidth", "rates", "floor", "RESOURCES", "make_step", "run", "plot",
-           "figure"]
+__all__ = ["compiled_reference", "copy_bandwidth", "rates", "plain_work", "least_work", "floor", "RESOURCES",
+           "make_step", "run", "plot", "figure"]
 
 # each `kernelhub.spec.Work` field, the rate `rates` measures for it, and the name a row gives it where it binds
 RESOURCES = (("dram_bytes", "dram_Bps", "DRAM"), ("gather_bytes", "gather_Bps", "gathers"),
@@ -81,6 +82,22 @@ def rates(device: torch.device) -> dict[str, float]:
     rows = idx % acc.shape[0]
     atomics_ms = time_ms(lambda: acc.index_add_(0, rows, src), device)
     return {**measured, "gather_Bps": n * 128 / (gather_ms * 1e-3), "atomics_per_s": n * 32 / (atomics_ms * 1e-3)}
+
+
+def plain_work(spec: OpSpec, args: Sequence[Any], out: torch.Tensor, grads_of: Sequence[int] | None) -> Work:
+    """The work of an op that reads its tensors and writes its output once (`least_work` where the spec gives no
+    ``work``): forward, every tensor argument read and the output written; backward (``grads_of``: the arguments
+    that get gradients), the upstream gradient and every tensor argument read again and each gradient written."""
+    tensors = sum(nbytes(args[i]) for i in spec.tensor_args)
+    if grads_of is None:
+        return Work(tensors + nbytes(out))
+    return Work(2 * (tensors + nbytes(out)) + sum(nbytes(args[i]) for i in grads_of))
+
+
+def least_work(spec: OpSpec, args: Sequence[Any], out: torch.Tensor, grads_of: Sequence[int] | None) -> Work:
+    """The `kernelhub.spec.Work` of a canonical call's forward (``grads_of`` None) or forward + backward into
+    ``grads_of``: the spec's ``work``, else `plain_work`."""
+    return spec.work(args, out, grads_of) if spec.work is not None else plain_work(spec, args, out, grads_of)
 
 
 def floor(work: Any, measured: dict[str, float | None]) -> tuple[float, str]:
@@ -157,7 +174,7 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
                 grad = testing.upstream_grad(out)
             for grads_of in (None, spec.differentiable):
                 passname = "fwd" if grads_of is None else "fwd+bwd"
-                floor_ms, binds = floor(spec.least_work(args, out, grads_of), measured)
+                floor_ms, binds = floor(least_work(spec, args, out, grads_of), measured)
                 times, first, spread = {}, {}, {}
                 for label, fn in [("torch_ref", ref_fn)] + [("compiled", compiled)] * (compiled is not None) + [
                         (b, get_hub().handle(op, b)) for b in names]:

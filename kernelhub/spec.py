@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["Arg", "Tolerance", "SampleInput", "SampleSpace", "Case", "Change", "Work", "plain_work", "OpSpec",
-           "Backend", "Impl", "ARG_KINDS", "Capability", "CAPABILITIES", "lazy", "layout_cache"]
+__all__ = ["Arg", "Tolerance", "SampleInput", "SampleSpace", "Case", "Change", "Work", "OpSpec", "Backend",
+           "Impl", "ARG_KINDS", "Capability", "CAPABILITIES", "lazy", "layout_cache"]
 
 # Argument kinds and their torch.library schema types. "tensors" is a list of tensors.
 ARG_KINDS = {
@@ -141,22 +141,6 @@ class Work:
     flops: int = 0
 
 
-def plain_work(spec: OpSpec, args: Sequence[Any], out: torch.Tensor, grads_of: Sequence[int] | None) -> Work:
-    """The work of an op that reads its tensors and writes its output once (the default of `OpSpec.work`):
-    forward, every tensor argument read and the output written; backward (``grads_of``: the arguments that get
-    gradients), the upstream gradient and every tensor argument read again and each gradient written."""
-    tensors = sum(_nbytes(args[i]) for i in spec.tensor_args)
-    forward = tensors + out.numel() * out.element_size()
-    if grads_of is None:
-        return Work(forward)
-    return Work(forward + out.numel() * out.element_size() + tensors + sum(_nbytes(args[i]) for i in grads_of))
-
-
-def _nbytes(a: Any) -> int:
-    """Bytes of a tensor, or of a list of tensors."""
-    return sum(t.numel() * t.element_size() for t in (a if isinstance(a, (list, tuple)) else (a,)))
-
-
 @dataclasses.dataclass(frozen=True)
 class OpSpec:
     """The contract of one op. Backends implement it; the selector and testing kit read it.
@@ -174,7 +158,8 @@ class OpSpec:
     the `Case`s the configuration may give their own priority. ``changes``: the contract's `Change`s after its
     first version, in order (version 2, 3, ...); the op's current version is `version`. ``work(args, out,
     grads_of)``: the `Work` of the forward (``grads_of`` None) or of forward + backward into the arguments at
-    ``grads_of``, what `kernelhub bench` measures each backend against (`least_work`; default `plain_work`).
+    ``grads_of``, what `kernelhub bench` measures each backend against (`kernelhub.bench.least_work`; without it,
+    `kernelhub.bench.plain_work`).
     """
 
     name: str
@@ -194,9 +179,6 @@ class OpSpec:
 
     SAMPLE_SIZES = ("small", "medium", "edge", "benchmark")
 
-    def least_work(self, args: Sequence[Any], out: torch.Tensor, grads_of: Sequence[int] | None) -> Work:
-        """The `Work` of a canonical call's forward (``grads_of`` None) or forward + backward into ``grads_of``."""
-        return self.work(args, out, grads_of) if self.work is not None else plain_work(self, args, out, grads_of)
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():

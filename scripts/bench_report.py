@@ -635,10 +635,11 @@ def _count(n: int) -> str:
 
 
 def toml_block(records: list[dict]) -> str:
-    """The shipped kernelhub.toml's measurements, from each device's benchmarks/defaults.py record: per op, each
-    call measured (by its first tensor's elements, what the size ranges compare) with the faster of cuda_ext and
-    triton and the other one's time over it. The per-op tables below the block are read against it."""
-    lines = [TOML_BEGIN]
+    """The shipped kernelhub.toml's measurements (between `TOML_BEGIN` and `TOML_END`), from each device's
+    benchmarks/defaults.py record: per op, each call measured (by its first tensor's elements, what the size ranges
+    compare) with the faster of cuda_ext and triton and the other one's time over it. The per-op tables below the
+    block are read against it."""
+    lines = []
     for data in records:
         lines += textwrap.wrap(
             f"Measured on an {data['device']} ({', '.join(f'{k} {x}' for k, x in data['versions'].items())}), "
@@ -656,7 +657,7 @@ def toml_block(records: list[dict]) -> str:
                 cells.append(f"{_count(r['elements'])} {r['fastest']}{ratio}")
             lines += textwrap.wrap(f"{op}: " + "; ".join(cells), width=116, initial_indent="#   ",
                                    subsequent_indent="#     ")
-    return "\n".join(lines + [TOML_END])
+    return "\n".join(lines)
 
 
 def _between(text: str, begin: str, end: str, new: str) -> str:
@@ -720,9 +721,7 @@ def render(check: bool = False) -> list[str]:
     text += _section("Tuning, run three times", _records(TUNE_FORMAT), tune_report, tune_intro)
     detail += _section("Tuning, run three times", _records(TUNE_FORMAT), lambda d: tune_report(d, every=True),
                        tune_intro)
-    toml = TOML.read_text()
-    start, stop = toml.index(TOML_BEGIN), toml.index(TOML_END) + len(TOML_END)
-    new_toml = toml[:start] + toml_block(_records(DEFAULTS_FORMAT)) + toml[stop:]
+    new_toml = _between(TOML.read_text(), TOML_BEGIN, TOML_END, toml_block(_records(DEFAULTS_FORMAT)))
     readme = _between(README.read_text(), BEGIN, END, winners_table(records))
     new_readme = _between(readme, HOST_BEGIN, HOST_END, host_table(hosts))
     outputs = ((REPORT, text), (DETAIL, detail + "\n"), (README, new_readme), (TOML, new_toml))

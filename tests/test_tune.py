@@ -558,16 +558,17 @@ def test_a_floor_is_the_binding_resource_of_the_op_s_least_work():
 
 @pytest.mark.parametrize("op", kernelhub.op_names())
 def test_each_op_s_least_work_reads_its_inputs_and_the_backward_adds_to_the_forward(op):
-    """`OpSpec.least_work` on the op's small samples: the forward moves at least its tensors and output once, and
-    forward + backward at least the forward plus each gradient written, and more of every resource."""
+    """`kernelhub.bench.least_work` on the op's small and edge samples: the forward moves at least its tensors and
+    output once, and forward + backward at least the forward plus each gradient written, and more of every
+    resource."""
     from kernelhub.args import nbytes
 
     spec = kernelhub.get_hub().registry.spec(op)
     for s in testing.samples(op, "small", spec.default_dtype, "cpu", seed=0) + \
             testing.samples(op, "edge", spec.default_dtype, "cpu", seed=0):
         out = spec.output(*s.args)
-        fwd = spec.least_work(s.args, out, None)
-        both = spec.least_work(s.args, out, spec.differentiable)
+        fwd = bench.least_work(spec, s.args, out, None)
+        both = bench.least_work(spec, s.args, out, spec.differentiable)
         inputs = sum(nbytes(s.args[i]) for i in spec.tensor_args) + nbytes(out)
         assert fwd.dram_bytes >= inputs and fwd.atomics == 0, (s.name, fwd)
         assert both.dram_bytes >= fwd.dram_bytes + sum(nbytes(s.args[i]) for i in spec.differentiable), s.name
@@ -582,9 +583,10 @@ def test_k_planes_least_work_counts_every_tap_s_texels_and_the_planes_gradient_s
     args = (torch.zeros(b, 3), torch.zeros(t, 3, 3), torch.zeros(3 * t, ch, 5, 7), 0.01)
     out = spec.output(*args)
     texels = 4 * b * t * 3 * 4 * ch  # taps x points x tilts x planes x corners x channels
-    assert spec.least_work(args, out, None).gather_bytes == 4 * texels
-    assert spec.least_work(args, out, (2,)).gather_bytes == 8 * texels
-    assert spec.least_work(args, out, (2,)).atomics == texels and spec.least_work(args, out, (0,)).atomics == 0
+    assert bench.least_work(spec, args, out, None).gather_bytes == 4 * texels
+    assert bench.least_work(spec, args, out, (2,)).gather_bytes == 8 * texels
+    assert bench.least_work(spec, args, out, (2,)).atomics == texels
+    assert bench.least_work(spec, args, out, (0,)).atomics == 0
 
 
 def test_bench_prints_whole_names_in_80_columns_and_what_binds():

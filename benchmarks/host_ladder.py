@@ -7,7 +7,8 @@ the hub's pieces added one at a time, forward + backward of one call, wall micro
                       calling the impl directly: no output or gradient checks
   glue + checks       the same with the hub's output and gradient checks (hub._check_output, hub._check_grads)
   hub                 kernelhub.op(name), the eager fast path
-  hub, no checks      the hub with those two checks replaced by no-ops (a diagnostic: the hub never runs so)
+  hub, no checks      the hub with those two checks replaced by no-ops (a diagnostic: the hub checks a layout's
+                      first call only, so past it the two rows run the same code)
 
 Each round times every row in turn (back-to-back calls, one synchronisation per row), so a drift of the machine's
 speed hits them alike; the best round is the least disturbed one. Tensor arguments only (TV, trilinear, K-Planes).

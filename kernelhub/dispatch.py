@@ -34,7 +34,8 @@ Invariants of the operators, which are what the PyTorch 2 toolchain sees:
 
 **The eager fast path** (`OpHandle.__call__`, where `_tracing` is False and every tensor is a plain tensor off
 the meta device): the same hub calls (`Hub.forward`, `Hub.backward_grads`: the same cached decision, fallback,
-output and gradient checks) without the operators' dispatch, through one `torch.autograd.Function`
+output and gradient checks, those once per layout and way of calling: their ``trusted``) without the operators'
+dispatch, through one `torch.autograd.Function`
 (`KernelhubFunction`) whose backward runs on the hub that ran the forward with the forward's decision; where no
 input requires grad (or grad mode is off), the hub's forward alone. A repeated call of one layout (`_layout`:
 each tensor's type, device, dtype, shape and strides, every other argument's type and value) whose arguments the
@@ -379,17 +380,17 @@ class KernelhubFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, call: tuple, *tensors: torch.Tensor) -> torch.Tensor:
-        handle, hub, decision, plan, args, weights = call
+        handle, hub, decision, plan, args, weights, trusted = call
         ctx.save_for_backward(*tensors)
         keep: list = []  # what an impl that saves for its backward saved (`Impl.can` "saves"), held by this node
-        decision, out = hub.forward(handle.spec.name, args, handle.backend, decision, weights, keep)
-        ctx.call = (handle, hub, decision, plan, weights, keep[0] if keep else None)
+        decision, out = hub.forward(handle.spec.name, args, handle.backend, decision, weights, keep, trusted)
+        ctx.call = (handle, hub, decision, plan, weights, keep[0] if keep else None, trusted)
         ctx.weights_version = None if weights is None else weights._version
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        handle, hub, decision, plan, weights, kept = ctx.call
+        handle, hub, decision, plan, weights, kept, trusted = ctx.call
         if weights is not None and weights._version != ctx.weights_version:  # as autograd checks saved tensors
             raise RuntimeError(f"kernelhub.{handle.spec.name}: argument 'weights' was modified in place after the "
                                f"forward (version {ctx.weights_version}, now {weights._version}), so the backward "
@@ -413,9 +414,10 @@ class KernelhubFunction(torch.autograd.Function):
         elif create_graph:
             with torch.no_grad():
                 grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision, weights,
-                                           kept)
+                                           kept, trusted)
         else:
-            grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision, weights, kept)
+            grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision, weights, kept,
+                                       trusted)
         out = to_slots(plan, needs, grads, needs_input)
         if not create_graph:
             return out
@@ -507,9 +509,9 @@ class OpHandle:
                         (self.spec.name, self.backend, torch.are_deterministic_algorithms_enabled(), layout[0]))
                 except TypeError:  # an unhashable argument: the spec's checks say what is wrong with it
                     known = None
-                if known is not None:  # (decision, the defaults that complete the call, its plan)
-                    decision, rest, plan = known
-                    return self._run(hub, decision, args + rest if rest else args, layout[1], plan)
+                if known is not None:  # (decision, the defaults that complete the call, its plan, what is trusted)
+                    decision, rest, plan, trusted = known
+                    return self._run(hub, decision, args + rest if rest else args, layout[1], plan, trusted)
         return self._call(args, kwargs)
 
     def _call(self, given: tuple, kwargs: dict) -> torch.Tensor:
@@ -526,13 +528,14 @@ class OpHandle:
                 hub = self.hub_of()
                 decision = hub.selector.decide(spec.name, args, self.backend)
                 plan = plan_call(spec, args, 1)
+                trusted: set = set()
                 rest = None if kwargs else _canonical_as_given(given, args)
                 if rest is not None:
                     layout = _layout(given)
                     if layout is not None:
                         hub.selector.remember((spec.name, self.backend, torch.are_deterministic_algorithms_enabled(),
-                                               layout[0]), args, decision, rest, plan)
-                return self._run(hub, decision, args, tensors, plan)
+                                               layout[0]), args, decision, rest, plan, trusted)
+                return self._run(hub, decision, args, tensors, plan, trusted)
         out = self._via_operators(args)
         return out if self.weights is None else _weigh(spec.name, out, self.weights)
 
@@ -545,9 +548,10 @@ class OpHandle:
             raise AssertionError("kernelhub: the generation token is never empty")
         return self._overload(*args, self.backend, self.hub)
 
-    def _run(self, hub: Any, decision: Any, args: tuple, tensors: list[torch.Tensor], plan: tuple) -> torch.Tensor:
+    def _run(self, hub: Any, decision: Any, args: tuple, tensors: list[torch.Tensor], plan: tuple,
+             trusted: set) -> torch.Tensor:
         """The eager fast path: ``decision`` run on ``hub`` through `KernelhubFunction` where an input requires
-        grad, else the hub's forward alone (no autograd node)."""
+        grad, else the hub's forward alone (no autograd node); ``trusted``: the layout's (`Hub.forward`)."""
         weights = inner = self.weights  # inner: the weights the hub applies (in the impl's kernels where it can)
         if weights is not None:
             _check_weights(self.spec.name, weights, decision.output)
@@ -556,9 +560,9 @@ class OpHandle:
         if torch.is_grad_enabled():
             for t in tensors:
                 if t.requires_grad:
-                    out = _apply((self, hub, decision, plan, args, inner), *tensors)
+                    out = _apply((self, hub, decision, plan, args, inner, trusted), *tensors)
                     return out if inner is weights else weighted_sum(out, weights)
-        out = hub.forward(self.spec.name, args, self.backend, decision, inner)[1]
+        out = hub.forward(self.spec.name, args, self.backend, decision, inner, None, trusted)[1]
         return out if inner is weights else weighted_sum(out, weights)
 
     def __reduce__(self) -> tuple:

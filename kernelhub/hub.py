@@ -86,7 +86,8 @@ class Hub:
         return self.forward(op, args, forced)[1]
 
     def forward(self, op: str, args: Sequence[Any], forced: str, decision: Decision | None = None,
-                weights: torch.Tensor | None = None, keep: list | None = None) -> tuple[Decision, torch.Tensor]:
+                weights: torch.Tensor | None = None, keep: list | None = None,
+                trusted: set | None = None) -> tuple[Decision, torch.Tensor]:
         """The decision that served the call, and the checked output: the first eligible impl's of ``decision``
         (the selector's for the call where not given), falling back past each that raises or returns a wrong
         output (`_next`). Every eager call runs this loop; it is written out (no closure, no wrapper per call)
@@ -94,11 +95,12 @@ class Hub:
         output by the caller): the output's 0-d weighted sum instead, the impl's own where it fuses them
         (`Impl.can` "weighted"), else the checked output weighed in torch ops. ``keep`` (a list, for a call whose
         backward follows): an impl that saves for its backward (`Impl.can` "saves") is called so, and (impl, saved)
-        appended once its output passed the check, for `backward_grads`."""
+        appended once its output passed the check, for `backward_grads`. ``trusted`` (the eager fast path's, one
+        set per remembered layout: `kernelhub.dispatch`): the (backend, way of calling) whose output passed the
+        check for this layout; such an output is not checked again (None: every output is checked)."""
         if _autocast_on():  # docs/ops.md, "Autocast": an op computes in its inputs' dtype
             with _no_autocast():
-                return self.forward(op, args, forced, decision, weights, keep)
-        spec = self.registry.spec(op)
+                return self.forward(op, args, forced, decision, weights, keep, trusted)
         if decision is None:
             decision = self.selector.decide(op, args, forced)
         while True:
@@ -106,14 +108,21 @@ class Hub:
             try:
                 if weights is not None and "weighted" in impl.can:
                     out = impl.forward(*args, weights=weights)
-                    _check_output(spec, impl.backend, out, (_SCALAR, *decision.output[1:]), args)
+                    way = (impl.backend, "weighted")
+                    if trusted is None or way not in trusted:
+                        _check_output(self.registry.spec(op), impl.backend, out, (_SCALAR, *decision.output[1:]), args)
+                        _trust(trusted, way)
                 else:
                     saved = None
                     if keep is not None and "saves" in impl.can:
                         out, saved = impl.forward(*args, saving=True)
+                        way = (impl.backend, "saving")
                     else:
                         out = impl.forward(*args)
-                    _check_output(spec, impl.backend, out, decision.output, args)
+                        way = impl.backend
+                    if trusted is None or way not in trusted:
+                        _check_output(self.registry.spec(op), impl.backend, out, decision.output, args)
+                        _trust(trusted, way)
                     if saved is not None:
                         keep.append((impl, saved))
                     if weights is not None:
@@ -130,17 +139,19 @@ class Hub:
 
     def backward_grads(self, op: str, grad: torch.Tensor, args: Sequence[Any], needs: Sequence[bool],
                        forced: str, decision: Decision | None = None,
-                       weights: torch.Tensor | None = None, saved: tuple | None = None) -> list[Any]:
+                       weights: torch.Tensor | None = None, saved: tuple | None = None,
+                       trusted: set | None = None) -> list[Any]:
         """One entry per differentiable argument (a tensor, a list for a "tensors" one, None where not needed),
         checked against the arguments, from the backend that ran the forward: ``decision``'s first eligible where
         the forward's decision is given (the eager fast path), else the one the selector picks for the call.
         ``weights`` (a weighted handle's; ``grad`` then the weighted sum's, 0-d): an impl that fuses them takes
         them as they are, the others the op's upstream gradient ``conj(weights) * grad``. ``saved``: the
-        forward's (impl, saved) (`forward`'s ``keep``), given to that impl's backward only."""
+        forward's (impl, saved) (`forward`'s ``keep``), given to that impl's backward only. ``trusted``: as
+        `forward`'s, for the gradients (keyed by the backend, the way it was called, the upstream gradient's strides
+        and ``needs``)."""
         if _autocast_on():
             with _no_autocast():
-                return self.backward_grads(op, grad, args, needs, forced, decision, weights, saved)
-        spec = self.registry.spec(op)
+                return self.backward_grads(op, grad, args, needs, forced, decision, weights, saved, trusted)
         if decision is None:
             decision = self.selector.decide(op, args, forced)
         while True:
@@ -148,19 +159,33 @@ class Hub:
             try:
                 if weights is not None and "weighted" in impl.can:  # such a forward saved nothing
                     grads = impl.backward(grad, *args, needs=needs, weights=weights)
+                    way = (impl.backend, "weighted", grad.stride(), *needs)
                 else:
                     g = grad if weights is None else weights.conj() * grad
                     if saved is not None and saved[0] is impl:
                         grads = impl.backward(g, *args, needs=needs, saved=saved[1])
+                        way = (impl.backend, "saved", grad.stride(), *needs)
                     else:
                         grads = impl.backward(g, *args, needs=needs)
-                _check_grads(spec, impl.backend, grads, args, needs, grad)
+                        way = (impl.backend, "backward", grad.stride(), *needs)
+                if trusted is None or way not in trusted:
+                    _check_grads(self.registry.spec(op), impl.backend, grads, args, needs, grad)
+                    _trust(trusted, way)
                 return grads
             except CONTAINED as exc:
                 decision = self._next(op, args, forced, decision, impl, exc)
 
 
 _SCALAR = torch.Size([])  # a fused weighted sum's shape (`Hub.forward`)
+
+
+def _trust(trusted: set | None, way: Any) -> None:
+    """Note in ``trusted`` (a remembered layout's, `Hub.forward`; None: none kept) that ``way`` (a backend and how
+    it was called) returned what the checks want for this layout. What they check (shape, dtype, device, no
+    memory shared with the call) is the impl's for a layout as a whole, as the spec's checks of the arguments are,
+    which a remembered call skips too; a wrong result on a layout's first call is never trusted."""
+    if trusted is not None:
+        trusted.add(way)
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)  # one C call on every hub call
 _AUTOCAST_DEVICES = ("cpu", "cuda")  # the devices kernelhub's backends serve
 

@@ -103,9 +103,10 @@ class Selector:
         # call_key -> decision: `decide`; `forget` (new winners), `mark_failed` (that key), full (all of it)
         self._cache: dict[tuple, Decision] = {}
         # (op, forced, deterministic switch, the call's layout as given) -> (decision, the defaults that complete
-        # the canonical call, its `kernelhub._glue.plan_call`): `remember`, read by dispatch.OpHandle on every
-        # eager call; dropped with `_cache` (`forget`, `mark_failed`, full)
-        self.remembered: dict[tuple, tuple[Decision, tuple, tuple]] = {}
+        # the canonical call, its `kernelhub._glue.plan_call`, the set of the ways of calling whose results passed
+        # the output checks for it: `kernelhub.hub.Hub.forward`'s ``trusted``): `remember`, read by
+        # dispatch.OpHandle on every eager call; dropped with `_cache` (`forget`, `mark_failed`, full)
+        self.remembered: dict[tuple, tuple[Decision, tuple, tuple, set]] = {}
         # call_key -> backend -> why it may not serve that key again (it raised): `mark_failed`; never emptied
         self._failed: dict[tuple, dict[str, str]] = {}
         # what was warned about once (a failed backend, a case, a pin, a traced impl): the warnings; never emptied
@@ -126,16 +127,19 @@ class Selector:
                 self._cache[key] = decision
         return decision
 
-    def remember(self, memo_key: tuple, args: Sequence[Any], decision: Decision, rest: tuple, plan: tuple) -> None:
+    def remember(self, memo_key: tuple, args: Sequence[Any], decision: Decision, rest: tuple, plan: tuple,
+                 trusted: set) -> None:
         """Let later calls of this ``memo_key`` (op, forced, deterministic switch, layout: dispatch.OpHandle's)
         skip the spec's checks and the decision key: ``args`` passed the checks, are canonical as given plus the
         defaults ``rest``, and were decided ``decision``, which is remembered only while it is the cached decision
         of ``args`` (one not cached, made while tuning was impossible, is decided again at the next call); ``plan``
-        is what the caller's autograd glue keeps of every call of the layout (`kernelhub._glue.plan_call`)."""
+        is what the caller's autograd glue keeps of every call of the layout (`kernelhub._glue.plan_call`);
+        ``trusted`` the layout's set of what passed the output checks (`kernelhub.hub.Hub.forward`), filled as its
+        calls run."""
         if self._cache.get(call_key(memo_key[0], args, memo_key[1])) is decision:
             if len(self.remembered) >= MAX_CACHED_DECISIONS:
                 self.remembered.clear()
-            self.remembered[memo_key] = (decision, rest, plan)
+            self.remembered[memo_key] = (decision, rest, plan, trusted)
 
     def peek(self, op: str, args: Sequence[Any], forced: str = "") -> Decision:
         """The decision for a call without caching a new one: for fake tensors (`kernelhub explain` of a shape too

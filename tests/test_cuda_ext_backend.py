@@ -279,6 +279,29 @@ def test_tv_on_cuda_is_one_kernel_each_way_and_streams_keep_their_own_sums(op):
 
 
 @built
+def test_a_fused_weighted_sum_is_checked_once_per_layout(monkeypatch):
+    """The eager fast path checks the fused weighted sum (a way of calling of its own: kernelhub/hub.py,
+    `Hub.forward`'s ``trusted``) and its gradient on the layout's first call only; the plain call of the same layout
+    is checked once too."""
+    from kernelhub import hub as hub_module
+
+    seen = []
+    for name in ("_check_output", "_check_grads"):
+        real = getattr(hub_module, name)
+        monkeypatch.setattr(hub_module, name, lambda *a, _r=real, _n=name: seen.append(_n) or _r(*a))
+    kernelhub.get_hub().selector.forget()
+    v = torch.randn(2, 3, 4, 5, requires_grad=True)
+    op = kernelhub.op("tv_loss_l1_3d", backend="cuda_ext")
+    tv = op.weighted(torch.tensor([1.0, 2.0, 3.0]))
+    for _ in range(3):
+        tv(v).backward()
+    assert seen == ["_check_output", "_check_grads"]
+    for _ in range(3):
+        op(v).sum().backward()
+    assert seen == ["_check_output", "_check_grads"] * 2
+
+
+@built
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("op", ["tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d"])

@@ -250,6 +250,50 @@ def test_the_backward_runs_on_the_hub_that_ran_the_forward(monkeypatch):
     torch.testing.assert_close(g, torch.autograd.grad(tv.tv_loss_sq_3d(w), w)[0])  # torch_ref's math, plain autograd
 
 
+def test_the_output_checks_run_once_per_layout_and_way_of_calling(monkeypatch):
+    """The eager fast path checks outputs and gradients (kernelhub/hub.py: `_check_output`, `_check_grads`) on a
+    layout's first call, and again for each new way of calling: another layout, another set of gradients needed
+    (the same layout), an upstream gradient of other strides, a weighted handle; every call on the operators'
+    path."""
+    from kernelhub import hub as hub_module
+
+    seen = []
+    for name in ("_check_output", "_check_grads"):
+        real = getattr(hub_module, name)
+        monkeypatch.setattr(hub_module, name, lambda *a, _r=real, _n=name: seen.append(_n) or _r(*a))
+    kernelhub.get_hub().selector.forget()
+    op = kernelhub.op("trilinear_interp", backend="torch_ref")
+    feats, pts = torch.randn(7, 8, 2, requires_grad=True), (torch.rand(7, 3) * 2 - 1).requires_grad_()
+
+    def step(g=None, points=pts, handle=op):
+        out = handle(feats, points)
+        inputs = (feats, points) if points.requires_grad else (feats,)
+        torch.autograd.grad(out, inputs, g if g is not None else torch.ones_like(out))
+    step()
+    assert seen == ["_check_output", "_check_grads"]
+    step(), step()
+    assert seen == ["_check_output", "_check_grads"]  # the layout's repeated calls: trusted
+    step(points=pts.detach()), step(points=pts.detach())
+    assert seen[2:] == ["_check_grads"]  # points that need no gradient, the same layout: checked once
+    step(g=torch.ones(2, 7).t())  # an upstream gradient of other strides
+    step(g=torch.ones(2, 7).t())
+    assert seen[3:] == ["_check_grads"]
+    with torch.no_grad():
+        op(feats, pts), op(feats, pts)
+    assert seen[4:] == []  # the plain forward is the no-grad call's way too
+    op(feats[:5], pts[:5]), op(feats[:5], pts[:5])
+    assert seen[4:] == ["_check_output"]  # another layout
+    step(handle=op.weighted(torch.randn(7, 2)), g=torch.tensor(1.0))
+    step(handle=op.weighted(torch.randn(7, 2)), g=torch.tensor(1.0))
+    # weighted by an impl that fuses nothing: the plain forward's output (trusted), a gradient from another upstream
+    # gradient's strides (0-d) checked once
+    assert seen[5:] == ["_check_grads"]
+    del seen[:]
+    monkeypatch.setattr(_state, "EAGER_FAST_PATH", False)
+    step(), step()
+    assert seen == ["_check_output", "_check_grads"] * 2  # the operators: every call
+
+
 def test_a_repeated_call_skips_the_checks_but_not_what_they_guard(monkeypatch):
     """The eager fast path's memo (kernelhub/dispatch.py, `Selector.remembered`): a call whose layout (tensor
     metadata, other arguments' values) was checked and decided before skips the spec's checks and gives the same

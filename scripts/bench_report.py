@@ -593,9 +593,9 @@ def host_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def defaults_report(data: dict) -> list[str]:
-    """docs/benchmarks.md's section of one benchmarks/defaults.py record: per op, how many calls the untuned hub
-    served within 1.05x of the fastest backend forced, and its worst call."""
+def defaults_report(data: dict, table: bool = True) -> list[str]:
+    """docs/benchmarks.md's section of one benchmarks/defaults.py record: how many calls the untuned hub served
+    within 1.05x of the fastest backend forced, and with ``table`` (the detail page's) per op, with its worst call."""
     v = ", ".join(f"{k} {x}" for k, x in data["versions"].items())
     b = data.get("before")
     rows = data["rows"]
@@ -608,9 +608,11 @@ def defaults_report(data: dict) -> list[str]:
              f" At the benchmark samples and host sizes (the target's calls): "
              f"{sum(r['hub_vs_fastest'] <= 1.05 for r in target)} of {len(target)}, worst "
              f"{max((r['hub_vs_fastest'] for r in target), default=math.nan):.2f}." +
-             (f" After this run, {data['after']}." if data.get("after") else ""), "",
-             "| op | calls | within 1.05x | worst hub / fastest | that call: the hub picks, fastest (x) |",
-             "|---|---:|---:|---:|---|"]
+             (f" After this run, {data['after']}." if data.get("after") else ""), ""]
+    if not table:
+        return parts
+    parts += ["| op | calls | within 1.05x | worst hub / fastest | that call: the hub picks, fastest (x) |",
+              "|---|---:|---:|---:|---|"]
     for op in sorted({r["op"] for r in rows}):
         mine = [r for r in rows if r["op"] == op]
         w = max(mine, key=lambda r: r["hub_vs_fastest"])
@@ -707,12 +709,15 @@ def render(check: bool = False) -> list[str]:
                      "Forward + backward ms (`do_bench` median), each backend forced, depthwise unless dense "
                      "(`benchmarks/semiconv_cases.py`): why the shipped priority of semiconv's "
                      "`tropical_2d_depthwise` case puts cuda_ext first. The small calls are host-bound.")
-    text += _section("Untuned choice", _records(DEFAULTS_FORMAT), defaults_report,
-                     "What a user who never runs `kernelhub tune` gets: the shipped kernelhub.toml's choice against "
-                     "cuda_ext and triton forced, forward + backward, at every op's benchmark samples, the host "
-                     "sizes above and the sizes around the shipped size ranges, timed against each other in "
-                     "15 interleaved rounds (CUDA events; `benchmarks/defaults.py`); hub / fastest is the median "
-                     "of the rounds' ratios (where the hub picks the fastest, the dispatch's noise).")
+    defaults_intro = ("What a user who never runs `kernelhub tune` gets: the shipped kernelhub.toml's choice against "
+                      "cuda_ext and triton forced, forward + backward, at every op's benchmark samples, the host "
+                      "sizes above and the sizes around the shipped size ranges, timed against each other in "
+                      "15 interleaved rounds (CUDA events; `benchmarks/defaults.py`); hub / fastest is the median "
+                      "of the rounds' ratios (where the hub picks the fastest, the dispatch's noise).")
+    text += _section("Untuned choice", _records(DEFAULTS_FORMAT), lambda d: defaults_report(d, table=False),
+                     defaults_intro + " Per op, and each op's worst call: lab/benchmarks-detail.md; every call: "
+                     "kernelhub/kernelhub.toml's measurements block.")
+    detail += _section("Untuned choice", _records(DEFAULTS_FORMAT), defaults_report, defaults_intro)
     tune_intro = ("`kernelhub tune` run three times on one machine, each run into its own winners file "
                   "(`python scripts/bench_report.py record-tune`): per bucket, each run's fastest backend, the gap to "
                   "the second (median forward + backward ms), and the winner it named (\"-\": within noise, no "

@@ -24,11 +24,19 @@ def junit_key(nodeid: str) -> tuple[str, str]:
     return ".".join([module, *rest[:-1]]), rest[-1]
 
 
+def without_group(name: str) -> str:
+    """A JUnit test name without the ``@group`` that pytest-xdist's ``--dist loadgroup`` appends to a test marked
+    ``xdist_group`` (``test_b[x]@gpu_memory`` -> ``test_b[x]``); an ``@`` inside the parameters' brackets stays."""
+    head, bracket, tail = name.rpartition("]")
+    return head + bracket + tail.split("@")[0] if bracket else name.split("@")[0]
+
+
 def unfinished(collected: list[str], xml_path: str) -> list[str]:
     """The ids of ``collected`` with no test case in the JUnit XML at ``xml_path`` (all of them where the file
     is missing or cut short)."""
     try:
-        done = {(case.get("classname"), case.get("name")) for case in ET.parse(xml_path).iter("testcase")}
+        done = {(case.get("classname"), without_group(case.get("name") or ""))
+                for case in ET.parse(xml_path).iter("testcase")}
     except (OSError, ET.ParseError):
         done = set()
     return [nodeid for nodeid in collected if junit_key(nodeid) not in done]

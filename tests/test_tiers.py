@@ -78,3 +78,22 @@ def test_a_stopped_runs_unfinished_tests_are_named_for_the_next_run(tmp_path):
     assert "tests with a result: 2 of 4 selected; not finished: 2" in named.stdout
     again = subprocess.run([*run, f"@{out}"], cwd=tmp_path, capture_output=True, text=True)  # the next run's way
     assert "2 passed" in again.stdout, again.stdout + again.stderr
+
+
+def test_a_test_of_an_xdist_group_counts_as_finished(tmp_path):
+    """pytest-xdist's ``--dist loadgroup`` (scripts/gpu_check.sh's) names a test marked ``xdist_group`` in the
+    JUnit XML with ``@group`` appended: scripts/unfinished_tests.py counts it as finished, and keeps an ``@`` that
+    is part of a parameter's id."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "unfinished_tests.py"
+    spec = importlib.util.spec_from_file_location("unfinished_tests", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    xml = tmp_path / "run.xml"
+    xml.write_text('<testsuites><testsuite><testcase classname="tests.test_a" name="test_big[triton]@gpu_memory"/>'
+                   '<testcase classname="tests.test_a" name="test_solo@gpu_memory"/>'
+                   '<testcase classname="tests.test_a" name="test_at[x@cpu]"/></testsuite></testsuites>')
+    ids = ["tests/test_a.py::test_big[triton]", "tests/test_a.py::test_big[cuda_ext]", "tests/test_a.py::test_solo",
+           "tests/test_a.py::test_at[x@cpu]", "tests/test_a.py::test_at[x]"]
+    assert mod.unfinished(ids, str(xml)) == ["tests/test_a.py::test_big[cuda_ext]", "tests/test_a.py::test_at[x]"]

@@ -1,11 +1,11 @@
 """Time the CPU kernel backends against torch eager and torch.compile of the reference, on the CPU.
 
 For each op the cuda_ext backend implements, in one process, with the machine's threads
-(torch.get_num_threads()): the median wall time over repeats, after warm-up, of the reference
-in eager mode, the reference under torch.compile (compile time excluded) and each backend, for
-the forward and for forward+backward. Inputs are random (float32; complex64 for Tikhonov).
+(torch.get_num_threads()): the median wall time over ``--repeat`` interleaved rounds (`kernelhub.timing.rounds`,
+after warm-up) of the reference in eager mode, the reference under torch.compile (compile time excluded) and each
+backend, for the forward and for forward+backward. Inputs are random (float32; complex64 for Tikhonov).
 
-Usage: python benchmarks/cpu.py [--backends cuda_ext] [--ops ...] [--repeat 25] [--json FILE]
+Usage: python benchmarks/run.py kernels-cpu [--backends cuda_ext] [--ops ...] [--repeat 25] [--json FILE]
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
 # compile in this process: a pool of compile workers would share the cores with the timed code
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
@@ -22,6 +21,7 @@ import torch  # noqa: E402
 from kernels import MODES, make_step, write_rows  # benchmarks/kernels.py: which inputs get gradients per pass
 
 import kernelhub  # noqa: E402
+from kernelhub import timing  # noqa: E402
 
 # CPU-sized inputs (the GPU benchmark shapes are too large for eager on a laptop)
 SHAPES = {
@@ -56,17 +56,13 @@ def make_args(op: str, shape: tuple, gen: torch.Generator) -> tuple:
     return torch.randn(shape, generator=gen, dtype=torch.complex64), 0.3
 
 
-def timed(step, leaves, repeat: int) -> float:
-    for _ in range(3):
-        step()
-    times = []
-    for _ in range(repeat):
+def fresh_grads(step, leaves):
+    """``step`` with its leaves' gradients dropped first (each step's backward writes them anew)."""
+    def run():
         for t in leaves:
             t.grad = None
-        t0 = time.perf_counter()
         step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return run
 
 
 def run(ops, backends, repeat: int) -> list[dict]:
@@ -84,15 +80,14 @@ def run(ops, backends, repeat: int) -> list[dict]:
             grad = torch.randn(out.shape, generator=gen, dtype=out.dtype)
             torch._dynamo.reset()
             compiled = torch.compile(ref)
-            for m in MODES[op][:2]:  # forward, and forward+backward into the first input
-                grads_of = m and m[0]
+            for grads_of in MODES[op][:2]:  # forward, and forward+backward into the inputs kernels.py names first
                 names = [hub.registry.spec(op).args[i].name for i in grads_of or ()]
-                mode = "fwd" if m is None else "fwd+bwd " + ",".join(names)
-                times = {}
-                for label, fn in [("eager", ref), ("compiled", compiled)] + [
-                        (b, kernelhub.op(op, backend=b)) for b in backends if b in impls]:
-                    step, leaves = make_step(fn, args, grads_of, grad)
-                    times[label] = timed(step, leaves, repeat)
+                mode = "fwd" if grads_of is None else "fwd+bwd " + ",".join(names)
+                fns = {label: fresh_grads(*make_step(fn, args, grads_of, grad))
+                       for label, fn in [("eager", ref), ("compiled", compiled)] + [
+                           (b, kernelhub.op(op, backend=b)) for b in backends if b in impls]}
+                times = {label: statistics.median(t)
+                         for label, t in timing.rounds(fns, torch.device("cpu"), repeat).items()}
                 for label, ms in times.items():
                     row = {"op": op, "shape": name, "mode": mode, "impl": label, "ms": ms,
                            "speedup_vs_eager": times["eager"] / ms, "speedup_vs_compiled": times["compiled"] / ms}

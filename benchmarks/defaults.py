@@ -4,7 +4,7 @@ sizes around the shipped size ranges (``SWEEP``). Each row: the backend the hub 
 (`kernelhub.explain`), each one's median ms, and the hub's time over the fastest's, all timed against each other in
 interleaved rounds (`kernelhub.timing.rounds`, CUDA events). Target (docs/benchmarks.md): hub / fastest <= 1.05.
 
-    python benchmarks/defaults.py --device cuda [--ops OP ...] [--only benchmark host sweep] [--json FILE]
+    python benchmarks/run.py defaults --device cuda [--ops OP ...] [--only benchmark host sweep] [--json FILE]
 
 torch_ref and inductor are not timed: on the GPU they are several times slower than cuda_ext and triton at every
 recorded size (docs/benchmarks.md), and inductor compiles per shape.

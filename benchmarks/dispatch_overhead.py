@@ -1,14 +1,14 @@
 """Dispatch overhead of the hub on a tiny CPU tensor (issue: Core hub, item 9).
 
-Times, in one run, per call (median of repeats):
+Times, in one run, per call (median of interleaved rounds, `kernelhub.timing.rounds`):
   direct    - the chosen impl's forward called as a Python function;
   custom_op - a plain torch.library.custom_op wrapping that same forward (fake + autograd registered);
-  hub       - kernelhub.op(name)(x): argument checks, selection (a cached dict lookup), the hub's operator.
-and the same for forward+backward (direct: autograd through the impl; custom_op and hub: the impl's
-backward through their autograd formula). Overheads are reported relative to `direct`; the goal is
+  hub       - kernelhub.op(name)(x): the eager fast path (a remembered layout's decision, the hub's glue).
+and the same for forward+backward (direct: the impl's forward, then its backward, called as functions; custom_op
+and hub: the impl's backward through their autograd glue). Overheads are reported relative to `direct`; the goal is
 hub - custom_op <= 0.5 * (custom_op - direct) for the forward.
 
-    python benchmarks/dispatch_overhead.py [--op tv_loss_l1_3d] [--json]
+    python benchmarks/run.py host-dispatch [--op tv_loss_l1_3d] [--json]
 """
 
 from __future__ import annotations
@@ -16,25 +16,26 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import timeit
 
 import torch
 
 import kernelhub
+from kernelhub import timing
 
 
-def per_call_us(fn, number: int, repeat: int) -> float:
-    fn()
-    return statistics.median(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
+def per_call_us(fns: dict, repeat: int, round_ms: float) -> dict:
+    """Microseconds per call of each callable: the median of its interleaved rounds (`kernelhub.timing.rounds`)."""
+    return {label: statistics.median(t) * 1e3
+            for label, t in timing.rounds(fns, torch.device("cpu"), repeat, round_ms).items()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--op", default="tv_loss_l1_3d")
-    parser.add_argument("--number", type=int, default=2000)
+    parser.add_argument("--round-ms", type=float, default=20.0, help="how long each callable's calls in a round last")
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
     hub = kernelhub.get_hub()
@@ -62,21 +63,15 @@ def main() -> None:
             f(xg).backward(gout)
         return run
 
-    def direct_fb():
-        with torch.enable_grad():
-            impl.forward(xg).backward(gout)
+    def direct_fb():  # no autograd: an impl's forward need not be differentiable by it (cuda_ext's is not)
+        impl.forward(x)
+        impl.backward(gout, x, needs=[True])
 
     results = {
-        "forward": {
-            "direct": per_call_us(lambda: impl.forward(x), args.number, args.repeat),
-            "custom_op": per_call_us(lambda: plain(x), args.number, args.repeat),
-            "hub": per_call_us(lambda: hub_op(x), args.number, args.repeat),
-        },
-        "forward+backward": {
-            "direct": per_call_us(direct_fb, args.number // 4, args.repeat),
-            "custom_op": per_call_us(fb(plain), args.number // 4, args.repeat),
-            "hub": per_call_us(fb(hub_op), args.number // 4, args.repeat),
-        },
+        "forward": per_call_us({"direct": lambda: impl.forward(x), "custom_op": lambda: plain(x),
+                                "hub": lambda: hub_op(x)}, args.repeat, args.round_ms),
+        "forward+backward": per_call_us({"direct": direct_fb, "custom_op": fb(plain), "hub": fb(hub_op)},
+                                        args.repeat, args.round_ms),
     }
     for r in results.values():
         r["custom_op_overhead"] = r["custom_op"] - r["direct"]

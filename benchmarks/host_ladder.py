@@ -1,5 +1,5 @@
 """Where the hub's per-call host cost goes: the minimal autograd.Function around the backend the hub picks, then
-the hub's pieces added one at a time, forward + backward of one call, wall microseconds, best of the rounds.
+the hub's pieces added one at a time, forward + backward of one call, microseconds, best of the rounds.
 
   min                 benchmarks/host_overhead.py's minimal Function (torch.autograd.Function.apply)
   min, raw apply      the same Function through the raw apply the hub's glue uses (no Python wrapper)
@@ -10,23 +10,24 @@ the hub's pieces added one at a time, forward + backward of one call, wall micro
   hub, no checks      the hub with those two checks replaced by no-ops (a diagnostic: the hub checks a layout's
                       first call only, so past it the two rows run the same code)
 
-Each round times every row in turn (back-to-back calls, one synchronisation per row), so a drift of the machine's
-speed hits them alike; the best round is the least disturbed one. Tensor arguments only (TV, trilinear, K-Planes).
+Each round times every row in turn, in a new order each round (`kernelhub.timing.rounds`, the tuner's timing:
+back-to-back calls filling ``--round-ms``, one synchronisation per row, CUDA events on CUDA), so a drift of the
+machine's speed hits them alike; the best round is the least disturbed one. Tensor arguments only (TV, trilinear,
+K-Planes).
 
-    python benchmarks/host_ladder.py [--device cuda] [--families tv trilinear] [--sizes tiny medium] [--rounds 41]
+    python benchmarks/run.py host-ladder [--device cuda] [--families tv trilinear] [--sizes tiny medium] [--rounds 41]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 import kernelhub
-from kernelhub import dispatch, testing
+from kernelhub import dispatch, testing, timing
 from kernelhub import hub as hub_module
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -110,10 +111,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                                              "kplanes"])
     p.add_argument("--sizes", nargs="+", default=["tiny"], choices=["tiny", "medium", "large"])
     p.add_argument("--rounds", type=int, default=41)
-    p.add_argument("--calls", type=int, default=200, help="calls per row and round")
+    p.add_argument("--round-ms", type=float, default=15.0, help="how long each row's calls in a round last")
     args = p.parse_args(argv)
     device = torch.device(args.device)
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     for fam in args.families:
         op, sizes = host_overhead.FAMILIES[fam]
         for size in args.sizes:
@@ -121,15 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             for f in fns.values():
                 for _ in range(20):
                     f()
-            best = dict.fromkeys(fns, float("inf"))
-            for _ in range(args.rounds):
-                for label, f in fns.items():
-                    sync()
-                    start = time.perf_counter()
-                    for _ in range(args.calls):
-                        f()
-                    sync()
-                    best[label] = min(best[label], (time.perf_counter() - start) / args.calls * 1e6)
+            best = {label: min(t) * 1e3 for label, t in timing.rounds(fns, device, args.rounds, args.round_ms).items()}
             print(f"{host_overhead.CALLS[fam][size]} ({op}, {backend}, {args.device}): forward + backward, us, best "
                   f"of {args.rounds} rounds")
             for label, us in best.items():

@@ -20,7 +20,7 @@ line), which a host's noise disturbs least, and the hub's rows the median of the
 Function (``forward_vs_min``, ``step_vs_min``; the summary's last line), which a drift of the host's speed from
 round to round leaves alone.
 
-    python benchmarks/host_overhead.py [--device cuda] [--families tv trilinear] [--sizes tiny medium]
+    python benchmarks/run.py host [--device cuda] [--families tv trilinear] [--sizes tiny medium]
                                        [--json FILE] [--repeat 15]
 """
 

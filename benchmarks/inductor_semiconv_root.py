@@ -4,7 +4,7 @@ can go.)
 
 For semifields root:2, linear and tropical_max, paddings 0 and 1, dilations 1 and 2: the img and kernel
 gradients of torch.compile(torch_ref's forward, dynamic=False) in float32 against eager float64, as relative
-errors. Usage: python benchmarks/inductor_semiconv_root.py [cuda|cpu]
+errors. Usage: python benchmarks/run.py probe-inductor-root [cuda|cpu]
 """
 
 import itertools
@@ -23,7 +23,8 @@ def grads(fn, img, ker, rest, dtype):
     return i.grad.double(), k.grad.double()
 
 
-def main(device: str = "cuda") -> None:
+def main(argv: list[str] | None = None) -> None:
+    device = (argv or ["cuda"])[0]
     hub = kernelhub.get_hub()
     ref, normalize = hub.registry.impls("semiconv")["torch_ref"].forward, hub.registry.spec("semiconv").normalize
     gen = torch.Generator(device=device).manual_seed(0)
@@ -40,4 +41,4 @@ def main(device: str = "cuda") -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    main(sys.argv[1:])

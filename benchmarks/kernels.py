@@ -14,7 +14,7 @@ Tikhonov), in one process:
   GPU time only, as in a captured training step; no L2 flush, the inputs are larger than L2);
 - peak memory allocated by one such call beyond its inputs.
 
-Usage: python benchmarks/kernels.py [--backends triton cuda_ext] [--ops ...] [--shapes ...] [--json FILE]
+Usage: python benchmarks/run.py kernels [--backends triton cuda_ext] [--ops ...] [--shapes ...] [--json FILE]
 (the K-Planes taps rows "4_calls" and "2_calls" use whichever backend the hub picks for those calls)
 """
 

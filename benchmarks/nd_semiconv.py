@@ -9,7 +9,7 @@ Each is checked against kernelhub's float64 torch_ref first (values and both gra
 forward + backward must move (image and output in the forward; upstream gradient, image and image gradient in
 the backward) over the measured copy bandwidth.
 
-Usage (a GPU machine with pytorch_nd_semiconv installed): python benchmarks/nd_semiconv.py [--json PATH]
+Usage (a GPU machine with pytorch_nd_semiconv installed): python benchmarks/run.py peers [--json PATH]
 [--paths SelectSemifield] (its Numba path calls ``np.row_stack``, gone from numpy 2.4: run that path with an older
 numpy, as scripts/gpu_check.sh's ``nn`` step does where ``.whl/numpy`` holds one)
 """

@@ -5,7 +5,7 @@ Forward + backward of each call with each backend forced, median ms of ``triton.
 warm-up; random inputs, not zeros). The large calls' images (128 MiB) are larger than L2; the small and medium
 ones are host-bound, as most calls of that size are. Also prints which backend the hub picks for each call.
 
-Usage (a GPU machine with both backends): python benchmarks/semiconv_cases.py [--json PATH]; recorded with where
+Usage (a GPU machine with both backends): python benchmarks/run.py cases [--json PATH]; recorded with where
 and how it ran (versions, commit, command) by ``python scripts/bench_report.py record-cases``.
 """
 

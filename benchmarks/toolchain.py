@@ -10,7 +10,7 @@
               graphs), median of 5 blocks of 10 steps; and the sum of the GPU's kernel, copy and set times per
               step (torch.profiler, 5 steps), which a step whose host no longer shows approaches
 
-    python benchmarks/toolchain.py [--device cuda] [--parts compile tomography] [--json FILE]
+    python benchmarks/run.py compile [--device cuda] [--parts compile tomography] [--json FILE]
 """
 
 from __future__ import annotations

@@ -26,13 +26,13 @@ import kernelhub
 from kernelhub import nn as khnn
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json")
     p.add_argument("--n", type=int, default=200)
     p.add_argument("--backend", default=None, help="force this backend (the op and TVLoss3d alike)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     op = kernelhub.op("tv_loss_l1_3d", backend=args.backend)

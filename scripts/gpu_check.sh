@@ -104,24 +104,24 @@ if has tests || has all; then
   fi
 fi
 if has bench || has all; then
-  python3 benchmarks/kernels.py ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | grep -v "^sweep" \
+  python3 benchmarks/run.py kernels ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | grep -v "^sweep" \
     || rc=1
   grep "^sweep" "$OUT/bench.txt"
 fi
 if has host; then  # recorded for docs/results/ (a record already at $HOST_RECORD gains this run's rows)
   timeout -k 10 "${HOST_TIMEOUT:-420}" python3 scripts/bench_report.py record-host --out "${HOST_RECORD:-$OUT/${card}_host.json}" \
     -- ${HOST_ARGS:-} 2>&1 | tee "$OUT/host_overhead.txt" || rc=1
-  timeout -k 10 120 python3 benchmarks/cuda_graph_step.py 2>&1 | tee "$OUT/cuda_graph_step.txt" || rc=1
+  timeout -k 10 120 python3 benchmarks/run.py host-graph 2>&1 | tee "$OUT/cuda_graph_step.txt" || rc=1
 fi
 if has compiled; then
   for mode in default reduce-overhead; do
-    timeout -k 10 "${COMPILED_TIMEOUT:-300}" python3 benchmarks/host_overhead.py --device cuda --compiled-steps \
+    timeout -k 10 "${COMPILED_TIMEOUT:-300}" python3 benchmarks/run.py host --device cuda --compiled-steps \
       --compile-mode $mode --families ${COMPILED_FAMILIES:-tv} --repeat 7 ${COMPILED_ARGS:-} --json "$OUT/compiled_$mode.json" 2>&1 \
       | grep -v "^W[0-9]" | tee "$OUT/compiled_$mode.txt" || rc=1
   done
 fi
 if has toolchain; then
-  timeout -k 10 "${TOOLCHAIN_TIMEOUT:-300}" python3 benchmarks/toolchain.py --device cuda --json "$OUT/toolchain.json" \
+  timeout -k 10 "${TOOLCHAIN_TIMEOUT:-300}" python3 benchmarks/run.py compile --device cuda --json "$OUT/toolchain.json" \
     2>&1 | tee "$OUT/toolchain.txt" || rc=1
 fi
 if has defaults; then

@@ -121,3 +121,30 @@ def test_every_op_of_kernelhub_s_own_follows_the_add_an_op_checklist():
         assert spec.name in FORWARDS, f"{spec.name}: no reference in backends/torch_ref"
         assert spec.name in measured["errors"], f"{spec.name}: no measured tolerances"
     assert set(TRITON) <= names and set(CUDA_EXT) <= names
+
+
+def test_every_benchmark_is_a_suite_of_the_one_entry_point():
+    """benchmarks/run.py is the benchmarks' one entry point: every script of benchmarks/ is one of its suites and
+    takes its arguments as ``main(argv)``; ``run.py`` lists the suites, refuses an unknown one, and runs one."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    folder = PACKAGE.parent / "benchmarks"
+    spec = importlib.util.spec_from_file_location("benchmarks_run", folder / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    scripts = [script for script, _ in run.SUITES.values()]
+    assert sorted(scripts) == sorted(p.stem for p in folder.glob("*.py") if p.stem != "run")
+    for script in scripts:
+        tree = ast.parse((folder / f"{script}.py").read_text())
+        main = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "main"]
+        assert main and main[0].args.args and main[0].args.args[0].arg == "argv", f"benchmarks/{script}.py: main(argv)"
+    listed = subprocess.run([sys.executable, str(folder / "run.py")], capture_output=True, text=True)
+    assert listed.returncode == 0 and all(f"  {name} " in listed.stdout for name in run.SUITES), listed.stdout
+    wrong = subprocess.run([sys.executable, str(folder / "run.py"), "nope"], capture_output=True, text=True)
+    assert wrong.returncode == 2 and "no suite 'nope'" in wrong.stderr
+    ran = subprocess.run([sys.executable, str(folder / "run.py"), "host-dispatch", "--round-ms", "2", "--repeat", "2",
+                          "--json"], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert '"forward+backward"' in ran.stdout

@@ -18,7 +18,7 @@ import statistics
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import torch  # noqa: E402
-from kernels import MODES, make_step, write_rows  # benchmarks/kernels.py: which inputs get gradients per pass
+from kernels import MODES, fresh_grads, make_step, write_rows  # benchmarks/kernels.py
 
 import kernelhub  # noqa: E402
 from kernelhub import timing  # noqa: E402
@@ -54,15 +54,6 @@ def make_args(op: str, shape: tuple, gen: torch.Generator) -> tuple:
         img, ker = torch.randn((B, C, H, W), generator=gen), torch.randn((C, 1, k, k), generator=gen)
         return SEMICONV.normalize(img, ker, sf, 1, k // 2, 1, C, "conv")
     return torch.randn(shape, generator=gen, dtype=torch.complex64), 0.3
-
-
-def fresh_grads(step, leaves):
-    """``step`` with its leaves' gradients dropped first (each step's backward writes them anew)."""
-    def run():
-        for t in leaves:
-            t.grad = None
-        step()
-    return run
 
 
 def run(ops, backends, repeat: int) -> list[dict]:

@@ -8,8 +8,8 @@ Tikhonov), in one process:
   (`kernelhub.bench.floor`);
 - the median time of the reference in eager mode, the reference under torch.compile (compile
   time excluded, reported), and each kernel backend, for the forward and for forward+backward,
-  two ways: "call" (triton.testing.do_bench: L2 flushed before every call, after warm-up; the
-  Python and autograd cost of launching counts wherever it exceeds the GPU time) and "graph"
+  two ways: "call" (`kernelhub.timing.timed`: triton.testing.do_bench, L2 flushed before every call, after
+  warm-up; the Python and autograd cost of launching counts wherever it exceeds the GPU time) and "graph"
   (triton.testing.do_bench_cudagraph: the same step captured in a CUDA graph and replayed, so
   GPU time only, as in a captured training step; no L2 flush, the inputs are larger than L2);
 - peak memory allocated by one such call beyond its inputs.
@@ -27,7 +27,7 @@ import math
 import torch
 
 import kernelhub
-from kernelhub import testing
+from kernelhub import testing, timing
 from kernelhub.bench import compiled_reference, floor, least_work, rates
 
 # per op: the inputs that get gradients, one entry per pass (None = forward only); the floor of each pass is the
@@ -90,6 +90,15 @@ def make_step(fn, args, grads_of, grad):
     return step, leaves
 
 
+def fresh_grads(step, leaves):
+    """``step`` with its leaves' gradients dropped first (each step's backward writes them anew)."""
+    def run():
+        for t in leaves:
+            t.grad = None
+        step()
+    return run
+
+
 def bench(step, leaves) -> tuple[float, float, float]:
     """(call ms, graph ms or nan where the step cannot be captured, peak MiB)."""
     import triton.testing
@@ -102,7 +111,7 @@ def bench(step, leaves) -> tuple[float, float, float]:
     step()
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-    ms = triton.testing.do_bench(step, warmup=25, rep=200, grad_to_none=leaves or None, return_mode="median")
+    ms = timing.time_ms(step, torch.device("cuda"), grad_to_none=leaves)
     try:
         graph_ms = triton.testing.do_bench_cudagraph(step, rep=100, grad_to_none=leaves or None, return_mode="median")
     except Exception as exc:  # e.g. the SVD reference synchronises, which capture forbids

@@ -5,9 +5,9 @@ The call of the kernelhub.nn target: a ``QuadraticKernelIso2D`` 5x5 kernel, trop
 that works here is timed (``BroadcastSemifield`` eager and under ``torch.compile``; ``SelectSemifield``'s
 Numba-compiled CUDA kernels, ``dynamic()`` and ``lazy_fixed()``); a path that fails is listed with its error.
 Each is checked against kernelhub's float64 torch_ref first (values and both gradients) and timed with
-``triton.testing.do_bench`` (median, after warm-up; a fresh gradient each step). The floor is the bytes a
-forward + backward must move (image and output in the forward; upstream gradient, image and image gradient in
-the backward) over the measured copy bandwidth.
+``kernelhub.timing.timed`` (``triton.testing.do_bench``, median, after warm-up; a fresh gradient each step). The
+floor is the bytes a forward + backward must move (image and output in the forward; upstream gradient, image and
+image gradient in the backward) over the measured copy bandwidth.
 
 Usage (a GPU machine with pytorch_nd_semiconv installed): python benchmarks/run.py peers [--json PATH]
 [--paths SelectSemifield] (its Numba path calls ``np.row_stack``, gone from numpy 2.4: run that path with an older
@@ -21,10 +21,9 @@ import json
 import traceback
 
 import torch
-from triton.testing import do_bench
 
 import kernelhub
-from kernelhub import bench
+from kernelhub import bench, timing
 from kernelhub import nn as khnn
 
 B, C, H, W, K = 16, 32, 256, 256, 5
@@ -110,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
             err = {"out": rel(out, want), "img_grad": rel(xi2.grad, want_x), "log_std_grad": rel(param.grad, want_p)}
             if max(err.values()) > 1e-3:
                 raise AssertionError(f"wrong result: relative errors {err}")
-            row.update(ms=do_bench(step, warmup=25, rep=200, return_mode="median"), parity=err)
+            row.update(ms=timing.time_ms(step, dev), parity=err)
             print(f"{name:46s} {row['ms']:8.3f} ms  {row['ms'] / floor_ms:6.2f}x floor   relative error vs float64: "
                   + ", ".join(f"{n} {v:.1e}" for n, v in err.items()))
         except Exception as e:  # a path that does not work here: listed with its error

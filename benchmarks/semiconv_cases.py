@@ -1,9 +1,10 @@
 """triton against cuda_ext on semiconv's ``tropical_2d_depthwise`` case (kernelhub/ops/semiconv.py), the
 measurement behind the case's shipped priority (kernelhub/kernelhub.toml), and on calls just outside it.
 
-Forward + backward of each call with each backend forced, median ms of ``triton.testing.do_bench`` (after
-warm-up; random inputs, not zeros). The large calls' images (128 MiB) are larger than L2; the small and medium
-ones are host-bound, as most calls of that size are. Also prints which backend the hub picks for each call.
+Forward + backward of each call with each backend forced, the two timed against each other in 15 interleaved
+rounds (``kernelhub.timing.rounds``: CUDA events; after warm-up; random inputs, not zeros), median ms. The large
+calls' images (128 MiB) are larger than L2; the small and medium ones are host-bound, as most calls of that size
+are. Also prints which backend the hub picks for each call.
 
 Usage (a GPU machine with both backends): python benchmarks/run.py cases [--json PATH]; recorded with where
 and how it ran (versions, commit, command) by ``python scripts/bench_report.py record-cases``.
@@ -13,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 import torch
-from triton.testing import do_bench
+from kernels import fresh_grads  # benchmarks/kernels.py
 
 import kernelhub
+from kernelhub import timing
 
 # (name, image shape, kernel height, kernel width, semifield, groups: 0 for depthwise)
 CALLS = [
@@ -52,14 +55,10 @@ def main(argv: list[str] | None = None) -> None:
         picked = kernelhub.explain("semiconv", *call).chosen
         spec = kernelhub.get_hub().registry.spec("semiconv")
         case = spec.case_of(spec.canonical(*call))
-        times = {}
-        for backend in BACKENDS:
-            op = kernelhub.op("semiconv", backend=backend)
-
-            def step():
-                img.grad = kernel.grad = None
-                op(*call).backward(grad)
-            times[backend] = do_bench(step, warmup=50, rep=300, return_mode="median")
+        ops = {backend: kernelhub.op("semiconv", backend=backend) for backend in BACKENDS}
+        steps = {backend: fresh_grads(lambda op=op: op(*call).backward(grad), [img, kernel])
+                 for backend, op in ops.items()}
+        times = {backend: statistics.median(t) for backend, t in timing.rounds(steps, dev, 15).items()}
         rows.append({"call": name, "case": case, "hub": picked, "ms": times})
         print(f"{name:44s} {picked:10s} " + " ".join(f"{times[b]:10.3f}" for b in BACKENDS), flush=True)
     if args.json:

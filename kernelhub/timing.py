@@ -15,7 +15,7 @@ import platform
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -58,15 +58,26 @@ def quartiles(times: list[float]) -> Timing:
     return Timing(float(q[1]), float((q[2] - q[0]) / q[1]) if q[1] > 0 else 0.0)
 
 
-def timed(fn: Callable[[], Any], device: torch.device, quick: bool = False) -> Timing:
-    """Median time of ``fn()`` in milliseconds after warm-up, and its spread (`Timing`)."""
+def timed(fn: Callable[[], Any], device: torch.device, quick: bool = False,
+          grad_to_none: Sequence[torch.Tensor] = ()) -> Timing:
+    """Median time of ``fn()`` in milliseconds after warm-up, and its spread (`Timing`). ``grad_to_none``: tensors
+    whose ``.grad`` is dropped before each call (a step's backward then writes it anew instead of adding to it);
+    outside the timed span where `do_bench` times, inside it elsewhere."""
+    if grad_to_none:
+        inner = fn
+
+        def fn() -> Any:
+            for t in grad_to_none:
+                t.grad = None
+            return inner()
     if device.type == "cuda":
         try:
             from triton.testing import do_bench
         except ImportError:
             do_bench = None
         if do_bench is not None:
-            return quartiles(list(do_bench(fn, warmup=5 if quick else 25, rep=20 if quick else 100,
+            return quartiles(list(do_bench(inner if grad_to_none else fn, warmup=5 if quick else 25,
+                                            rep=20 if quick else 100, grad_to_none=list(grad_to_none) or None,
                                             return_mode="all")))
         for _ in range(3):
             fn()
@@ -86,9 +97,10 @@ def timed(fn: Callable[[], Any], device: torch.device, quick: bool = False) -> T
     return Timing(m.median * 1e3, m.iqr / m.median if m.median > 0 else 0.0)
 
 
-def time_ms(fn: Callable[[], Any], device: torch.device, quick: bool = False) -> float:
-    """Median time of ``fn()`` in milliseconds, after warm-up."""
-    return timed(fn, device, quick).ms
+def time_ms(fn: Callable[[], Any], device: torch.device, quick: bool = False,
+            grad_to_none: Sequence[torch.Tensor] = ()) -> float:
+    """Median time of ``fn()`` in milliseconds, after warm-up (`timed`)."""
+    return timed(fn, device, quick, grad_to_none).ms
 
 
 def rounds(fns: dict[str, Callable[[], Any]], device: torch.device, repeat: int,

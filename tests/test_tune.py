@@ -608,3 +608,22 @@ def test_bench_prints_whole_names_in_80_columns_and_what_binds():
         assert "kplanes_interp_tilted_taps B614400_T4_C32_200x200" in text and "2.10x atomics" in text
         assert all(f" {n} " in text for n in ("torch_ref", "compiled", "cuda_ext", "triton"))
         assert ("first call s" in text) == wide
+
+
+def test_timed_drops_the_gradients_it_is_given_before_each_call():
+    """`kernelhub.timing.timed`'s ``grad_to_none`` (what benchmarks/kernels.py times a step with): each call's
+    backward writes the gradient anew instead of adding to the last one's."""
+    from kernelhub import timing
+
+    x = torch.randn(5, requires_grad=True)
+    calls = []
+
+    def step():
+        calls.append(None if x.grad is None else x.grad.clone())
+        (x * 2).sum().backward()
+
+    got = timing.timed(step, torch.device("cpu"), quick=True, grad_to_none=[x])
+    assert got.ms > 0 and len(calls) > 2 and all(c is None for c in calls)
+    torch.testing.assert_close(x.grad, torch.full((5,), 2.0))
+    timing.timed(step, torch.device("cpu"), quick=True)  # without: the gradient adds up
+    assert x.grad[0] > 2.0

@@ -296,7 +296,8 @@ def _check_result(spec: OpSpec, backend: str, what: str | tuple, out: Any, expec
     """Raise WrongOutputError unless ``out`` is a tensor of the expected (shape, dtype, device) that shares no
     memory with a tensor argument (or the upstream gradient): the operators promise torch.compile new tensors, and
     a caller's input must never come back as a result. ``what``: "an output", or (argument name, index in its list
-    or None) for a gradient (`_words`). Every call checks its output and gradients, the common case in
+    or None) for a gradient (`_words`). A call checks its output and gradients (an eager fast path's layout once
+    per way of calling: `Hub.forward`'s ``trusted``), the common case in
     `_check_output` and `_check_grads` (an output or gradient whose storage is none of the call's tensors'); this
     gives the verdict on the rest, with one `torch._C._is_alias_of` per tensor argument."""
     if not (isinstance(out, torch.Tensor) and (out.shape, out.dtype, out.device) == expected):
@@ -320,7 +321,7 @@ _is_alias_of = torch._C._is_alias_of  # whether two tensors share a storage
 
 def _words(what: str | tuple) -> str:
     """What the checks name in an error: ``what`` itself, or for a gradient's (argument name, index in its list or
-    None) "a gradient of 'name'[j]" (built only for the error: the backward checks every gradient of every call)."""
+    None) "a gradient of 'name'[j]" (built only for the error: the checks run on many calls)."""
     if isinstance(what, str):
         return what
     name, j = what
@@ -438,7 +439,7 @@ def _trace(op, args, backend, hub, grad, needs):
     """On a torch.compile graph's tensors, for the impl the hub traces into the graph for this call
     (`kernelhub.select.Selector.traced`): its output (``grad`` None), or the backward operator's flat gradients
     (`kernelhub.dispatch.flatten_grads`) for ``grad`` and ``needs``, with autocast off and the output or gradients
-    checked as every call's are (`_check_output`, `_check_grads`). None where there is no such impl, or where it
+    checked as a call's are (`_check_output`, `_check_grads`). None where there is no such impl, or where it
     raised or gave a wrong result (`Selector.not_traceable`: the graph holds the operator)."""
     selector = _hub(hub).selector
     impl = selector.traced(op, args, backend)

@@ -186,6 +186,8 @@ def _trust(trusted: set | None, way: Any) -> None:
     which a remembered call skips too; a wrong result on a layout's first call is never trusted."""
     if trusted is not None:
         trusted.add(way)
+
+
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)  # one C call on every hub call
 _AUTOCAST_DEVICES = ("cpu", "cuda")  # the devices kernelhub's backends serve
 

@@ -348,7 +348,8 @@ def report(records: list[dict], passes: tuple[str, ...] = ("fwd+bwd",)) -> str:
              + ("forward (`fwd`) and forward+backward (`fwd+bwd`)" if detail else "forward+backward") +
              " through the hub with each backend forced, against eager `torch_ref` and `torch.compile` of it; the "
              "floor: the bytes the op must move over the measured copy bandwidth (the op's least work in records "
-             "after 2026-11-27: docs/ops.md). "
+             "after 2026-11-27: docs/ops.md). Every benchmark runs as `python benchmarks/run.py SUITE` (without a "
+             "suite it lists them). "
              + ("The summary: [docs/benchmarks.md](../benchmarks.md)." if detail else
                 "The forward alone, and each host's every per-call row: [lab/benchmarks-detail.md]"
                 "(lab/benchmarks-detail.md); studies and older rounds: [docs/lab/](lab/)."), ""]

@@ -18,10 +18,12 @@ def plan_call(spec: OpSpec, args: Sequence[Any], offset: int) -> tuple:
     list of tensors by its length; each tensor argument's position and count (None: one tensor); and each
     differentiable argument's first slot among the glue's inputs (its tensors' position in the call, a list's one
     by one, plus ``offset``: the glue's inputs before them) and count; and the positions of the other arguments
-    that are lists (kept as tuples: the plan outlives the call, and no call's change to its lists reaches another).
-    `put_back` puts the call back, `to_slots` puts its gradients in their slots. The one way every
-    autograd.Function of kernelhub (the eager fast path's, the operators' autograd formula)
-    takes a call apart."""
+    that are lists (kept as tuples: the plan outlives the call, and no call's change to its lists reaches another);
+    and, where every argument is one differentiable tensor (trilinear's call, say), ``offset`` (else None): then the
+    saved tensors are the call and the slots follow in order, which `put_back` and `to_slots` take as they are
+    (a few µs of a small step: docs/lab/benchmarks-history.md#measurements-behind-the-code). `put_back` puts the
+    call back, `to_slots` puts its gradients in their slots. The one way every autograd.Function of kernelhub (the
+    eager fast path's, the operators' autograd formula) takes a call apart."""
     others = list(args)
     positions, slots, k = [], [], offset
     for i in spec.tensor_args:
@@ -34,7 +36,9 @@ def plan_call(spec: OpSpec, args: Sequence[Any], offset: int) -> tuple:
     lists = tuple(i for i, a in enumerate(others) if type(a) is list)
     for i in lists:
         others[i] = tuple(others[i])
-    return tuple(others), tuple(positions), tuple(slots), lists
+    simple = offset if list(spec.tensor_args) == list(spec.differentiable) == list(range(len(args))) and all(
+        count is None for _, count in positions) else None
+    return tuple(others), tuple(positions), tuple(slots), lists, simple
 
 
 def put_back(plan: tuple, saved: Sequence[torch.Tensor], needs_input: Sequence[bool]) -> tuple[list, list[bool]]:
@@ -42,7 +46,9 @@ def put_back(plan: tuple, saved: Sequence[torch.Tensor], needs_input: Sequence[b
     list's one by one) and new lists where the call had lists, and whether each differentiable argument needs a
     gradient (any of its tensors, by the glue's ``needs_input``; empty: none asked). On every backward's path: one
     loop over the tensor arguments."""
-    others, positions, slots, lists = plan
+    others, positions, slots, lists, simple = plan
+    if simple is not None:  # the saved tensors are the call
+        return list(saved), list(needs_input[simple:]) if needs_input else []
     args, k = list(others), 0
     for i in lists:
         args[i] = list(others[i])
@@ -62,6 +68,10 @@ def to_slots(plan: tuple, needs: Sequence[bool], grads: Sequence[Any], needs_inp
     """A backward's result for autograd: each differentiable argument's gradient (a tensor, or a list for a
     "tensors" argument) in its tensors' slots of the glue's inputs (`plan_call`), None elsewhere and where the
     input asked for none."""
+    if plan[4] is not None:  # the slots follow the call's arguments in order
+        if False not in needs:
+            return (None,) * plan[4] + tuple(grads)
+        return (None,) * plan[4] + tuple([g if need else None for need, g in zip(needs, grads)])
     out: list[Any] = [None] * len(needs_input)
     for (slot, count), need, g in zip(plan[2], needs, grads):
         if need:

@@ -631,6 +631,20 @@ def test_a_call_taken_apart_by_its_plan_is_put_back_whole():
     assert args[3:6] == list(call[3:6]) and all(type(a) is list for a in args[3:6])
     args[3].append(99)  # an impl's change to the lists it was given reaches no later call of the layout
     assert put_back(plan, call[:2], ())[0][3] == call[3]
+    # a call of differentiable tensors only (trilinear's): the saved tensors are the call, the slots in order
+    trilinear = kernelhub.get_hub().registry.spec("trilinear_interp")
+    feats, points = torch.randn(4, 8, 2), torch.rand(4, 3)
+    assert plan[4] is None and plan_call(spec, (pts, rot, planes), 1)[4] is None
+    for offset in (0, 1):
+        plan = plan_call(trilinear, (feats, points), offset)
+        assert plan[4] == offset
+        for needs_input in [(True, True), (False, True), (True, False)]:
+            needs_input = (False,) * offset + needs_input
+            args, needs = put_back(plan, (feats, points), needs_input)
+            assert args[0] is feats and args[1] is points and needs == list(needs_input[offset:])
+            want = (None,) * offset + tuple(g if n else None for g, n in zip(("g_feats", "g_points"), needs))
+            assert to_slots(plan, needs, ["g_feats", "g_points"], needs_input) == want
+        assert put_back(plan, (feats, points), ()) == ([feats, points], [])
 
 
 def test_the_host_ladder_runs_every_row_and_leaves_the_checks_in_place():

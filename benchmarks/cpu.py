@@ -18,7 +18,7 @@ import statistics
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import torch  # noqa: E402
-from kernels import MODES, fresh_grads, make_step, write_rows  # benchmarks/kernels.py
+from kernels import MODES, make_step, write_rows  # benchmarks/kernels.py: which inputs get gradients per pass
 
 import kernelhub  # noqa: E402
 from kernelhub import timing  # noqa: E402
@@ -74,7 +74,7 @@ def run(ops, backends, repeat: int) -> list[dict]:
             for grads_of in MODES[op][:2]:  # forward, and forward+backward into the inputs kernels.py names first
                 names = [hub.registry.spec(op).args[i].name for i in grads_of or ()]
                 mode = "fwd" if grads_of is None else "fwd+bwd " + ",".join(names)
-                fns = {label: fresh_grads(*make_step(fn, args, grads_of, grad))
+                fns = {label: timing.dropping_grads(*make_step(fn, args, grads_of, grad))
                        for label, fn in [("eager", ref), ("compiled", compiled)] + [
                            (b, kernelhub.op(op, backend=b)) for b in backends if b in impls]}
                 times = {label: statistics.median(t)

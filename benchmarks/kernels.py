@@ -90,15 +90,6 @@ def make_step(fn, args, grads_of, grad):
     return step, leaves
 
 
-def fresh_grads(step, leaves):
-    """``step`` with its leaves' gradients dropped first (each step's backward writes them anew)."""
-    def run():
-        for t in leaves:
-            t.grad = None
-        step()
-    return run
-
-
 def bench(step, leaves) -> tuple[float, float, float]:
     """(call ms, graph ms or nan where the step cannot be captured, peak MiB)."""
     import triton.testing

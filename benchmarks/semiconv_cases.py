@@ -17,7 +17,6 @@ import json
 import statistics
 
 import torch
-from kernels import fresh_grads  # benchmarks/kernels.py
 
 import kernelhub
 from kernelhub import timing
@@ -56,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
         spec = kernelhub.get_hub().registry.spec("semiconv")
         case = spec.case_of(spec.canonical(*call))
         ops = {backend: kernelhub.op("semiconv", backend=backend) for backend in BACKENDS}
-        steps = {backend: fresh_grads(lambda op=op: op(*call).backward(grad), [img, kernel])
+        steps = {backend: timing.dropping_grads(lambda op=op: op(*call).backward(grad), [img, kernel])
                  for backend, op in ops.items()}
         times = {backend: statistics.median(t) for backend, t in timing.rounds(steps, dev, 15).items()}
         rows.append({"call": name, "case": case, "hub": picked, "ms": times})

@@ -103,9 +103,8 @@ def least_work(spec: OpSpec, args: Sequence[Any], out: torch.Tensor, grads_of: S
 def floor(work: Any, measured: dict[str, float | None]) -> tuple[float, str]:
     """(milliseconds, the resource that binds): the largest of the `kernelhub.spec.Work`'s amounts over its rate
     (`rates`; a rate not measured, None, is left out)."""
-    ms, binds = max((getattr(work, field) / measured[rate] * 1e3, name) for field, rate, name in RESOURCES
-                    if measured[rate])
-    return ms, binds
+    return max((getattr(work, field) / measured[rate] * 1e3, name) for field, rate, name in RESOURCES
+               if measured[rate])
 
 
 def make_step(fn: Callable, args: Sequence[Any], grads_of: Sequence[int] | None,

@@ -106,27 +106,25 @@ class Hub:
         while True:
             impl = _first(decision)
             try:
-                if weights is not None and "weighted" in impl.can:
+                saved = None
+                fused = weights is not None and "weighted" in impl.can
+                if fused:
                     out = impl.forward(*args, weights=weights)
                     way = (impl.backend, "weighted")
-                    if trusted is None or way not in trusted:
-                        _check_output(self.registry.spec(op), impl.backend, out, (_SCALAR, *decision.output[1:]), args)
-                        _trust(trusted, way)
+                elif keep is not None and "saves" in impl.can:
+                    out, saved = impl.forward(*args, saving=True)
+                    way = (impl.backend, "saving")
                 else:
-                    saved = None
-                    if keep is not None and "saves" in impl.can:
-                        out, saved = impl.forward(*args, saving=True)
-                        way = (impl.backend, "saving")
-                    else:
-                        out = impl.forward(*args)
-                        way = impl.backend
-                    if trusted is None or way not in trusted:
-                        _check_output(self.registry.spec(op), impl.backend, out, decision.output, args)
-                        _trust(trusted, way)
-                    if saved is not None:
-                        keep.append((impl, saved))
-                    if weights is not None:
-                        return decision, weighted_sum(out, weights)
+                    out = impl.forward(*args)
+                    way = impl.backend
+                if trusted is None or way not in trusted:
+                    _check_output(self.registry.spec(op), impl.backend, out,
+                                  (_SCALAR, *decision.output[1:]) if fused else decision.output, args)
+                    _trust(trusted, way)
+                if saved is not None:
+                    keep.append((impl, saved))
+                if weights is not None and not fused:
+                    return decision, weighted_sum(out, weights)
                 # outputs are contiguous, as the fake implementations promise torch.compile
                 return decision, out.contiguous()
             except CONTAINED as exc:

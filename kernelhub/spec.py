@@ -179,7 +179,6 @@ class OpSpec:
 
     SAMPLE_SIZES = ("small", "medium", "edge", "benchmark")
 
-
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
             raise ValueError(f"OpSpec name must be an identifier, got {self.name!r}")

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["cpu_name", "device_model", "time_ms", "timed", "Timing", "quartiles", "rounds", "paired"]
+__all__ = ["cpu_name", "device_model", "time_ms", "timed", "dropping_grads", "Timing", "quartiles", "rounds", "paired"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,23 +62,18 @@ def timed(fn: Callable[[], Any], device: torch.device, quick: bool = False,
           grad_to_none: Sequence[torch.Tensor] = ()) -> Timing:
     """Median time of ``fn()`` in milliseconds after warm-up, and its spread (`Timing`). ``grad_to_none``: tensors
     whose ``.grad`` is dropped before each call (a step's backward then writes it anew instead of adding to it);
-    outside the timed span where `do_bench` times, inside it elsewhere."""
-    if grad_to_none:
-        inner = fn
-
-        def fn() -> Any:
-            for t in grad_to_none:
-                t.grad = None
-            return inner()
+    outside the timed span where `do_bench` times, inside it elsewhere (`dropping_grads`)."""
     if device.type == "cuda":
         try:
             from triton.testing import do_bench
         except ImportError:
             do_bench = None
         if do_bench is not None:
-            return quartiles(list(do_bench(inner if grad_to_none else fn, warmup=5 if quick else 25,
-                                            rep=20 if quick else 100, grad_to_none=list(grad_to_none) or None,
-                                            return_mode="all")))
+            return quartiles(list(do_bench(fn, warmup=5 if quick else 25, rep=20 if quick else 100,
+                                            grad_to_none=list(grad_to_none) or None, return_mode="all")))
+    if grad_to_none:
+        fn = dropping_grads(fn, grad_to_none)
+    if device.type == "cuda":
         for _ in range(3):
             fn()
         times = []
@@ -95,6 +90,17 @@ def timed(fn: Callable[[], Any], device: torch.device, quick: bool = False,
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
     m = timer.blocked_autorange(min_run_time=0.05 if quick else 0.3)
     return Timing(m.median * 1e3, m.iqr / m.median if m.median > 0 else 0.0)
+
+
+def dropping_grads(fn: Callable[[], Any], tensors: Sequence[torch.Tensor]) -> Callable[[], Any]:
+    """``fn`` with each of ``tensors``' ``.grad`` dropped before each call: a timed step whose backward writes the
+    gradients anew instead of adding to the last call's (`timed`'s ``grad_to_none``; with `rounds`, wrap the
+    callables in it)."""
+    def run() -> Any:
+        for t in tensors:
+            t.grad = None
+        return fn()
+    return run
 
 
 def time_ms(fn: Callable[[], Any], device: torch.device, quick: bool = False,

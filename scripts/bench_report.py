@@ -121,6 +121,11 @@ def record_script(script: str, out: Path, argv: list[str] = ()) -> None:
     print(f"wrote {out}")
 
 
+def _versions(data: dict) -> str:
+    """A record's versions in words: "python 3.12.3, torch 2.11.0+cu130, triton 3.6.0"."""
+    return ", ".join(f"{k} {x}" for k, x in data["versions"].items())
+
+
 def record_tune(out: Path, runs: int, argv: list[str]) -> None:
     """``kernelhub tune --json`` with the arguments after ``--``, ``runs`` times, each into a winners file of its
     own (a fresh start each time), recorded in ``out`` with where and how they ran."""
@@ -168,7 +173,7 @@ def tune_report(data: dict, every: bool = False) -> list[str]:
     same = sum(len({r["winner"] for r in v}) == 1 and v[0]["winner"] is not None for v in big.values())
     noise = sum(r["gap"] >= 1.15 and r["winner"] is None for v in buckets.values() for r in v)
     gaps = sum(r["gap"] >= 1.15 for v in buckets.values() for r in v)
-    v = ", ".join(f"{k} {x}" for k, x in data["versions"].items())
+    v = _versions(data)
     lines = [f"### {data['device']}", "", f"{v}. {data['date']}, commit {data['commit']}: `{data['command']}`. "
              f"**{same} of {len(big)} buckets with a gap of 15% or more in some run named the same winner in every "
              f"run; {noise} of the {gaps} runs' gaps of 15% or more were called noise.** Each cell: the fastest, "
@@ -359,7 +364,7 @@ def report(records: list[dict], passes: tuple[str, ...] = ("fwd+bwd",)) -> str:
                   "those shapes of its speed-up over eager torch_ref and over `torch.compile` of it.", "",
                   winners_table(records), ""]
     for data in records:
-        v = ", ".join(f"{k} {x}" for k, x in data["versions"].items())
+        v = _versions(data)
         parts += [f"## {data['device']}", "",
                   f"{data['date']}, commit {data['commit']}, {data['samples']} samples, {data.get('threads', '?')} "
                   f"threads, {v}; copy bandwidth {data['copy_GBps']:.0f} GB/s. Command: `{data['command']}`.", ""]
@@ -474,7 +479,7 @@ def host_summary(data: dict) -> list[str]:
 def host_report(data: dict, summary: bool = False) -> list[str]:
     """docs/lab/benchmarks-detail.md's section of one host record: per call, the hub against the minimal glue around
     the backend it picks and against the reference; the Triton launchers; compiled steps."""
-    v = ", ".join(f"{k} {x}" for k, x in data["versions"].items())
+    v = _versions(data)
     # the commands that record into the record's own file are shown by their host_overhead.py arguments
     prefixes = {m.group(0) for r in data["runs"]
                 if (m := re.match(r"python3? scripts/bench_report\.py record-host --out \S+ -- ", r["command"]))}
@@ -597,7 +602,7 @@ def host_table(records: list[dict]) -> str:
 def defaults_report(data: dict, table: bool = True) -> list[str]:
     """docs/benchmarks.md's section of one benchmarks/defaults.py record: how many calls the untuned hub served
     within 1.05x of the fastest backend forced, and with ``table`` (the detail page's) per op, with its worst call."""
-    v = ", ".join(f"{k} {x}" for k, x in data["versions"].items())
+    v = _versions(data)
     b = data.get("before")
     rows = data["rows"]
     within = sum(r["hub_vs_fastest"] <= 1.05 for r in rows)
@@ -645,7 +650,7 @@ def toml_block(records: list[dict]) -> str:
     lines = []
     for data in records:
         lines += textwrap.wrap(
-            f"Measured on an {data['device']} ({', '.join(f'{k} {x}' for k, x in data['versions'].items())}), "
+            f"Measured on an {data['device']} ({_versions(data)}), "
             f"{data['date']}, commit {data['commit']}: `{data['command']}`. Forward+backward, float32, cuda_ext "
             "and triton forced, interleaved rounds (CUDA events). Per op, each call's first-tensor elements, the "
             "faster backend and the other one's time over it (ties within a few percent flip from run to run):",

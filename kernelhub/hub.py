@@ -37,7 +37,7 @@ class Hub:
         self.config = check_config(config, known) if config is not None else load_config(known)
         self.registry = Registry().load(extra_plugins, strict=self.config.strict)
         self.config.check_ops(self.registry.specs)
-        self.selector = Selector(self.registry, self.config)
+        self.selector = Selector(self.registry, self.config, self.handle)
         self._handles: dict[tuple[str, str], OpHandle] = {}
         for spec in self.registry.specs.values():
             define_ops(spec, _run_forward, _run_backward, _trace)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -95,7 +95,7 @@ def call_key(op: str, args: Sequence[Any], forced: str) -> tuple:
 
 
 class Selector:
-    def __init__(self, registry: Registry, config: Config) -> None:
+    def __init__(self, registry: Registry, config: Config, handle: Callable[[str, str], Any]) -> None:
         self.registry = registry
         self.config = config
         # What a selector keeps (a hub's, so a new hub starts empty); each line: key -> value, who fills it, what
@@ -114,7 +114,7 @@ class Selector:
         # call_key -> the impl torch.compile traces (None: the operator): `traced`; `not_traceable` (that key),
         # `mark_failed` (that key, where it named the failed backend), full (all of it)
         self._traced: dict[tuple, Impl | None] = {}
-        self.tuning = Tuning(registry, config)
+        self.tuning = Tuning(registry, config, handle)
 
     def decide(self, op: str, args: Sequence[Any], forced: str = "") -> Decision:
         key = call_key(op, args, forced)

@@ -20,8 +20,11 @@ tolerances, measured on small samples, widened where eager torch's own error at 
 spec's reference backend is the judge and is never rejected for parity.
 
 Timing: the first call (a backend that compiles, such as inductor, compiles then) is timed on its own
-and recorded as ``first_call_s``, never mixed into the times after warm-up. Those go through the hub's operator with
-the backend forced (each pays the same dispatch cost), every candidate in each of `ROUNDS` interleaved rounds
+and recorded as ``first_call_s``, never mixed into the times after warm-up. Those call the hub's handle with the
+backend forced (``kernelhub.op(op, backend)``'s eager path, as a training step calls it: the forward, then a step that
+drops the leaves' gradients and runs forward and backward, so each candidate pays the glue a user's call pays and no
+more; the operators' dispatch, several times that glue on a small call, would dilute the gap between candidates),
+every candidate in each of `ROUNDS` interleaved rounds
 (`kernelhub.timing.rounds`: CUDA events on CUDA). A candidate is slower than the fastest (the least median) where
 its per-round ratio to the fastest has a median of at least 1 + `NOISE_FLOOR` and either of two one-sided tests,
 each at 2.5% (so a tie passes one of them with probability at most 5%), finds it slower: the sign test, it was the
@@ -55,8 +58,8 @@ from typing import Any
 import torch
 
 from kernelhub.args import bucket, describe_args, first_tensor, map_tensors
-from kernelhub.parity import call_tolerance, parity_error, reference_with_upstream, run
-from kernelhub.timing import device_model, paired, quartiles, rounds
+from kernelhub.parity import call_tolerance, fresh_leaves, parity_error, reference_with_upstream, run
+from kernelhub.timing import device_model, dropping_grads, paired, quartiles, rounds
 from kernelhub.winners import WinnerCache, entry_key
 
 __all__ = ["Tuning", "may_tune_now", "within_noise", "NOISE_FLOOR", "ROUNDS", "rounds_needed", "log_ratio_t",
@@ -97,6 +100,11 @@ def _fresh(args: Sequence[Any], seed: int = 0) -> tuple:
                                                                                                  t.stride())
 
     return map_tensors(args, fresh)
+
+
+def _step(handle: Callable, args: Sequence[Any], grad: torch.Tensor) -> None:
+    """One forward+backward as an eager training step runs it (the handle's fast path)."""
+    handle(*args).backward(grad)
 
 
 LEVEL = 0.025  # each of the two one-sided tests' level: a tie passes either with probability at most 5%
@@ -178,9 +186,10 @@ def versus(cand: dict) -> str:
 class Tuning:
     """The selector's view of the winners: look a call up, tune a call, rank its eligible backends."""
 
-    def __init__(self, registry, config) -> None:
+    def __init__(self, registry, config, handle: Callable[[str, str], Callable]) -> None:
         self.registry = registry
         self.config = config
+        self.handle = handle  # (op, backend) -> the hub's handle with that backend forced: what is timed
         self.cache = WinnerCache(config.tune.cache_path())  # read once per process (and at kernelhub.reload())
         self._audited = False
         self.tuned_here: list[str] = []  # the entries this process timed (a distributed job's ranks share the rest)
@@ -249,7 +258,7 @@ class Tuning:
             ref_out, grad, ref_grads = reference = reference_with_upstream(spec, fresh)
             tol = call_tolerance(spec, fresh, reference=reference)
             cands, forwards, steps = {}, {}, {}
-            overload = getattr(torch.ops.kernelhub, op).default
+            timed_args, timed_leaves = fresh_leaves(fresh, spec.differentiable)
             for name in eligible:
                 cand: dict[str, Any] = {"fingerprint": self.registry.fingerprint(name), "error": None}
                 start = time.perf_counter()
@@ -257,8 +266,9 @@ class Tuning:
                 cand["first_call_s"] = time.perf_counter() - start
                 self._verified[(entry_key(op, args), name)] = cand["error"]  # `rank` need not check it again here
                 if cand["error"] is None:
-                    forwards[name] = lambda name=name: overload(*fresh, name, 0)
-                    steps[name] = lambda name=name: run(spec, name, fresh, grad)
+                    forwards[name] = functools.partial(self.handle(op, name), *fresh)
+                    steps[name] = dropping_grads(functools.partial(_step, self.handle(op, name), timed_args, grad),
+                                                 timed_leaves)
                 cands[name] = cand
                 if progress is not None:
                     progress(name)

@@ -95,6 +95,18 @@ def test_the_tuner_ranks_by_measured_time(hub):
     assert entry["winner"] == "bfast" and c["aslow"]["step_ms"] > 2 * c["bfast"]["step_ms"] > 2 * 4.0
 
 
+def test_the_tuner_times_the_eager_path_a_training_step_takes(hub):
+    """Each candidate is timed through the hub's handle with its backend forced (the eager fast path), not
+    through the operators, whose dispatch on a small call costs several times the glue and dilutes the gap."""
+    h = hub()
+    assert not h.selector.remembered
+    args = h.registry.spec("tv_loss_sq_3d").normalize(VOLUME)
+    entry = h.selector.tuning.tune("tv_loss_sq_3d", args, ["aslow", "bfast"], quick=True, save=False)
+    assert entry["winner"] == "bfast"
+    forced = {key[1] for key in h.selector.remembered if key[0] == "tv_loss_sq_3d"}
+    assert forced == {"aslow", "bfast"}  # the handles' memo: their calls took the fast path
+
+
 def test_a_candidate_that_raises_while_timed_is_no_winner_and_the_others_are_timed(hub, monkeypatch):
     """Timing runs every candidate in interleaved rounds; one that raises there (an out-of-memory at the size
     tuned, say) gets the error, is timed no further, and the others keep their rounds."""

@@ -28,7 +28,7 @@ every candidate in each of `ROUNDS` interleaved rounds
 (`kernelhub.timing.rounds`: CUDA events on CUDA). A candidate is slower than the fastest (the least median) where
 its per-round ratio to the fastest has a median of at least 1 + `NOISE_FLOOR` and either of two one-sided tests,
 each at 2.5% (so a tie passes one of them with probability at most 5%), finds it slower: the sign test, it was the
-slower in so many rounds (`rounds_needed`: 12 of 15, ``--quick``'s rounds shorter; one or two rounds a
+slower in so many rounds (`rounds_needed`: 39 of 60 with ``--quick``, 55 of 90 without; a few rounds a
 machine's hiccup turns do not make a tie), or Student's t-test on the rounds' log ratios (`log_ratio_t`: a large
 gap wins although a few rounds a busy host disturbed went the other way, which the sign test alone would call a
 tie). So a stable ordering wins even where each candidate's own spread is wide, and a pair whose order flips
@@ -67,10 +67,11 @@ __all__ = ["Tuning", "may_tune_now", "within_noise", "NOISE_FLOOR", "ROUNDS", "r
 
 NOISE_FLOOR = 0.05  # the least gap (median per-round ratio - 1) called a difference: runs move more than that
 # interleaved rounds, with --quick and without, and how long one candidate's calls in one round last (at least one
-# call): --quick's were fewer and shorter, and on a GPU host called large gaps between host-bound candidates noise
+# call). Many short rounds: on a GPU host the speed of host-bound calls wanders by up to 2x between 10 ms rounds, so
+# 15 such rounds left ≥ 15% gaps "within noise"; candidates timed close together in time see the same speed
 # (docs/benchmarks.md, "Tuning, run three times"; docs/lab/benchmarks-history.md#measurements-behind-the-code)
-ROUNDS = {True: 15, False: 15}
-ROUND_MS = {True: 10.0, False: 20.0}
+ROUNDS = {True: 60, False: 90}
+ROUND_MS = {True: 2.5, False: 4.0}
 FAILED_PARITY = "failed parity"  # how a candidate's error starts when it ran but disagreed with the reference
 SHARED_TUNE_WAIT_S = 900.0  # how long online tuning waits for another process tuning under the file's lock
 

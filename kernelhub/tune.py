@@ -67,8 +67,8 @@ __all__ = ["Tuning", "may_tune_now", "within_noise", "NOISE_FLOOR", "ROUNDS", "r
 
 NOISE_FLOOR = 0.05  # the least gap (median per-round ratio - 1) called a difference: runs move more than that
 # interleaved rounds, with --quick and without, and how long one candidate's calls in one round last (at least one
-# call). Many short rounds: on a GPU host the speed of host-bound calls wanders by up to 2x between 10 ms rounds, so
-# 15 such rounds left ≥ 15% gaps "within noise"; candidates timed close together in time see the same speed
+# call). Many short rounds: on a GPU host the speed of host-bound calls wanders between rounds of several ms, so
+# fewer, longer rounds called large gaps "within noise"; candidates timed close together in time see the same speed
 # (docs/benchmarks.md, "Tuning, run three times"; docs/lab/benchmarks-history.md#measurements-behind-the-code)
 ROUNDS = {True: 60, False: 90}
 ROUND_MS = {True: 2.5, False: 4.0}
@@ -264,12 +264,17 @@ class Tuning:
                 cand: dict[str, Any] = {"fingerprint": self.registry.fingerprint(name), "error": None}
                 start = time.perf_counter()
                 cand["error"] = self._parity(op, name, fresh, ref_out, grad, ref_grads, tol)  # compiles, if it must
-                cand["first_call_s"] = time.perf_counter() - start
                 self._verified[(entry_key(op, args), name)] = cand["error"]  # `rank` need not check it again here
                 if cand["error"] is None:
                     forwards[name] = functools.partial(self.handle(op, name), *fresh)
                     steps[name] = dropping_grads(functools.partial(_step, self.handle(op, name), timed_args, grad),
                                                  timed_leaves)
+                    try:  # the eager path's first calls: what they compile (leaves that require grad) counts here too
+                        forwards[name]()
+                        steps[name]()
+                    except Exception as exc:
+                        cand["error"] = f"raised {type(exc).__name__}: {exc}"
+                cand["first_call_s"] = time.perf_counter() - start
                 cands[name] = cand
                 if progress is not None:
                     progress(name)

@@ -7,6 +7,8 @@ import torch
 
 import kernelhub
 from kernelhub import testing
+from kernelhub.args import tensors_of
+from kernelhub.parity import parity_error
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
@@ -60,11 +62,17 @@ def test_cuda_graph_replay_forward_backward(op, backend):
     graph.replay()
     torch.cuda.synchronize()
     want_out, want_grads = testing.run(op, backend, fresh, grad)
-    exact = kernelhub.get_hub().registry.impls(op)[backend].deterministic_on("cuda")
-    tol = {} if not exact else {"rtol": 0, "atol": 0}
-    torch.testing.assert_close(static_out.detach(), want_out, **tol)
-    for g, w in zip(static_grads, want_grads):
-        torch.testing.assert_close(g, w, **tol)
+    hub = kernelhub.get_hub()
+    if hub.registry.impls(op)[backend].deterministic_on("cuda"):
+        torch.testing.assert_close(static_out.detach(), want_out, rtol=0, atol=0)
+        for g, w in zip(static_grads, want_grads):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+    else:  # atomics: another order of the same sums, within the op's measured float32 tolerance
+        tol = hub.registry.spec(op).tolerances[torch.float32]
+        assert parity_error(static_out.detach(), want_out) <= tol.forward
+        for g, w in zip(static_grads, want_grads):
+            for a, b in zip(tensors_of(g), tensors_of(w), strict=True):
+                assert parity_error(a, b) <= tol.backward, op
 
 
 @pytest.mark.parametrize("op,backend", CASES)

@@ -13,7 +13,9 @@ user's ``[ops.semiconv] pin`` keeps the shipped priority for semiconv, a user's 
 ``cases`` (``[ops.<op>.cases.<case>] priority``: the order for the calls of one of the op's `kernelhub.spec.Case`s,
 tried before the op's own) merge case by case; an op's ``sizes`` (``[[ops.<op>.sizes]]`` tables of ``min_elements``
 and ``priority``: the order for the calls whose first tensor has at least that many elements, the largest such
-``min_elements`` deciding; tried before the case's and the op's) are replaced whole by a user's. A user's op
+``min_elements`` deciding; tried before the case's and the op's; a range with ``device = "H100"`` serves only on a
+device whose name contains that text, and there the op's ranges naming it replace those naming none) are replaced
+whole by a user's. A user's op
 ``priority`` without ``cases`` (``sizes``) drops the shipped file's cases (sizes) of that op too, so the user's order
 holds for every call of it.
 
@@ -66,18 +68,26 @@ def make_private_dirs(path: Path) -> None:
 @dataclasses.dataclass(frozen=True)
 class OpConfig:
     """One ``[ops.<op>]`` table: its priority, pin, each case's priority (case name -> backends), and its size
-    ranges ((min_elements, backends), ascending)."""
+    ranges ((min_elements, backends), ascending): those naming no device (``sizes``), and per device text those
+    serving only on a device whose name contains it (``device_sizes``; there they replace ``sizes``)."""
 
     priority: tuple[str, ...] = ()
     pin: str = ""
     cases: Mapping[str, tuple[str, ...]] = dataclasses.field(
         default_factory=lambda: types.MappingProxyType({}), hash=False)
     sizes: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    device_sizes: Mapping[str, tuple[tuple[int, tuple[str, ...]], ...]] = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({}), hash=False)
 
-    def size_range(self, elements: int) -> tuple[int, tuple[str, ...]] | None:
-        """The size range a call whose first tensor has ``elements`` elements falls in: the one with the largest
-        ``min_elements`` at most ``elements``; None where there is none."""
-        return next((r for r in reversed(self.sizes) if r[0] <= elements), None)
+    def ranges_on(self, device: str) -> tuple[str, tuple[tuple[int, tuple[str, ...]], ...]]:
+        """The size ranges serving on ``device`` (its name, `kernelhub.timing.device_model`): the first device
+        text it contains and that text's ranges, else ("", the ranges naming no device)."""
+        return next(((text, r) for text, r in self.device_sizes.items() if text in device), ("", self.sizes))
+
+    def size_range(self, elements: int, device: str = "") -> tuple[int, tuple[str, ...]] | None:
+        """The size range a call whose first tensor has ``elements`` elements falls in on ``device``: the one with
+        the largest ``min_elements`` at most ``elements`` of `ranges_on`; None where there is none."""
+        return next((r for r in reversed(self.ranges_on(device)[1]) if r[0] <= elements), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,13 +125,14 @@ class Config:
         return self.ops.get(name) or OpConfig()
 
     def priority_for(self, op: str, backends: list[str], reference: str, case: str = "",
-                     elements: int | None = None) -> list[str]:
+                     elements: int | None = None, device: str = "") -> list[str]:
         """Order ``backends``: the priority of the op's size range for a call of ``elements`` elements (its first
-        tensor's; `OpConfig.size_range`), then that of the call's ``case`` of the op (if configured), then the op's,
-        then the global one; backends named in none go alphabetically just before the op's ``reference`` backend
-        (so installing a backend puts it to use), the reference last unless a list places it elsewhere."""
+        tensor's) on ``device`` (`OpConfig.size_range`), then that of the call's ``case`` of the op (if configured),
+        then the op's, then the global one; backends named in none go alphabetically just before the op's
+        ``reference`` backend (so installing a backend puts it to use), the reference last unless a list places it
+        elsewhere."""
         order: list[str] = []
-        size = self.op(op).size_range(elements) if elements is not None else None
+        size = self.op(op).size_range(elements, device) if elements is not None else None
         for names in (size[1] if size else (), self.op(op).cases.get(case, ()), self.op(op).priority, self.priority):
             order += [b for b in names if b not in order]
         unlisted = sorted(b for b in backends if b not in order and b != reference)
@@ -153,7 +164,9 @@ class Config:
             "priority": list(self.priority),
             "ops": {k: {"priority": list(v.priority), "pin": v.pin,
                         "cases": {c: {"priority": list(p)} for c, p in v.cases.items()},
-                        "sizes": [{"min_elements": n, "priority": list(p)} for n, p in v.sizes]}
+                        "sizes": [{"min_elements": n, "priority": list(p)} for n, p in v.sizes] + [
+                            {"min_elements": n, "priority": list(p), "device": text}
+                            for text, ranges in v.device_sizes.items() for n, p in ranges]}
                     for k, v in self.ops.items()},
             "tune": {"mode": self.tune.mode, "cache": self.tune.cache, "cache_path": str(self.tune.cache_path())},
             "compile": {"priority": list(self.compile_priority)},
@@ -164,7 +177,7 @@ _TOP_KEYS = {"kill_switch": bool, "strict": bool, "disabled": list, "priority": 
              "compile": dict}
 _OP_KEYS = {"priority": list, "pin": str, "cases": dict, "sizes": list}
 _CASE_KEYS = {"priority": list}
-_SIZE_KEYS = {"min_elements": int, "priority": list}
+_SIZE_KEYS = {"min_elements": int, "priority": list, "device": str}
 _TUNE_KEYS = {"mode": str, "cache": str}
 _COMPILE_KEYS = {"priority": list}
 
@@ -232,18 +245,27 @@ def _over_shipped(data: Mapping) -> dict:
     return merged
 
 
-def _sizes(tables: list, where: str, known_backends: frozenset[str]) -> tuple[tuple[int, tuple[str, ...]], ...]:
-    """An op's size ranges, ascending: each table a whole ``min_elements`` >= 1 (each once) and a ``priority``."""
-    ranges = []
+Ranges = tuple[tuple[int, tuple[str, ...]], ...]  # an op's size ranges: (min_elements, backends), ascending
+
+
+def _sizes(tables: list, where: str, known_backends: frozenset[str]) -> dict[str, Ranges]:
+    """An op's size ranges by device text ("": those naming none), each ascending: each table a whole
+    ``min_elements`` >= 1 (each once per device), a ``priority`` and, optionally, a non-empty ``device``."""
+    ranges: dict[str, list] = {}
     for i, table in enumerate(tables):
         _check_table(table, _SIZE_KEYS, f"{where} #{i + 1}")
         least = table.get("min_elements")
         if isinstance(least, bool) or not isinstance(least, int) or least < 1:
             raise ConfigError(f"{where} #{i + 1}.min_elements: expected a whole number >= 1, got {least!r}")
-        if least in [n for n, _ in ranges]:
-            raise ConfigError(f"{where} #{i + 1}.min_elements: {least} is given twice")
-        ranges.append((least, _names(table.get("priority", []), f"{where} #{i + 1}.priority", known_backends)))
-    return tuple(sorted(ranges))
+        device = table.get("device", "")
+        if "device" in table and not device.strip():
+            raise ConfigError(f"{where} #{i + 1}.device: expected part of a device's name (\"H100\"), got {device!r}")
+        mine = ranges.setdefault(device, [])
+        if least in [n for n, _ in mine]:
+            raise ConfigError(f"{where} #{i + 1}.min_elements: {least} is given twice"
+                              + (f" for device {device!r}" if device else ""))
+        mine.append((least, _names(table.get("priority", []), f"{where} #{i + 1}.priority", known_backends)))
+    return {device: tuple(sorted(r)) for device, r in ranges.items()}
 
 
 def parse_config(data: Mapping, source: str, known_backends: frozenset[str]) -> Config:
@@ -262,9 +284,10 @@ def parse_config(data: Mapping, source: str, known_backends: frozenset[str]) -> 
             case_where = f"{source}: [ops.{name}.cases.{case}]"
             _check_table(case_table, _CASE_KEYS, case_where)
             cases[case] = _names(case_table.get("priority", []), f"{case_where}.priority", known_backends)
+        sizes = _sizes(table.get("sizes", []), f"{source}: [[ops.{name}.sizes]]", known_backends)
         ops[name] = OpConfig(priority=_names(table.get("priority", []), f"{where}.priority", known_backends), pin=pin,
-                             cases=types.MappingProxyType(cases),
-                             sizes=_sizes(table.get("sizes", []), f"{source}: [[ops.{name}.sizes]]", known_backends))
+                             cases=types.MappingProxyType(cases), sizes=sizes.pop("", ()),
+                             device_sizes=types.MappingProxyType(sizes))
     tune = data.get("tune", {})
     _check_keys(tune, _TUNE_KEYS, f"{source}: [tune]")
     if tune.get("mode", "cached") not in TUNE_MODES:
@@ -307,12 +330,19 @@ def check_config(config: Config, known_backends: frozenset[str]) -> Config:
         _names(list(table.priority), f"{where}: ops[{name!r}].priority", known_backends)
         for case, names in table.cases.items():
             _names(list(names), f"{where}: ops[{name!r}].cases[{case!r}]", known_backends)
-        if tuple(sorted(table.sizes)) != table.sizes or len({n for n, _ in table.sizes}) != len(table.sizes) or any(
-                isinstance(n, bool) or not isinstance(n, int) or n < 1 for n, _ in table.sizes):
-            raise ConfigError(f"{where}: ops[{name!r}].sizes: expected (min_elements >= 1, backends) pairs, ascending "
-                              f"and each min_elements once, got {table.sizes!r}")
-        for n, names in table.sizes:
-            _names(list(names), f"{where}: ops[{name!r}].sizes[{n}]", known_backends)
+        if not isinstance(table.device_sizes, Mapping) or any(
+                not isinstance(text, str) or not text.strip() for text in table.device_sizes):
+            raise ConfigError(f"{where}: ops[{name!r}].device_sizes: expected device text (part of a device's name) "
+                              f"-> size ranges, got {table.device_sizes!r}")
+        for label, sizes in (("sizes", table.sizes), *((f"device_sizes[{t!r}]", r) for t, r in
+                                                        table.device_sizes.items())):
+            if not isinstance(sizes, tuple) or tuple(sorted(sizes)) != sizes \
+                    or len({n for n, _ in sizes}) != len(sizes) \
+                    or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n, _ in sizes):
+                raise ConfigError(f"{where}: ops[{name!r}].{label}: expected (min_elements >= 1, backends) pairs, "
+                                  f"ascending and each min_elements once, got {sizes!r}")
+            for n, names in sizes:
+                _names(list(names), f"{where}: ops[{name!r}].{label}[{n}]", known_backends)
     tune = config.tune
     if not isinstance(tune, TuneConfig) or tune.mode not in TUNE_MODES or not isinstance(tune.cache, str) \
             or "\0" in tune.cache:

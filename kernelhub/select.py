@@ -42,6 +42,7 @@ from kernelhub.config import Config
 from kernelhub.errors import NoImplementationError, StrictModeError
 from kernelhub.registry import CONTAINED, Registry
 from kernelhub.spec import Impl, OpSpec
+from kernelhub.timing import device_model
 from kernelhub.tune import Tuning, may_tune_now
 
 __all__ = ["Candidate", "Decision", "Selector", "call_key", "MAX_CACHED_DECISIONS", "GENERATION"]
@@ -166,7 +167,7 @@ class Selector:
             return self._traced[key]
         impls, cfg = self.registry.impls(op), self.config.op(op)
         rejected = self._rejected(op, args, forced, key)
-        case, _, size = self._where(op, args)
+        case, _, size, _ = self._where(op, args)
         order = [forced] if forced else [cfg.pin, *(size[1] if size else ()), *cfg.cases.get(case, ()),
                                           *cfg.priority, *self.config.compile_priority]
         name = next((n for n in order if n in impls and n not in rejected), None)
@@ -216,9 +217,9 @@ class Selector:
         """The decision, and whether it may be cached: five stages, each a method below."""
         impls, spec = self.registry.impls(op), self.registry.spec(op)
         rejected = self._rejected(op, args, forced, key)
-        case, elements, size = self._where(op, args)
+        case, elements, size, device = self._where(op, args)
         ordered = self.config.priority_for(op, [n for n in impls if n not in rejected], spec.reference_backend, case,
-                                           elements)
+                                           elements, device)
         pin = self.config.op(op).pin
         whys: dict[str, str] = {}
         note, cacheable, winner = "", True, None
@@ -227,21 +228,25 @@ class Selector:
             ordered, whys, winner, note, cacheable = self._tuned_order(op, args, ordered, rejected)
         if tuned:
             self._drop_tuned_only(op, ordered, rejected, keep={forced, pin, winner})
+        text = self.config.op(op).ranges_on(device)[0]
+        on = f" on {text} ({device})" if text else ""
         where = ([f"case {case} of {op}"] if case else []) + (
-            [f"{op} calls of >= {size[0]:,} elements, this one {elements:,}"] if size else [])
+            [f"{op} calls of >= {size[0]:,} elements{on}, this one {elements:,}"] if size else [])
         order = ("priority order " + " > ".join(ordered) + (f" ({'; '.join(where)})" if where else "")
                  if ordered else "")
         ordered, why = self._forced_or_pinned(op, args, ordered, rejected, forced, pin, order + note)
         return self._decision(op, args, ordered, rejected, whys, why, forced), cacheable
 
-    def _where(self, op: str, args: Sequence[Any]) -> tuple[str, int | None, tuple[int, tuple[str, ...]] | None]:
+    def _where(self, op: str, args: Sequence[Any]) -> tuple[str, int | None, tuple[int, tuple[str, ...]] | None, str]:
         """Which of the op's configured orders a call falls under: its case (`_case`, '' where the config orders
-        none), its first tensor's elements and their size range (`kernelhub.config.OpConfig.size_range`; None
-        where the op has no size ranges)."""
+        none), its first tensor's elements and their size range on its device (`kernelhub.config.OpConfig.size_range`;
+        None where the op has no size ranges), and the device's name where the op has ranges for some devices."""
         cfg = self.config.op(op)
         case = self._case(op, self.registry.spec(op), args) if cfg.cases else ""
-        elements = first_tensor(args).numel() if cfg.sizes else None
-        return case, elements, cfg.size_range(elements) if elements is not None else None
+        first = first_tensor(args)
+        device = device_model(first.device) if cfg.device_sizes else ""
+        elements = first.numel() if cfg.sizes or cfg.device_sizes else None
+        return case, elements, cfg.size_range(elements, device) if elements is not None else None, device
 
     def _case(self, op: str, spec: OpSpec, args: Sequence[Any]) -> str:
         """The call's case of the op where the config orders it, else ''. A spec's test that raises (a plugin's)

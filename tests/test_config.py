@@ -128,13 +128,56 @@ def test_size_ranges_order_calls_by_their_elements_and_explain_names_the_range(t
                 assert decision.chosen == chosen and ((named in reason) if named else "elements" not in reason)
 
 
+def test_a_size_range_naming_a_device_serves_only_there_and_replaces_the_op_s_other_ranges(tmp_path):
+    """``device = "..."``: the op's ranges naming a text the device's name contains serve its calls instead of the
+    ranges naming none; on any other device those serve. explain names the device's range."""
+    text = "cpu"  # part of every CPU's name here (kernelhub.timing.device_model): "cpu <model> (N threads)"
+    path = write(tmp_path / "kernelhub.toml", f"""
+        [[ops.tv_loss_sq_3d.sizes]]
+        min_elements = 100
+        priority = ["torch_ref"]
+        [[ops.tv_loss_sq_3d.sizes]]
+        min_elements = 4096
+        priority = ["torch_ref"]
+        device = "{text}"
+        [[ops.tv_loss_sq_3d.sizes]]
+        min_elements = 100
+        priority = ["cuda_ext"]
+        device = "H100"
+    """)
+    cfg = load_config(KNOWN, path)
+    table = cfg.op("tv_loss_sq_3d")
+    assert table.sizes == ((100, ("torch_ref",)),)
+    assert dict(table.device_sizes) == {text: ((4096, ("torch_ref",)),), "H100": ((100, ("cuda_ext",)),)}
+    order = lambda n, device: cfg.priority_for("tv_loss_sq_3d", ["torch_ref", "cuda_ext"], "torch_ref",  # noqa
+                                               elements=n, device=device)
+    assert order(512, "cpu Intel Xeon (2 threads)") == ["cuda_ext", "torch_ref"]  # under its own range's 4096
+    assert order(4096, "cpu Intel Xeon (2 threads)") == ["torch_ref", "cuda_ext"]
+    assert order(512, "NVIDIA H100 80GB HBM3") == ["cuda_ext", "torch_ref"]
+    assert order(512, "NVIDIA H200") == ["torch_ref", "cuda_ext"]  # no range names it: those naming none
+    assert [r for r in cfg.as_dict()["ops"]["tv_loss_sq_3d"]["sizes"] if r.get("device") == "H100"] == [
+        {"min_elements": 100, "priority": ["cuda_ext"], "device": "H100"}]
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("KERNELHUB_CONFIG", str(path))
+        with kernelhub.scoped():
+            small = kernelhub.explain("tv_loss_sq_3d", torch.randn(1, 8, 8, 8))  # 512: the CPU's range starts at 4096
+            assert small.chosen == "cuda_ext" and "elements" not in small.candidates[0].reasons[0]
+            large = kernelhub.explain("tv_loss_sq_3d", torch.randn(1, 16, 16, 16))
+            assert large.chosen == "torch_ref"
+            assert f"calls of >= 4,096 elements on {text} (cpu " in large.candidates[0].reasons[0]
+
+
 @pytest.mark.parametrize("sizes, message", [
     ("min_elements = 0\npriority = ['triton']", "min_elements: expected a whole number >= 1, got 0"),
     ("min_elements = true\npriority = ['triton']", "min_elements: expected a whole number >= 1, got True"),
     ("priority = ['triton']", "min_elements: expected a whole number >= 1, got None"),
     ("min_elements = 5\npriority = ['tritonn']", "unknown backend 'tritonn'"),
-    ("min_elements = 5\nprio = []", "unknown key 'prio'; allowed keys: \\['min_elements', 'priority'\\]"),
+    ("min_elements = 5\nprio = []", "unknown key 'prio'; allowed keys: \\['device', 'min_elements', 'priority'\\]"),
     ("min_elements = 5\n[[ops.tv_loss_l1_3d.sizes]]\nmin_elements = 5", "5 is given twice"),
+    ("min_elements = 5\ndevice = 'H100'\n[[ops.tv_loss_l1_3d.sizes]]\nmin_elements = 5\ndevice = 'H100'",
+     "5 is given twice for device 'H100'"),
+    ("min_elements = 5\ndevice = ' '", "device: expected part of a device's name"),
+    ("min_elements = 5\ndevice = 100", "device: expected str"),
 ])
 def test_a_bad_size_range_is_an_error_naming_the_file_op_and_key(tmp_path, sizes, message):
     path = write(tmp_path / "kernelhub.toml", "[[ops.tv_loss_l1_3d.sizes]]\n" + sizes + "\n")

@@ -199,6 +199,12 @@ def test_config_objects_are_validated_like_files():
         kernelhub.reload(config=Config(tune=TuneConfig(mode="bogus")))
     with pytest.raises(ConfigError, match="nope"):
         kernelhub.reload(config=Config(priority=("nope",)))
+    from kernelhub.config import OpConfig
+    for device_sizes, says in (({"": ((5, ("triton",)),)}, "device_sizes: expected device text"),
+                               ({"H100": ((5, ("nope",)),)}, r"device_sizes\['H100'\]\[5\].*nope"),
+                               ({"H100": ((9, ()), (5, ()))}, r"device_sizes\['H100'\]: expected .* ascending")):
+        with pytest.raises(ConfigError, match=says):
+            kernelhub.reload(config=Config(ops={"tv_loss_l1_3d": OpConfig(device_sizes=device_sizes)}))
 
 
 def test_a_deeply_nested_toml_and_a_nul_byte_are_config_errors(tmp_path):

@@ -32,6 +32,15 @@ def test_defaults_are_the_shipped_file_and_a_user_file_merges_over_it(tmp_path):
     assert default.op("kplanes_interp_tilted_taps").sizes == ((12_288, ("triton",)),)
     assert default.op("tv_loss_l1_3d").sizes == ((67_108_864, ("triton",)),)
     assert default.op("semiconv").priority == ("triton",)
+    # the H100's own K-Planes ranges: a call of 65,536 points goes to cuda_ext there, to triton on an H200
+    backends = ["torch_ref", "cuda_ext", "triton"]
+    for op, h100, h200 in (("kplanes_interp_tilted", "cuda_ext", "triton"),
+                           ("kplanes_interp_tilted_taps", "triton", "triton"),
+                           ("kplanes_interp_tilted_ms", "triton", "triton")):
+        assert [default.priority_for(op, backends, "torch_ref", elements=3 * 65_536, device=d)[0]
+                for d in ("NVIDIA H100 80GB HBM3", "NVIDIA H200")] == [h100, h200], op
+    assert [default.priority_for("kplanes_interp_tilted_taps", backends, "torch_ref", elements=3 * 16_384, device=d)[0]
+            for d in ("NVIDIA H100 80GB HBM3", "NVIDIA H200")] == ["cuda_ext", "triton"]
     user = load_config(KNOWN, write(tmp_path / "kernelhub.toml", """
         priority = ["torch_ref"]
         [tune]

@@ -260,20 +260,24 @@ class Tuning:
             tol = call_tolerance(spec, fresh, reference=reference)
             cands, forwards, steps = {}, {}, {}
             timed_args, timed_leaves = fresh_leaves(fresh, spec.differentiable)
+            step_grad = None  # the upstream gradient in the output's dtype (the reference's is float64)
             for name in eligible:
                 cand: dict[str, Any] = {"fingerprint": self.registry.fingerprint(name), "error": None}
                 start = time.perf_counter()
                 cand["error"] = self._parity(op, name, fresh, ref_out, grad, ref_grads, tol)  # compiles, if it must
                 self._verified[(entry_key(op, args), name)] = cand["error"]  # `rank` need not check it again here
                 if cand["error"] is None:
-                    forwards[name] = functools.partial(self.handle(op, name), *fresh)
-                    steps[name] = dropping_grads(functools.partial(_step, self.handle(op, name), timed_args, grad),
-                                                 timed_leaves)
+                    handle = self.handle(op, name)
+                    forwards[name] = functools.partial(handle, *fresh)
                     try:  # the eager path's first calls: what they compile (leaves that require grad) counts here too
-                        forwards[name]()
+                        out = forwards[name]()
+                        step_grad = grad.to(out.dtype) if step_grad is None else step_grad
+                        steps[name] = dropping_grads(functools.partial(_step, handle, timed_args, step_grad),
+                                                     timed_leaves)
                         steps[name]()
                     except Exception as exc:
                         cand["error"] = f"raised {type(exc).__name__}: {exc}"
+                        self._verified.pop((entry_key(op, args), name), None)
                 cand["first_call_s"] = time.perf_counter() - start
                 cands[name] = cand
                 if progress is not None:

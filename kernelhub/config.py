@@ -65,6 +65,9 @@ def make_private_dirs(path: Path) -> None:
         os.chmod(p, 0o700)  # mkdir's mode goes through the umask (one of 0277 would leave it unusable)
 
 
+Ranges = tuple[tuple[int, tuple[str, ...]], ...]  # an op's size ranges: (min_elements, backends), ascending
+
+
 @dataclasses.dataclass(frozen=True)
 class OpConfig:
     """One ``[ops.<op>]`` table: its priority, pin, each case's priority (case name -> backends), and its size
@@ -75,11 +78,11 @@ class OpConfig:
     pin: str = ""
     cases: Mapping[str, tuple[str, ...]] = dataclasses.field(
         default_factory=lambda: types.MappingProxyType({}), hash=False)
-    sizes: tuple[tuple[int, tuple[str, ...]], ...] = ()
-    device_sizes: Mapping[str, tuple[tuple[int, tuple[str, ...]], ...]] = dataclasses.field(
+    sizes: Ranges = ()
+    device_sizes: Mapping[str, Ranges] = dataclasses.field(
         default_factory=lambda: types.MappingProxyType({}), hash=False)
 
-    def ranges_on(self, device: str) -> tuple[str, tuple[tuple[int, tuple[str, ...]], ...]]:
+    def ranges_on(self, device: str) -> tuple[str, Ranges]:
         """The size ranges serving on ``device`` (its name, `kernelhub.timing.device_model`): the first device
         text it contains and that text's ranges, else ("", the ranges naming no device)."""
         return next(((text, r) for text, r in self.device_sizes.items() if text in device), ("", self.sizes))
@@ -243,9 +246,6 @@ def _over_shipped(data: Mapping) -> dict:
                 if isinstance(table.get("cases"), dict):
                     merged["ops"][name]["cases"] = {**shipped.get("cases", {}), **table["cases"]}
     return merged
-
-
-Ranges = tuple[tuple[int, tuple[str, ...]], ...]  # an op's size ranges: (min_elements, backends), ascending
 
 
 def _sizes(tables: list, where: str, known_backends: frozenset[str]) -> dict[str, Ranges]:

@@ -10,8 +10,8 @@ Tikhonov), in one process:
   time excluded, reported), and each kernel backend, for the forward and for forward+backward,
   two ways: "call" (`kernelhub.timing.timed`: triton.testing.do_bench, L2 flushed before every call, after
   warm-up; the Python and autograd cost of launching counts wherever it exceeds the GPU time) and "graph"
-  (triton.testing.do_bench_cudagraph: the same step captured in a CUDA graph and replayed, so
-  GPU time only, as in a captured training step; no L2 flush, the inputs are larger than L2);
+  (`kernelhub.timing.graphed`: the same step captured in a CUDA graph and replayed after an L2 flush, so
+  GPU time only, as in a captured training step; `kernelhub bench`'s "graphed");
 - peak memory allocated by one such call beyond its inputs.
 
 Usage: python benchmarks/run.py kernels [--backends triton cuda_ext] [--ops ...] [--shapes ...] [--json FILE]
@@ -92,7 +92,6 @@ def make_step(fn, args, grads_of, grad):
 
 def bench(step, leaves) -> tuple[float, float, float]:
     """(call ms, graph ms or nan where the step cannot be captured, peak MiB)."""
-    import triton.testing
     step()
     torch.cuda.synchronize()
     for t in leaves:
@@ -104,7 +103,7 @@ def bench(step, leaves) -> tuple[float, float, float]:
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20
     ms = timing.time_ms(step, torch.device("cuda"), grad_to_none=leaves)
     try:
-        graph_ms = triton.testing.do_bench_cudagraph(step, rep=100, grad_to_none=leaves or None, return_mode="median")
+        graph_ms = timing.graphed(timing.dropping_grads(step, leaves), torch.device("cuda")).ms
     except Exception as exc:  # e.g. the SVD reference synchronises, which capture forbids
         print(f"  (no CUDA graph: {type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
         torch.cuda.synchronize()

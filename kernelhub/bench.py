@@ -12,7 +12,11 @@ For every op and each sample of the chosen size (the spec's "benchmark" shapes; 
   reference's forward in eager mode ("torch_ref"), under `torch.compile` ("compiled",
   compiled before any timing, its compile time reported), and each backend through the hub with that
   backend forced. Each one's first call is timed apart ("first_call_s": where the inductor backend
-  compiles) and never enters the median.
+  compiles) and never enters the median;
+- on CUDA, the same step's time on the device alone ("graph_ms", and its multiple of the floor, "x_floor_graph"):
+  captured as a CUDA graph and replayed after an L2 flush (`kernelhub.timing.graphed`), so the gaps a host slower
+  than the device leaves between the kernels are not in it. Where "ms" is well above "graph_ms", the call is
+  bound by its host code (dispatch, launches), not by its kernels. None where the step cannot be captured.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from kernelhub import testing
 from kernelhub.args import first_tensor, nbytes
 from kernelhub.hub import get_hub
 from kernelhub.spec import OpSpec, Work
-from kernelhub.timing import device_model, time_ms, timed
+from kernelhub.timing import device_model, graphed, time_ms, timed
 
 __all__ = ["compiled_reference", "copy_bandwidth", "rates", "plain_work", "least_work", "floor", "RESOURCES",
            "make_step", "run", "plot", "figure"]
@@ -174,7 +178,7 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
             for grads_of in (None, spec.differentiable):
                 passname = "fwd" if grads_of is None else "fwd+bwd"
                 floor_ms, binds = floor(least_work(spec, args, out, grads_of), measured)
-                times, first, spread = {}, {}, {}
+                times, first, spread, graph = {}, {}, {}, {}
                 for label, fn in [("torch_ref", ref_fn)] + [("compiled", compiled)] * (compiled is not None) + [
                         (b, get_hub().handle(op, b)) for b in names]:
                     try:
@@ -189,11 +193,18 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
                             f"(first call {first[label]:.2f} s)")  # progress: a long run shows each row as it lands
                     except Exception as exc:  # a backend that cannot serve this sample, out of memory...
                         log(f"{op} {sample.name} {passname} {label}: {type(exc).__name__}: {exc}"[:300])
+                        continue
+                    if dev.type == "cuda":
+                        try:
+                            graph[label] = graphed(step, dev, quick).ms
+                        except Exception as exc:  # a call that cannot be captured: no graph time in its row
+                            log(f"{op} {sample.name} {passname} {label} graphed: {type(exc).__name__}: {exc}"[:300])
                 for label, ms in times.items():
                     rows.append({"op": op, "shape": sample.name, "elements": first_tensor(args).numel(),
                                  "pass": passname, "impl": label, "ms": ms,
                                  "spread": spread[label], "floor_ms": floor_ms, "binds": binds,
-                                 "x_floor": ms / floor_ms,
+                                 "x_floor": ms / floor_ms, "graph_ms": graph.get(label),
+                                 "x_floor_graph": graph[label] / floor_ms if label in graph else None,
                                  "vs_torch_ref": times.get("torch_ref", math.nan) / ms,
                                  "vs_compiled": times.get("compiled", math.nan) / ms, "first_call_s": first[label],
                                  "compile_s": compile_s if label == "compiled" else None})

@@ -374,14 +374,19 @@ def report(records: list[dict], passes: tuple[str, ...] = ("fwd+bwd",)) -> str:
             parts += [f"### `{op}`", ""]
             if not detail and not data["device"].startswith("cpu"):
                 parts += [f"![{op}](img/{_figure_name(data, op)})", ""]
-            parts += ["| shape | pass | floor ms | eager | compiled | " + " | ".join(impls) + " | best (x floor) |",
+            graphs = any(r.get("graph_ms") is not None for g in groups.values() for r in g.values())
+            parts += ["| shape | pass | floor ms | eager | compiled | " + " | ".join(impls) + " | best (x floor"
+                      + ("; graphed: the device's time alone" * graphs) + ") |",
                       "|---|---|---|---|---|" + "---|" * len(impls) + "---|"]
             for (shape, passname), g in groups.items():
                 any_row = next(iter(g.values()))
                 best = min(g, key=lambda n: g[n]["ms"])
                 cells = [_fmt(g[n]["ms"]) if n in g else "-" for n in (*BASELINES, *impls)]
+                graphed = {n: r["x_floor_graph"] for n, r in g.items() if r.get("x_floor_graph") is not None}
+                fastest = min(graphed, key=graphed.get) if graphed else None
                 parts.append(f"| {shape} | {passname} | {any_row['floor_ms']:.3g} | " + " | ".join(cells)
-                             + f" | {best} ({g[best]['x_floor']:.1f}x) |")
+                             + f" | {best} ({g[best]['x_floor']:.1f}x"
+                             + (f"; {fastest} {graphed[fastest]:.1f}x" if fastest else "") + ") |")
             parts.append("")
     return "\n".join(parts)
 

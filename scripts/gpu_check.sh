@@ -28,7 +28,8 @@
 #   ddp    - two GPUs: examples/ddp_step.py under torchrun (NCCL) and the second-GPU tests
 #   all    - tests and bench (the default)
 # Several steps in one call: scripts/gpu_check.sh tests host examples
-# CUDA_EXT=0 leaves cuda_ext (and its build) out. PYTEST_ARGS (default: tests), PYTEST_K (a -k expression) and BENCH_ARGS narrow the steps; PYTEST_TIMEOUT
+# CUDA_EXT=0 leaves cuda_ext (and its build) out; INSTALL=0 skips the install (a second run beside a first, each on
+# its own GPU: CUDA_VISIBLE_DEVICES, OUT and taskset apart, after one run of the install alone: steps "none"). PYTEST_ARGS (default: tests), PYTEST_K (a -k expression) and BENCH_ARGS narrow the steps; PYTEST_TIMEOUT
 # (seconds) stops pytest itself, so its log is complete up to there even when the device call's limit is near;
 # PYTEST_END (seconds after this script started, the install included, which takes minutes on a fresh machine)
 # stops it at that time instead. A stopped run lists the selected tests that did not finish in
@@ -57,8 +58,8 @@ if ! python3 -c "import pytorch_nd_semiconv" 2>/dev/null && ls .whl/nd/*.whl >/d
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/nd/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-if ! python3 -m pip install -q --no-deps --no-build-isolation -e . -e ./backends/torch_ref -e ./backends/triton \
-    $([ "${CUDA_EXT:-1}" = 0 ] || echo -e ./backends/cuda_ext) > "$OUT/install.txt" 2>&1; then
+if [ "${INSTALL:-1}" != 0 ] && ! python3 -m pip install -q --no-deps --no-build-isolation -e . -e ./backends/torch_ref \
+    -e ./backends/triton $([ "${CUDA_EXT:-1}" = 0 ] || echo -e ./backends/cuda_ext) > "$OUT/install.txt" 2>&1; then
   grep -v "^WARNING" "$OUT/install.txt" | tail -40
   echo "gpu_check: the install failed (log: $OUT/install.txt); nothing was run" >&2
   exit 1

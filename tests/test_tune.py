@@ -617,9 +617,49 @@ def test_bench_prints_whole_names_in_80_columns_and_what_binds():
         cli.render_bench({**data, "wide": wide}, console)
         text = console.export_text()
         assert max(map(len, text.splitlines())) <= width and "…" not in text
-        assert "kplanes_interp_tilted_taps B614400_T4_C32_200x200" in text and "2.10x atomics" in text
+        assert "kplanes_interp_tilted_taps B614400_T4_C32_200x200" in text and " 2.10x " in text
+        assert "floor binds: fwd+bwd atomics" in text
         assert all(f" {n} " in text for n in ("torch_ref", "compiled", "cuda_ext", "triton"))
         assert ("first call s" in text) == wide
+        assert "graph" not in text  # no row has the device's own time (the CPU's)
+    graphed = {**data, "rows": [{**r, "ms": 0.5765, "graph_ms": 0.2931, "x_floor_graph": 1.25}
+                                for r in data["rows"]]}
+    for wide, width in ((False, 80), (True, 400)):  # a CUDA run's rows: the graph replay's multiple of the floor
+        console = Console(width=width, record=True)
+        cli.render_bench({**graphed, "wide": wide}, console)
+        text = console.export_text()
+        assert max(map(len, text.splitlines())) <= width and "…" not in text
+        assert " 1.25x " in text and " 0.5765 " in text and "floor binds: fwd+bwd atomics" in text
+        assert ("graph ms" in text) == wide and (" 0.2931 " in text) == wide
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_graphed_times_the_device_alone_where_a_slow_host_leaves_it_idle():
+    """`kernelhub.timing.graphed`: a step whose host code costs far more than its kernels (a sleep between two
+    tiny launches) takes the host's time under `timed` and the kernels' alone replayed as a CUDA graph."""
+    import time
+
+    from kernelhub import timing
+
+    dev = torch.device("cuda")
+    x = torch.randn(1024, device=dev)
+    out = torch.empty_like(x)
+
+    def step():
+        torch.mul(x, 2.0, out=out)
+        time.sleep(0.002)  # host time only: nothing a graph captures
+        out.add_(1.0)
+
+    slow = timing.timed(step, dev, quick=True).ms
+    fast = timing.graphed(step, dev, quick=True).ms
+    assert slow > 1.5 and 0 < fast < 0.5, (slow, fast)
+
+
+def test_graphed_needs_a_cuda_device():
+    from kernelhub import timing
+
+    with pytest.raises(ValueError, match="a CUDA device"):
+        timing.graphed(lambda: None, torch.device("cpu"))
 
 
 def test_timed_drops_the_gradients_it_is_given_before_each_call():

@@ -50,16 +50,19 @@ def copy_bandwidth(device: torch.device) -> float:
 
 
 def rates(device: torch.device) -> dict[str, float]:
-    """The device's rates for `floor`, each measured by torch's own kernels (so each is what a good kernel reaches
-    at least, not the hardware's peak: a floor from them is a little generous):
+    """The device's rates for `floor`, each measured by a plain kernel of its kind (so each is what a good kernel
+    reaches at least, not the hardware's peak: a floor from them is a little generous):
 
     - ``dram_Bps``: `copy_bandwidth`;
     - ``gather_Bps``: rows of 32 float32 (128 bytes) gathered at random from an 8 MiB table (in L2 on a GPU) and
-      summed in bags of 64 (``embedding_bag``), gathered bytes per second;
-    - ``atomics_per_s``: ``index_add_`` of rows of 32 into a 4 MiB table at random rows, adds per second;
+      summed in bags of 64, gathered bytes per second;
+    - ``atomics_per_s``: rows of 32 added into a 4 MiB table at random rows, adds per second;
     - ``flops_per_s``: a float32 matrix product (TF32 off), two operations per multiply-add.
 
-    On the CPU only the copy and the matrix product are measured (torch's CPU gathers and ``index_add_`` are no
+    The gathers and atomic adds are each timed with torch's kernel (``embedding_bag``; ``scatter_add_``) and, where
+    triton is installed, with the simplest Triton kernel of the kind (`kernelhub._probes`); the faster counts:
+    torch's reach less than half the rate on an H200, which a K-Planes kernel beats.
+    On the CPU only the copy and the matrix product are measured (torch's CPU gathers and scatters are no
     measure of a cache's or of atomics' rate): those two are None, and never bind.
     """
     cuda = device.type == "cuda"
@@ -80,11 +83,21 @@ def rates(device: torch.device) -> dict[str, float]:
     table = torch.randn(2**16, 32, device=device, generator=g)
     idx = torch.randint(0, table.shape[0], (n,), device=device, generator=g)
     offsets = torch.arange(0, n, 64, device=device)
-    gather_ms = time_ms(lambda: torch.nn.functional.embedding_bag(idx, table, offsets, mode="sum"), device)
     acc = torch.zeros(2**15, 32, device=device)
     src = torch.randn(n, 32, device=device, generator=g)
     rows = idx % acc.shape[0]
-    atomics_ms = time_ms(lambda: acc.index_add_(0, rows, src), device)
+    gathers = [lambda: torch.nn.functional.embedding_bag(idx, table, offsets, mode="sum")]
+    scatters = [lambda: acc.scatter_add_(0, rows[:, None].expand(n, 32), src)]
+    try:
+        from kernelhub import _probes
+    except ImportError:  # no triton: torch's kernels alone
+        pass
+    else:
+        bags = torch.empty(n // _probes.ROWS, 32, device=device)
+        gathers.append(lambda: _probes.gather(bags, table, idx))
+        scatters.append(lambda: _probes.scatter(acc, src, rows))
+    gather_ms = min(time_ms(fn, device) for fn in gathers)
+    atomics_ms = min(time_ms(fn, device) for fn in scatters)
     return {**measured, "gather_Bps": n * 128 / (gather_ms * 1e-3), "atomics_per_s": n * 32 / (atomics_ms * 1e-3)}
 
 

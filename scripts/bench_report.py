@@ -554,7 +554,9 @@ def host_report(data: dict, summary: bool = False) -> list[str]:
         parts.append("")
     rows = [(k, r) for k, r in ordered if k.split("/")[2:3] in (["compiled"], ["compiled-reduce-overhead"])]
     if rows:
-        parts += ["Compiled steps, `(op(*args) * w).sum()` forward + backward under `torch.compile(fullgraph=True)` "
+        parts += [("Compiled steps, `(op(*args) * w).sum()` forward + backward under `torch.compile(fullgraph=True)`, "
+                   "µs (what each column holds: lab/benchmarks-detail.md):") if summary else
+                  "Compiled steps, `(op(*args) * w).sum()` forward + backward under `torch.compile(fullgraph=True)` "
                   "(`reduce-overhead`: replayed as CUDA graphs), µs, median of interleaved rounds. The compiled hub "
                   "traces the impl `kernelhub explain` names for compiled graphs (docs/user-guide.md); with a "
                   "backend forced, that backend's (traced where its impl is traceable, else the operator). Two "

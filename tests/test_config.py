@@ -96,6 +96,11 @@ def test_a_case_priority_merges_case_by_case_and_an_op_priority_alone_drops_the_
                                            "tropical_2d_depthwise") == ["cuda_ext", "triton", "torch_ref"]
     assert load_config(KNOWN).priority_for("semiconv", ["torch_ref", "triton", "cuda_ext"], "torch_ref") == \
         ["triton", "cuda_ext", "torch_ref"]
+    # the small, host-bound calls go to triton first, the case's too; from 4,194,304 elements the case decides
+    for elements, first in ((4096, "triton"), (4_194_303, "triton"), (4_194_304, "cuda_ext"), (33_554_432, "cuda_ext")):
+        for device in ("", "NVIDIA H200", "NVIDIA H100 80GB HBM3"):
+            assert load_config(KNOWN).priority_for("semiconv", ["torch_ref", "triton", "cuda_ext"], "torch_ref",
+                                                   "tropical_2d_depthwise", elements, device)[0] == first
     pinned = load_config(KNOWN, write(tmp_path / "a.toml", "[ops.semiconv]\npin = 'torch_ref'\n")).op("semiconv")
     assert pinned.cases == shipped.cases and pinned.priority == ("triton",)
     case = load_config(KNOWN, write(tmp_path / "b.toml", """
@@ -104,7 +109,7 @@ def test_a_case_priority_merges_case_by_case_and_an_op_priority_alone_drops_the_
         """)).op("semiconv")
     assert case.cases == {"tropical_2d_depthwise": ("torch_ref",)} and case.priority == ("triton",)
     own = load_config(KNOWN, write(tmp_path / "c.toml", "[ops.semiconv]\npriority = ['cuda_ext']\n")).op("semiconv")
-    assert own.cases == {} and own.priority == ("cuda_ext",)
+    assert own.cases == {} and own.sizes == () and own.priority == ("cuda_ext",)
 
 
 def test_size_ranges_order_calls_by_their_elements_and_explain_names_the_range(tmp_path):

@@ -24,7 +24,7 @@ LAYERS = [
     ["kernelhub.dispatch"],  # reads the selector's generation (kernelhub.select.GENERATION) while dynamo traces
     ["kernelhub.hub"],
     ["kernelhub"],  # the package's API: op, explain, get_hub, ...; the runtime ends here
-    ["kernelhub.nn", "kernelhub.testing"],
+    ["kernelhub.nn", "kernelhub.testing", "kernelhub._probes"],  # _probes: Triton kernels bench times, nothing else
     ["kernelhub.bench", "kernelhub.testing.tolerances"],
     ["kernelhub.cli"],
 ]

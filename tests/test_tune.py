@@ -655,6 +655,26 @@ def test_graphed_times_the_device_alone_where_a_slow_host_leaves_it_idle():
     assert slow > 1.5 and 0 < fast < 0.5, (slow, fast)
 
 
+def test_the_rate_probes_compute_what_torch_does():
+    """`kernelhub._probes` (the Triton gather and atomic scatter `kernelhub.bench.rates` times): the bags' sums and
+    the scattered adds torch's embedding_bag and index_add_ give (Triton's interpreter on the CPU, the GPU's
+    compiled kernels there)."""
+    pytest.importorskip("triton")
+    from kernelhub import _probes
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(0)
+    table, src = torch.randn(50, 32, generator=g).to(dev), torch.randn(130, 32, generator=g).to(dev)
+    idx = torch.randint(0, 50, (130,), generator=g).to(dev)
+    bags = torch.empty(3, 32, device=dev)
+    _probes.gather(bags, table, idx)
+    offsets = torch.arange(0, 130, _probes.ROWS, device=dev)
+    torch.testing.assert_close(bags, torch.nn.functional.embedding_bag(idx, table, offsets, mode="sum"))
+    acc = torch.zeros(50, 32, device=dev)
+    _probes.scatter(acc, src, idx)
+    torch.testing.assert_close(acc, torch.zeros(50, 32, device=dev).index_add_(0, idx, src))
+
+
 def test_graphed_needs_a_cuda_device():
     from kernelhub import timing
 

@@ -353,7 +353,9 @@ def report(records: list[dict], passes: tuple[str, ...] = ("fwd+bwd",)) -> str:
              + ("forward (`fwd`) and forward+backward (`fwd+bwd`)" if detail else "forward+backward") +
              " through the hub with each backend forced, against eager `torch_ref` and `torch.compile` of it; the "
              "floor: the bytes the op must move over the measured copy bandwidth (the op's least work in records "
-             "after 2026-11-27: docs/ops.md). Every benchmark runs as `python benchmarks/run.py SUITE` (without a "
+             "after 2026-11-27: docs/ops.md); graphed: the fastest backend's step replayed as a CUDA graph after an "
+             "L2 flush, the device's time alone (in records after 2026-11-28). Every benchmark runs as "
+             "`python benchmarks/run.py SUITE` (without a "
              "suite it lists them). "
              + ("The summary: [docs/benchmarks.md](../benchmarks.md)." if detail else
                 "The forward alone, and each host's every per-call row: [lab/benchmarks-detail.md]"
@@ -376,7 +378,7 @@ def report(records: list[dict], passes: tuple[str, ...] = ("fwd+bwd",)) -> str:
                 parts += [f"![{op}](img/{_figure_name(data, op)})", ""]
             graphs = any(r.get("graph_ms") is not None for g in groups.values() for r in g.values())
             parts += ["| shape | pass | floor ms | eager | compiled | " + " | ".join(impls) + " | best (x floor"
-                      + ("; graphed: the device's time alone" * graphs) + ") |",
+                      + ("; graphed" * graphs) + ") |",
                       "|---|---|---|---|---|" + "---|" * len(impls) + "---|"]
             for (shape, passname), g in groups.items():
                 any_row = next(iter(g.values()))
@@ -399,7 +401,8 @@ def _figure_name(data: dict, op: str) -> str:
 
 def op_figure(data: dict, op: str):
     """One op's forward + backward in one record: each sample (ordered by its floor, labelled with its name) and
-    the time of eager torch_ref, torch.compile of it and each backend, with the floor's line; log scale."""
+    the time of eager torch_ref, torch.compile of it and each backend, the fastest backend's graph replay (where
+    recorded) and the floor's line; log scale."""
     import matplotlib.pyplot as plt
 
     groups = {shape: g for (shape, passname), g in _tables(data)[op].items() if passname == "fwd+bwd"}
@@ -412,6 +415,10 @@ def op_figure(data: dict, op: str):
         ax.plot(xs, [groups[sh][name]["ms"] if name in groups[sh] else math.nan for sh in shapes], marker="o",
                 label={"torch_ref": "eager torch_ref", "compiled": "torch.compile(torch_ref)"}.get(name, name),
                 color=f"C{k}", linestyle=":" if name in BASELINES else "-")
+    graphed = [min((r["graph_ms"] for n, r in groups[sh].items() if n not in BASELINES and r.get("graph_ms")),
+                   default=math.nan) for sh in shapes]
+    if any(math.isfinite(g) for g in graphed):  # the kernels' time alone: below the line above it, host time
+        ax.plot(xs, graphed, color="gray", linestyle="-.", marker="x", label="fastest, graphed")
     ax.plot(xs, [next(iter(groups[sh].values()))["floor_ms"] for sh in shapes], color="black", linestyle="--",
             marker="_", label="floor")
     ax.set_xticks(list(xs), [sh.replace("_", " ") for sh in shapes], fontsize=7, rotation=12, ha="right")

@@ -1,7 +1,8 @@
 """Two Triton kernels that `kernelhub.bench.rates` times on a GPU: a cache gather and an atomic scatter of 128-byte
 rows (32 float32) at random rows of a table, each the simplest kernel of its kind. torch's own kernels for these
-(``embedding_bag``, ``index_add_``, ``scatter_add_``) reach less than half their rate on an H100 or H200, and a
-floor from a rate a kernel of the op beats is no floor (docs/ops.md, "Least work"). Imported only where triton is.
+(``embedding_bag``, ``index_add_``, ``scatter_add_``) reach well under their rate on an H200, and a floor from a
+rate a kernel of the op beats is no floor (docs/ops.md, "Least work"; the figures:
+docs/lab/benchmarks-history.md#measurements-behind-the-code). Imported only where triton is.
 """
 
 from __future__ import annotations

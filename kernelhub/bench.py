@@ -61,7 +61,7 @@ def rates(device: torch.device) -> dict[str, float]:
 
     The gathers and atomic adds are each timed with torch's kernel (``embedding_bag``; ``scatter_add_``) and, where
     triton is installed, with the simplest Triton kernel of the kind (`kernelhub._probes`); the faster counts:
-    torch's reach less than half the rate on an H200, which a K-Planes kernel beats.
+    torch's reach well under the probes' rate on an H200, and a K-Planes kernel beat the floor they gave.
     On the CPU only the copy and the matrix product are measured (torch's CPU gathers and scatters are no
     measure of a cache's or of atomics' rate): those two are None, and never bind.
     """

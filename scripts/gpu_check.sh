@@ -28,8 +28,11 @@
 #   ddp    - two GPUs: examples/ddp_step.py under torchrun (NCCL) and the second-GPU tests
 #   all    - tests and bench (the default)
 # Several steps in one call: scripts/gpu_check.sh tests host examples
-# CUDA_EXT=0 leaves cuda_ext (and its build) out; INSTALL=0 skips the install (a second run beside a first, each on
-# its own GPU: CUDA_VISIBLE_DEVICES, OUT and taskset apart, after one run of the install alone: steps "none"). PYTEST_ARGS (default: tests), PYTEST_K (a -k expression) and BENCH_ARGS narrow the steps; PYTEST_TIMEOUT
+# CUDA_EXT=0 leaves cuda_ext (and its build) out; INSTALL=0 skips the install. SPLIT="steps" (two GPUs): after the
+# install, this call's steps run on GPU 0 and SPLIT's on GPU 1, side by side, each on half of the cores (taskset),
+# logs and records under $OUT/gpu0 and $OUT/gpu1; host-bound timings then share the host with the other list.
+# PACK=1 leaves $OUT as one file, all.tgz. E.g. SPLIT="tests" KERNELHUB_TEST_TIER=fast PACK=1 bash
+# scripts/gpu_check.sh defaults tunes. PYTEST_ARGS (default: tests), PYTEST_K (a -k expression) and BENCH_ARGS narrow the steps; PYTEST_TIMEOUT
 # (seconds) stops pytest itself, so its log is complete up to there even when the device call's limit is near;
 # PYTEST_END (seconds after this script started, the install included, which takes minutes on a fresh machine)
 # stops it at that time instead. A stopped run lists the selected tests that did not finish in
@@ -71,6 +74,16 @@ card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE "
 card=${card:-gpu}
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
 (git rev-parse --short HEAD 2>/dev/null; git status --short | head -5) | tee -a "$OUT/device.txt"
+if [ -n "${SPLIT:-}" ]; then  # two step lists side by side, one per GPU and half of the cores each
+  half=$(( $(nproc) / 2 )); rc=0
+  [ -n "${PYTEST_END:-}" ] && export PYTEST_END=$(( PYTEST_END - SECONDS ))  # the children's clocks start now
+  (CUDA_VISIBLE_DEVICES=1 INSTALL=0 SPLIT="" PACK="" OUT="$OUT/gpu1" taskset -c "$half-$(( 2 * half - 1 ))" \
+    bash "$0" $SPLIT > "$OUT/gpu1.log" 2>&1) &
+  CUDA_VISIBLE_DEVICES=0 INSTALL=0 SPLIT="" PACK="" OUT="$OUT/gpu0" taskset -c "0-$(( half - 1 ))" \
+    bash "$0" $steps > "$OUT/gpu0.log" 2>&1 || rc=1
+  wait $! || rc=1
+  for g in 0 1; do echo "== GPU $g: $(grep -v '^ ' "$OUT/gpu$g.log" | tail -12)"; done
+else
 rc=0
 if has report; then
   timeout -s INT -k 30 "${REPORT_TIMEOUT:-0}" python3 scripts/bench_report.py record --out "$OUT/$card.json" \
@@ -181,4 +194,8 @@ cat "$OUT/device.txt"
 [ -f "$OUT/pytest_cuda.txt" ] && grep -E "passed|failed|error" "$OUT/pytest_cuda.txt" | tail -1
 [ -s "$OUT/not_finished.txt" ] \
   && echo "stopped: $(wc -l < "$OUT/not_finished.txt") selected tests did not finish ($OUT/not_finished.txt)"
+fi
+if [ -n "${PACK:-}" ]; then  # everything under $OUT as one file (the device tool brings back at most 8)
+  tar czf /tmp/kernelhub-gpu.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/kernelhub-gpu.tgz "$OUT/all.tgz"
+fi
 exit "$rc"

@@ -5,8 +5,9 @@ carrying the current and next planes in registers and requesting the plane after
 step ahead (two DRAM loads in flight per program), so every voxel is read from DRAM once
 (plus one halo plane per chunk); the row and column neighbours are shifted loads of the
 plane just read, which hit L1 or L2. The backward carries each voxel's D-difference term
-(its sign for L1) to the next plane instead of recomputing it. The three losses are one
-kernel with the loss as a compile-time ``MODE``.
+(its sign for L1) to the next plane instead of recomputing it; the iso backward also carries the next
+plane's (h-1, w) and (h, w-1) neighbours, which its corners there read, so each step reads six shifted values,
+not eight. The three losses are one kernel with the loss as a compile-time ``MODE``.
 
 The forward's reduction is deterministic: each program writes its partial sums to its own row
 of an array, and the last program to finish (an integer counter, `reduction`) adds the rows
@@ -206,6 +207,9 @@ def _tv_backward_kernel(
         c_prev = has_h & has_w & has_dm
         carry, _, _ = _iso_term(prv, cur, tl.load(p0 - plane + W, mask=c_prev, other=0.0).to(ACC),
                                 tl.load(p0 - plane + 1, mask=c_prev, other=0.0).to(ACC), c_prev, eps, ACC)
+        # x(d, h-1, w) and x(d, h, w-1): each step reads the next plane's for its corners and carries them on
+        up = tl.load(p0 - W, mask=has_hm & has_w, other=0.0).to(ACC)
+        left = tl.load(p0 - 1, mask=has_h & has_wm, other=0.0).to(ACC)
     for d in range(d0, d1):
         ahead = _plane(x_ptr, b, d + 2, D, plane, hw, inside, last, zero, ACC)
         p = x_ptr + (b * D + d) * plane + hw
@@ -219,14 +223,16 @@ def _tv_backward_kernel(
             grad = carry - td - th - tw
             carry = td
             c_h = has_d & has_hm & has_w
-            a = tl.load(p - W, mask=c_h, other=0.0).to(ACC)
-            _, th, _ = _iso_term(a, tl.load(p + plane - W, mask=c_h, other=0.0).to(ACC), cur,
+            up_next = tl.load(p + plane - W, mask=c_h, other=0.0).to(ACC)
+            _, th, _ = _iso_term(tl.where(c_h, up, 0.0), up_next, cur,
                                  tl.load(p - W + 1, mask=c_h, other=0.0).to(ACC), c_h, eps, ACC)
             c_w = has_d & has_h & has_wm
-            e = tl.load(p - 1, mask=c_w, other=0.0).to(ACC)
-            _, _, tw = _iso_term(e, tl.load(p + plane - 1, mask=c_w, other=0.0).to(ACC),
+            left_next = tl.load(p + plane - 1, mask=c_w, other=0.0).to(ACC)
+            _, _, tw = _iso_term(tl.where(c_w, left, 0.0), left_next,
                                  tl.load(p + W - 1, mask=c_w, other=0.0).to(ACC), cur, c_w, eps, ACC)
             grad = (grad + th + tw) * g0
+            up = up_next  # x(d+1, h-1, w), read wherever step d + 1's corner (d+1, h-1, w) is
+            left = left_next
         else:
             xhm = tl.load(p - W, mask=has_hm, other=0.0).to(ACC)
             xwm = tl.load(p - 1, mask=has_wm, other=0.0).to(ACC)

@@ -31,8 +31,9 @@
 # CUDA_EXT=0 leaves cuda_ext (and its build) out; INSTALL=0 skips the install. SPLIT="steps" (two GPUs): after the
 # install, this call's steps run on GPU 0 and SPLIT's on GPU 1, side by side, each on half of the cores (taskset),
 # logs and records under $OUT/gpu0 and $OUT/gpu1; host-bound timings then share the host with the other list.
-# PACK=1 leaves $OUT as one file, all.tgz. E.g. SPLIT="tests" KERNELHUB_TEST_TIER=fast PACK=1 bash
-# scripts/gpu_check.sh defaults tunes. PYTEST_ARGS (default: tests), PYTEST_K (a -k expression) and BENCH_ARGS narrow the steps; PYTEST_TIMEOUT
+# SPLIT_PYTEST_ARGS: GPU 1's PYTEST_ARGS (two halves of the test files on two GPUs). PACK=1 leaves $OUT as one file,
+# all.tgz. E.g. SPLIT="tests" KERNELHUB_TEST_TIER=fast PACK=1 bash scripts/gpu_check.sh defaults tunes.
+# PYTEST_ARGS (default: tests), PYTEST_K (a -k expression) and BENCH_ARGS narrow the steps; PYTEST_TIMEOUT
 # (seconds) stops pytest itself, so its log is complete up to there even when the device call's limit is near;
 # PYTEST_END (seconds after this script started, the install included, which takes minutes on a fresh machine)
 # stops it at that time instead. A stopped run lists the selected tests that did not finish in
@@ -77,7 +78,8 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torc
 if [ -n "${SPLIT:-}" ]; then  # two step lists side by side, one per GPU and half of the cores each
   half=$(( $(nproc) / 2 )); rc=0
   [ -n "${PYTEST_END:-}" ] && export PYTEST_END=$(( PYTEST_END - SECONDS ))  # the children's clocks start now
-  (CUDA_VISIBLE_DEVICES=1 INSTALL=0 SPLIT="" PACK="" OUT="$OUT/gpu1" taskset -c "$half-$(( 2 * half - 1 ))" \
+  (CUDA_VISIBLE_DEVICES=1 INSTALL=0 SPLIT="" PACK="" OUT="$OUT/gpu1" PYTEST_ARGS="${SPLIT_PYTEST_ARGS:-${PYTEST_ARGS:-}}" \
+    taskset -c "$half-$(( 2 * half - 1 ))" \
     bash "$0" $SPLIT > "$OUT/gpu1.log" 2>&1) &
   CUDA_VISIBLE_DEVICES=0 INSTALL=0 SPLIT="" PACK="" OUT="$OUT/gpu0" taskset -c "0-$(( half - 1 ))" \
     bash "$0" $steps > "$OUT/gpu0.log" 2>&1 || rc=1

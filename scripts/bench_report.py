@@ -627,7 +627,7 @@ def defaults_report(data: dict, table: bool = True) -> list[str]:
               f"{b['worst_call']})." if b else ".") +
              f" At the benchmark samples and host sizes (the target's calls): "
              f"{sum(r['hub_vs_fastest'] <= 1.05 for r in target)} of {len(target)}, worst "
-             f"{max((r['hub_vs_fastest'] for r in target), default=math.nan):.2f}." +
+             f"{max((r['hub_vs_fastest'] for r in target), default=math.nan):.3f}." +
              (f" After this run, {data['after']}." if data.get("after") else ""), ""]
     if not table:
         return parts

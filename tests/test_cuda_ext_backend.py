@@ -492,18 +492,20 @@ def test_semiconv_tiled_kernels_equal_the_reference(case, dtype, values):
 
 @built
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="triton serves CUDA tensors")
-def test_the_shipped_priority_gives_the_tiled_calls_to_cuda_ext_and_the_others_to_triton():
-    """kernelhub/kernelhub.toml: semiconv's tropical_2d_depthwise case (the calls both tiled kernels serve) runs on
-    cuda_ext, its other calls on triton."""
+def test_the_shipped_priority_gives_the_large_tiled_calls_to_cuda_ext_and_the_others_to_triton():
+    """kernelhub/kernelhub.toml: semiconv's calls under 4,194,304 image elements run on triton (its size range),
+    larger ones of the tropical_2d_depthwise case (the calls both tiled kernels serve) on cuda_ext, the other large
+    ones on triton; explain names the range or the case that decided."""
     if kernelhub.get_hub().registry.unavailable_reason("triton"):
         pytest.skip("triton is unavailable here")
     gen = torch.Generator().manual_seed(0)
-    for case in TILED:
+    for case in TILED:  # all under the size range's bound
         d = kernelhub.explain("semiconv", *_tiled_call(case, torch.float32, "cuda", gen, "random"))
-        assert d.chosen == ("cuda_ext" if case[1][1] == 1 else "triton"), str(d)
-    img = torch.randn(1, 2, 40, 40, device="cuda")
-    outside = [(torch.randn(2, 1, 3, 3), 2, "tropical_max"), (torch.randn(2, 1, 3, 3), 1, "log:1"),
-               (torch.randn(2, 1, 9, 9), 1, "tropical_max")]
-    for kernel, stride, semifield in outside:
-        d = kernelhub.explain("semiconv", img, kernel.cuda(), semifield, stride, "same" if stride == 1 else 1, 1, 2)
-        assert d.chosen == "triton", str(d)
+        assert d.chosen == "triton" and "semiconv calls of >= 1 elements" in str(d), str(d)
+    img = torch.randn(1, 16, 512, 512, device="cuda")  # 4,194,304 elements: the next range
+    for kernel, semifield, want in ((torch.randn(16, 1, 5, 5), "tropical_max", "cuda_ext"),
+                                    (torch.randn(16, 1, 3, 3), "log:1", "triton"),
+                                    (torch.randn(16, 1, 9, 9), "tropical_max", "triton")):
+        d = kernelhub.explain("semiconv", img, kernel.cuda(), semifield, 1, "same", 1, 16)
+        assert d.chosen == want, str(d)
+        assert ("case tropical_2d_depthwise" in str(d)) == (want == "cuda_ext"), str(d)

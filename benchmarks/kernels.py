@@ -169,24 +169,24 @@ def run(ops, backends, shapes=None) -> tuple[list[dict], list[str]]:
 
 
 def sweep_tv() -> None:
-    """GPU time (CUDA graph) of the TV kernels' launch configurations, forward + backward, at every
-    benchmark shape (to choose tv.TILE, PROGRAMS_PER_SM and NUM_WARPS)."""
+    """GPU time (CUDA graph) of the TV kernels' launch configurations (tv.LAUNCH: voxels per tile, warps, programs
+    per multiprocessor), forward + backward, at every benchmark shape."""
     from kernelhub_triton import tv
-    keep = (tv.TILE, tv.PROGRAMS_PER_SM, tv.NUM_WARPS)
+    keep = dict(tv.LAUNCH)
     for sample in testing.samples("tv_loss_l1_3d", "benchmark", torch.float32, "cuda"):
         v = sample.args[0]
-        for tile, pps, warps in [(512, 32, 4), (512, 16, 4), (1024, 16, 4), (1024, 32, 4), (1024, 16, 8),
-                                 (2048, 8, 8), (2048, 16, 8), (4096, 8, 16)]:
-            tv.TILE, tv.PROGRAMS_PER_SM, tv.NUM_WARPS = tile, pps, warps
-            tv._layout.cache_clear()
+        for config in [(512, 4, 32), (512, 4, 16), (512, 8, 32), (512, 8, 16), (512, 8, 8), (512, 8, 4), (256, 4, 32),
+                       (256, 4, 8), (1024, 8, 16), (2048, 8, 8)]:
             line = []
-            for op in ("tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d"):
+            for op, mode in (("tv_loss_l1_3d", tv.L1), ("tv_loss_sq_3d", tv.SQ), ("tv_loss_iso_3d", tv.ISO)):
+                tv.LAUNCH[mode] = config
+                tv._layout.cache_clear()
                 fn = kernelhub.op(op, backend="triton")
                 step, leaves = make_step(fn, (v,), (0,), torch.ones_like(fn(v)))
                 line.append(f"{op.split('_')[2]} {bench(step, leaves)[1]:.4f}")
-            print(f"sweep tv {sample.name:12s} tile {tile:5d} programs/SM {pps:3d} warps {warps:3d}: fwd+bwd ms "
-                  + "  ".join(line), flush=True)
-    tv.TILE, tv.PROGRAMS_PER_SM, tv.NUM_WARPS = keep
+            print(f"sweep tv {sample.name:12s} tile {config[0]:5d} warps {config[1]:3d} programs/SM {config[2]:3d}: "
+                  "fwd+bwd ms " + "  ".join(line), flush=True)
+    tv.LAUNCH.update(keep)
     tv._layout.cache_clear()
 
 

@@ -31,12 +31,11 @@ __all__ = ["l1_forward", "l1_backward", "sq_forward", "sq_backward", "iso_forwar
            "not_supported_reasons"]
 
 L1, SQ, ISO = 0, 1, 2
-# Tile of 512 voxels (4 per thread at 4 warps), 32 programs per multiprocessor: the best, or close to it, of 8
-# configurations at each benchmark shape, GPU time on an H200
-# (docs/lab/benchmarks-history.md#measurements-behind-the-code).
-TILE = 512
-PROGRAMS_PER_SM = 32
-NUM_WARPS = 4
+# Launch configuration by loss: (voxels per tile, warps, programs per multiprocessor). L1 and squared: 512 voxels,
+# 4 a thread at 4 warps, 32 programs per multiprocessor; iso, whose backward holds more values a voxel: 512 voxels,
+# 2 a thread at 8 warps, 8 programs per multiprocessor. Each is the best, or close to it, of the configurations
+# timed at every benchmark shape on an H200 (docs/lab/benchmarks-history.md#measurements-behind-the-code).
+LAUNCH = {L1: (512, 4, 32), SQ: (512, 4, 32), ISO: (512, 8, 8)}
 FINISH = 1024  # partial rows the last program adds per step
 
 
@@ -262,14 +261,15 @@ def _layout(shape: tuple, sms: int, mode: int, dtype: torch.dtype, weighted: boo
     (the leading dims one batch); ``weighted``: the kernels that take a weighted handle's weights."""
     D, H, W = shape[-3:]
     B = math.prod(shape[:-3])
+    tile, warps, per_sm = LAUNCH[mode]
     bw = min(next_power_of_2(W), 256)
-    bh = min(next_power_of_2(H), max(1, TILE // bw))
+    bh = min(next_power_of_2(H), max(1, tile // bw))
     tiles = cdiv(H, bh) * cdiv(W, bw)
-    chunks = min(D, max(1, cdiv(PROGRAMS_PER_SM * sms, tiles * B)))
+    chunks = min(D, max(1, cdiv(per_sm * sms, tiles * B)))
     d_chunk = cdiv(D, chunks)
     chunks = cdiv(D, d_chunk)
     sizes = dict(D=D, H=H, W=W, plane=H * W, tiles=tiles, chunks=chunks, d_chunk=d_chunk, MODE=mode, BH=bh, BW=bw,
-                 ACC=acc_type(dtype), WEIGHTED=weighted, num_warps=NUM_WARPS)
+                 ACC=acc_type(dtype), WEIGHTED=weighted, num_warps=warps)
     return (B * tiles * chunks, Bound(_tv_forward_kernel, NOUT=3 if mode == L1 else 1, FINISH=FINISH, **sizes),
             Bound(_tv_backward_kernel, **sizes), B * (D - 1) * (H - 1) * (W - 1))
 

@@ -29,7 +29,6 @@ os.environ["KERNELHUB_CONFIG"] = str(_cfg)
 
 import kernelhub  # noqa: E402
 from kernelhub import testing, timing  # noqa: E402
-from kernelhub.args import first_tensor  # noqa: E402
 from kernelhub.bench import make_step  # noqa: E402
 from kernelhub.ops import kplanes  # noqa: E402
 
@@ -102,7 +101,7 @@ def measure(op: str, args, device: torch.device, repeat: int) -> dict:
     forced = [b for b in BACKENDS if b in ms]
     fastest = min(forced, key=ms.get)
     why = next((c.reasons[0] for c in decision.candidates if c.backend == decision.chosen), "")
-    return {"elements": first_tensor(args).numel(), "picked": decision.chosen, "why": why, "ms": ms,
+    return {"elements": spec.size_of(args), "picked": decision.chosen, "why": why, "ms": ms,
             "fastest": fastest,
             "hub_vs_fastest": timing.paired(times, "hub", fastest)[0],
             "picked_vs_fastest": timing.paired(times, decision.chosen, fastest)[0] if decision.chosen in ms else None}

@@ -12,7 +12,8 @@ Its keys replace the shipped file's; ``[tune]``, ``[compile]`` and each ``[ops.<
 user's ``[ops.semiconv] pin`` keeps the shipped priority for semiconv, a user's ``priority`` there replaces it). An op's
 ``cases`` (``[ops.<op>.cases.<case>] priority``: the order for the calls of one of the op's `kernelhub.spec.Case`s,
 tried before the op's own) merge case by case; an op's ``sizes`` (``[[ops.<op>.sizes]]`` tables of ``min_elements``
-and ``priority``: the order for the calls whose first tensor has at least that many elements, the largest such
+and ``priority``: the order for the calls whose size (`kernelhub.spec.OpSpec.size_of`: the first tensor's
+elements unless the op's spec measures it otherwise) is at least that many, the largest such
 ``min_elements`` deciding; tried before the case's and the op's; a range with ``device = "H100"`` serves only on a
 device whose name contains that text, and there the op's ranges naming it replace those naming none) are replaced
 whole by a user's. A user's op
@@ -88,8 +89,8 @@ class OpConfig:
         return next(((text, r) for text, r in self.device_sizes.items() if text in device), ("", self.sizes))
 
     def size_range(self, elements: int, device: str = "") -> tuple[int, tuple[str, ...]] | None:
-        """The size range a call whose first tensor has ``elements`` elements falls in on ``device``: the one with
-        the largest ``min_elements`` at most ``elements`` of `ranges_on`; None where there is none."""
+        """The size range a call of size ``elements`` (`kernelhub.spec.OpSpec.size_of`) falls in on ``device``: the
+        one with the largest ``min_elements`` at most ``elements`` of `ranges_on`; None where there is none."""
         return next((r for r in reversed(self.ranges_on(device)[1]) if r[0] <= elements), None)
 
 
@@ -129,11 +130,11 @@ class Config:
 
     def priority_for(self, op: str, backends: list[str], reference: str, case: str = "",
                      elements: int | None = None, device: str = "") -> list[str]:
-        """Order ``backends``: the priority of the op's size range for a call of ``elements`` elements (its first
-        tensor's) on ``device`` (`OpConfig.size_range`), then that of the call's ``case`` of the op (if configured),
-        then the op's, then the global one; backends named in none go alphabetically just before the op's
-        ``reference`` backend (so installing a backend puts it to use), the reference last unless a list places it
-        elsewhere."""
+        """Order ``backends``: the priority of the op's size range for a call of size ``elements``
+        (`kernelhub.spec.OpSpec.size_of`) on ``device`` (`OpConfig.size_range`), then that of the call's ``case`` of
+        the op (if configured), then the op's, then the global one; backends named in none go alphabetically just
+        before the op's ``reference`` backend (so installing a backend puts it to use), the reference last unless a
+        list places it elsewhere."""
         order: list[str] = []
         size = self.op(op).size_range(elements, device) if elements is not None else None
         for names in (size[1] if size else (), self.op(op).cases.get(case, ()), self.op(op).priority, self.priority):

@@ -239,13 +239,14 @@ class Selector:
 
     def _where(self, op: str, args: Sequence[Any]) -> tuple[str, int | None, tuple[int, tuple[str, ...]] | None, str]:
         """Which of the op's configured orders a call falls under: its case (`_case`, '' where the config orders
-        none), its first tensor's elements and their size range on its device (`kernelhub.config.OpConfig.size_range`;
-        None where the op has no size ranges), and the device's name where the op has ranges for some devices."""
+        none), its size (`kernelhub.spec.OpSpec.size_of`: its first tensor's elements unless the spec measures it
+        otherwise) and its size range on its device (`kernelhub.config.OpConfig.size_range`; None where the op has no
+        size ranges), and the device's name where the op has ranges for some devices."""
         cfg = self.config.op(op)
-        case = self._case(op, self.registry.spec(op), args) if cfg.cases else ""
-        first = first_tensor(args)
-        device = device_model(first.device) if cfg.device_sizes else ""
-        elements = first.numel() if cfg.sizes or cfg.device_sizes else None
+        spec = self.registry.spec(op)
+        case = self._case(op, spec, args) if cfg.cases else ""
+        device = device_model(first_tensor(args).device) if cfg.device_sizes else ""
+        elements = spec.size_of(args) if cfg.sizes or cfg.device_sizes else None
         return case, elements, cfg.size_range(elements, device) if elements is not None else None, device
 
     def _case(self, op: str, spec: OpSpec, args: Sequence[Any]) -> str:

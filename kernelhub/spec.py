@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from kernelhub.args import first_tensor
+
 __all__ = ["Arg", "Tolerance", "SampleInput", "SampleSpace", "Case", "Change", "Work", "OpSpec", "Backend",
            "Impl", "ARG_KINDS", "Capability", "CAPABILITIES", "lazy", "layout_cache"]
 
@@ -159,7 +161,8 @@ class OpSpec:
     first version, in order (version 2, 3, ...); the op's current version is `version`. ``work(args, out,
     grads_of)``: the `Work` of the forward (``grads_of`` None) or of forward + backward into the arguments at
     ``grads_of``, what `kernelhub bench` measures each backend against (`kernelhub.bench.least_work`; without it,
-    `kernelhub.bench.plain_work`).
+    `kernelhub.bench.plain_work`). ``size(args)``: the number a canonical call is placed in the configuration's
+    size ranges by (``min_elements``, kernelhub/kernelhub.toml); without it, the call's first tensor's elements.
     """
 
     name: str
@@ -176,6 +179,7 @@ class OpSpec:
     cases: tuple[Case, ...] = ()
     changes: tuple[Change, ...] = ()
     work: Callable[[Sequence[Any], torch.Tensor, Sequence[int] | None], Work] | None = None
+    size: Callable[[Sequence[Any]], int] | None = None
 
     SAMPLE_SIZES = ("small", "medium", "edge", "benchmark")
 
@@ -227,6 +231,12 @@ class OpSpec:
                         reasons.append(f"implements {self.name} v{version}; {name}={value!r} needs "
                                        f"v{change.version}")
         return reasons
+
+    def size_of(self, args: Sequence[Any]) -> int:
+        """What the configuration's size ranges compare for a canonical call: ``size(args)``, else its first
+        tensor's elements (docs/ops.md, "Size ranges"). Under torch.compile's symbolic shapes both are symbolic
+        integers, compared as such (no int() that would specialize them)."""
+        return self.size(args) if self.size is not None else first_tensor(args).numel()
 
     def case_of(self, args: Sequence[Any]) -> str:
         """The name of the first of ``cases`` that a canonical call belongs to, or ''."""

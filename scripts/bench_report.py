@@ -658,7 +658,7 @@ def _count(n: int) -> str:
 
 def toml_block(records: list[dict]) -> str:
     """The shipped kernelhub.toml's measurements (between `TOML_BEGIN` and `TOML_END`), from each device's
-    benchmarks/defaults.py record: per op, each call measured (by its first tensor's elements, what the size ranges
+    benchmarks/defaults.py record: per op, each call measured (by its size, what the size ranges
     compare) with the faster of cuda_ext and triton and the other one's time over it. The per-op tables below the
     block are read against it."""
     lines = []
@@ -666,8 +666,9 @@ def toml_block(records: list[dict]) -> str:
         lines += textwrap.wrap(
             f"Measured on an {data['device']} ({_versions(data)}), "
             f"{data['date']}, commit {data['commit']}: `{data['command']}`. Forward+backward, float32, cuda_ext "
-            "and triton forced, interleaved rounds (CUDA events). Per op, each call's first-tensor elements, the "
-            "faster backend and the other one's time over it (ties within a few percent flip from run to run):",
+            "and triton forced, interleaved rounds (CUDA events). Per op, each call's size (the first tensor's "
+            "elements; K-Planes: points x T x C), the faster backend and the other one's time over it (ties within "
+            "a few percent flip from run to run):",
             width=116, initial_indent="# ", subsequent_indent="# ")
         for op in sorted({r["op"] for r in data["rows"] if "elements" in r}):
             calls = sorted((r for r in data["rows"] if r["op"] == op and "elements" in r),

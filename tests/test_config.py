@@ -29,18 +29,16 @@ def test_defaults_are_the_shipped_file_and_a_user_file_merges_over_it(tmp_path):
            (False, False, frozenset(), DEFAULT_PRIORITY, "cached")
     assert default.op("tv_loss_l1_3d").pin == "" and default.op("tv_loss_l1_3d").priority == ()
     assert default.op("kplanes_interp_tilted_taps").priority == ()
-    assert default.op("kplanes_interp_tilted_taps").sizes == ((12_288, ("triton",)),)
+    assert default.op("kplanes_interp_tilted_taps").sizes == ((4_194_304, ("triton",)),)
     assert default.op("tv_loss_l1_3d").sizes == ((67_108_864, ("triton",)),)
     assert default.op("semiconv").priority == ("triton",)
-    # the H100's own K-Planes ranges: a call of 65,536 points goes to cuda_ext there, to triton on an H200
+    # K-Planes: one crossing by points x T x C (the spec's size measure) on both GPUs measured, no device's own ranges
     backends = ["torch_ref", "cuda_ext", "triton"]
-    for op, h100, h200 in (("kplanes_interp_tilted", "cuda_ext", "triton"),
-                           ("kplanes_interp_tilted_taps", "triton", "triton"),
-                           ("kplanes_interp_tilted_ms", "triton", "triton")):
-        assert [default.priority_for(op, backends, "torch_ref", elements=3 * 65_536, device=d)[0]
-                for d in ("NVIDIA H100 80GB HBM3", "NVIDIA H200")] == [h100, h200], op
-    assert [default.priority_for("kplanes_interp_tilted_taps", backends, "torch_ref", elements=3 * 16_384, device=d)[0]
-            for d in ("NVIDIA H100 80GB HBM3", "NVIDIA H200")] == ["cuda_ext", "triton"]
+    for op in ("kplanes_interp_tilted", "kplanes_interp_tilted_ms", "kplanes_interp_tilted_taps"):
+        assert not default.op(op).device_sizes, op
+        for elements, first in ((2 * 1024 * 1024, "cuda_ext"), (8 * 1024 * 1024, "triton")):
+            assert {default.priority_for(op, backends, "torch_ref", elements=elements, device=d)[0]
+                    for d in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "")} == {first}, (op, elements)
     user = load_config(KNOWN, write(tmp_path / "kernelhub.toml", """
         priority = ["torch_ref"]
         [tune]
@@ -78,12 +76,12 @@ def test_a_files_own_op_priority_replaces_the_built_in_one_and_a_pin_alone_keeps
     cfg = load_config(KNOWN, tmp_path / "kernelhub.toml")
     assert cfg.op("kplanes_interp_tilted").priority == ("cuda_ext",) and cfg.op("kplanes_interp_tilted").sizes == ()
     assert cfg.op("kplanes_interp_tilted_ms") == kernelhub.config.OpConfig(pin="torch_ref",
-                                                                           sizes=((98_304, ("triton",)),))
+                                                                           sizes=((4_194_304, ("triton",)),))
     # the global list alone does not replace the op's size ranges
     assert cfg.priority_for("kplanes_interp_tilted_taps", ["torch_ref", "cuda_ext", "triton"], "torch_ref",
-                            elements=3 * 65536) == ["triton", "cuda_ext", "torch_ref"]
+                            elements=4_194_304) == ["triton", "cuda_ext", "torch_ref"]
     assert cfg.priority_for("kplanes_interp_tilted_taps", ["torch_ref", "cuda_ext", "triton"], "torch_ref",
-                            elements=3 * 1024) == ["cuda_ext", "triton", "torch_ref"]
+                            elements=4_194_303) == ["cuda_ext", "triton", "torch_ref"]
 
 
 def test_a_case_priority_merges_case_by_case_and_an_op_priority_alone_drops_the_shipped_cases(tmp_path):
@@ -140,6 +138,29 @@ def test_size_ranges_order_calls_by_their_elements_and_explain_names_the_range(t
                 decision = kernelhub.explain("tv_loss_sq_3d", torch.randn(shape))
                 reason = decision.candidates[0].reasons[0]
                 assert decision.chosen == chosen and ((named in reason) if named else "elements" not in reason)
+
+
+def test_a_spec_s_size_measure_places_its_calls_in_the_size_ranges(tmp_path):
+    """An op whose spec measures its calls (`OpSpec.size`; the K-Planes ops: points x T x C, docs/ops.md) is placed
+    in its size ranges by that number, not by its first tensor's elements; explain prints it."""
+    spec = kernelhub.get_hub().registry.spec("kplanes_interp_tilted_ms")
+    pts, rot = torch.rand(10, 3) * 2 - 1, torch.eye(3).expand(2, 3, 3).contiguous()
+    planes = [torch.rand(6, 4, 8, 8), torch.rand(6, 8, 4, 4)]
+    assert spec.size_of((pts, rot, planes)) == 10 * 2 * (4 + 8)  # not the points' 30 elements
+    assert kernelhub.get_hub().registry.spec("tv_loss_l1_3d").size_of((torch.rand(2, 3, 4, 5),)) == 120
+    path = write(tmp_path / "kernelhub.toml", """
+        [[ops.kplanes_interp_tilted_ms.sizes]]
+        min_elements = 200
+        priority = ["torch_ref"]
+    """)
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("KERNELHUB_CONFIG", str(path))
+        with kernelhub.scoped():
+            decision = kernelhub.explain("kplanes_interp_tilted_ms", pts, rot, planes)
+            assert decision.chosen == "torch_ref", str(decision)
+            assert "calls of >= 200 elements, this one 240" in decision.candidates[0].reasons[0], str(decision)
+            decision = kernelhub.explain("kplanes_interp_tilted_ms", pts[:8], rot, planes)  # 192: below the range
+            assert "elements" not in decision.candidates[0].reasons[0], str(decision)
 
 
 def test_a_size_range_naming_a_device_serves_only_there_and_replaces_the_op_s_other_ranges(tmp_path):

@@ -12,9 +12,10 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "kernelhub"
 
 LAYERS = [
-    # what everything reads: errors, declarations, a call's arguments, the hook contracts, timing, argument checks
-    ["kernelhub.errors", "kernelhub.spec", "kernelhub.args", "kernelhub.hookspecs", "kernelhub.timing",
-     "kernelhub.ops._checks"],
+    ["kernelhub.args"],  # a call's arguments: its tensors, the first one, its description (torch alone)
+    # what everything reads: errors, declarations (a spec measures a call by its arguments), the hook contracts,
+    # timing, argument checks
+    ["kernelhub.errors", "kernelhub.spec", "kernelhub.hookspecs", "kernelhub.timing", "kernelhub.ops._checks"],
     ["kernelhub.config", "kernelhub.ops.tolerances", "kernelhub._glue", "kernelhub._state"],
     ["kernelhub.ops.tv", "kernelhub.ops.kplanes", "kernelhub.ops.semiconv", "kernelhub.ops.trilinear",
      "kernelhub.ops.tikhonov"],

@@ -148,6 +148,15 @@ def _work(taps: int):
     return work
 
 
+def _size(args) -> int:
+    """The size ranges' measure of a K-Planes call: points x T x C (C summed over the scales), the output's elements
+    per tap. The points alone do not order the backends: the same points at T 2, C 16 and at T 4, C 32 fall on
+    either side of the backends' crossing (docs/ops.md, "Size ranges")."""
+    pts, rotations, planes = args[0], args[1], args[2]
+    return pts.shape[0] * rotations.shape[0] * sum(p.shape[1] for p in (planes if isinstance(planes, list)
+                                                                         else [planes]))
+
+
 def _out(pts, rotations, planes):
     return pts.new_empty((pts.shape[0], rotations.shape[0] * planes.shape[1]))
 
@@ -163,6 +172,7 @@ KPLANES = OpSpec(
     samples=_samples("single"),
     bad_inputs=_bad_inputs("single"),
     work=_work(1),
+    size=_size,
 )
 
 KPLANES_MS = OpSpec(
@@ -177,6 +187,7 @@ KPLANES_MS = OpSpec(
     samples=_samples("ms"),
     bad_inputs=_bad_inputs("ms"),
     work=_work(1),
+    size=_size,
 )
 
 KPLANES_TAPS = OpSpec(
@@ -190,6 +201,7 @@ KPLANES_TAPS = OpSpec(
     samples=_samples("taps"),
     bad_inputs=_bad_inputs("taps"),
     work=_work(4),
+    size=_size,
 )
 
 # for backends that treat all three alike

@@ -733,7 +733,8 @@ def render(check: bool = False) -> list[str]:
     defaults_intro = ("What a user who never runs `kernelhub tune` gets: the shipped kernelhub.toml's choice against "
                       "cuda_ext and triton forced, forward + backward, at every op's benchmark samples, the host "
                       "sizes above and the sizes around the shipped size ranges, timed against each other in "
-                      "15 interleaved rounds (CUDA events; `benchmarks/defaults.py`); hub / fastest is the median "
+                      "interleaved rounds (CUDA events; `benchmarks/defaults.py`; each record's command says how "
+                      "many); hub / fastest is the median "
                       "of the rounds' ratios (where the hub picks the fastest, the dispatch's noise).")
     text += _section("Untuned choice", _records(DEFAULTS_FORMAT), lambda d: defaults_report(d, table=False),
                      defaults_intro + " Per op, and each op's worst call: lab/benchmarks-detail.md; every call: "

@@ -19,7 +19,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -88,16 +87,6 @@ SHORT_MS = 1.0  # a call whose forward + backward takes less than this gets SHOR
 SHORT_ROUNDS = 3
 
 
-def _step_ms(step, device: torch.device) -> float:
-    """One call's wall time in ms, after the one that warmed it up."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    start = time.perf_counter()
-    step()
-    sync()
-    return (time.perf_counter() - start) * 1e3
-
-
 def measure(op: str, args, device: torch.device, repeat: int) -> dict:
     spec = kernelhub.get_hub().registry.spec(op)
     args = spec.normalize(*args)
@@ -112,7 +101,7 @@ def measure(op: str, args, device: torch.device, repeat: int) -> dict:
             steps[label] = step
         except Exception as exc:  # a backend that cannot serve this call
             print(f"  {op}: {label}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", file=sys.stderr)
-    if "hub" in steps and _step_ms(steps["hub"], device) < SHORT_MS:
+    if "hub" in steps and timing.time_ms(steps["hub"], device, quick=True) < SHORT_MS:
         repeat *= SHORT_ROUNDS  # a short call is host-bound on a GPU host: its rounds' ratios vary most
     times = timing.rounds(steps, device, repeat)
     ms = {label: statistics.median(t) for label, t in times.items()}

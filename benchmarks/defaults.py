@@ -4,8 +4,11 @@ sizes around the shipped size ranges (``SWEEP``). Each row: the backend the hub 
 (`kernelhub.explain`), each one's median ms, and the hub's time over the fastest's, all timed against each other in
 interleaved rounds (`kernelhub.timing.rounds`, CUDA events; three times the rounds for a call under 1 ms, which
 is host-bound on a GPU host and whose rounds vary most). Target (docs/benchmarks.md): hub / fastest <= 1.05.
+``--control`` times a second hub handle in the same rounds: hub / hub again, the same code against itself, is what
+the rounds' noise alone makes of a ratio at that call (an A/A control).
 
-    python benchmarks/run.py defaults --device cuda [--ops OP ...] [--only benchmark host sweep] [--json FILE]
+    python benchmarks/run.py defaults --device cuda [--ops OP ...] [--only benchmark host sweep] [--control]
+        [--json FILE]
 
 torch_ref and inductor are not timed: on the GPU they are several times slower than cuda_ext and triton at every
 recorded size (docs/benchmarks.md), and inductor compiles per shape.
@@ -87,14 +90,15 @@ SHORT_MS = 1.0  # a call whose forward + backward takes less than this gets SHOR
 SHORT_ROUNDS = 3
 
 
-def measure(op: str, args, device: torch.device, repeat: int) -> dict:
+def measure(op: str, args, device: torch.device, repeat: int, control: bool = False) -> dict:
     spec = kernelhub.get_hub().registry.spec(op)
     args = spec.normalize(*args)
     decision = kernelhub.explain(op, *args)
     out = kernelhub.op(op)(*testing.with_grad(op, args))
     grad = testing.upstream_grad(out)
     steps = {}
-    for label, fn in [("hub", kernelhub.op(op))] + [(b, kernelhub.op(op, backend=b)) for b in BACKENDS]:
+    again = [("hub again", kernelhub.op(op))] if control else []  # a second handle: the A/A control
+    for label, fn in [("hub", kernelhub.op(op))] + [(b, kernelhub.op(op, backend=b)) for b in BACKENDS] + again:
         step = make_step(fn, args, spec.differentiable, grad)
         try:
             step()
@@ -108,10 +112,13 @@ def measure(op: str, args, device: torch.device, repeat: int) -> dict:
     forced = [b for b in BACKENDS if b in ms]
     fastest = min(forced, key=ms.get)
     why = next((c.reasons[0] for c in decision.candidates if c.backend == decision.chosen), "")
-    return {"elements": spec.size_of(args), "picked": decision.chosen, "why": why, "ms": ms,
-            "fastest": fastest,
-            "hub_vs_fastest": timing.paired(times, "hub", fastest)[0],
-            "picked_vs_fastest": timing.paired(times, decision.chosen, fastest)[0] if decision.chosen in ms else None}
+    row = {"elements": spec.size_of(args), "picked": decision.chosen, "why": why, "ms": ms,
+           "fastest": fastest,
+           "hub_vs_fastest": timing.paired(times, "hub", fastest)[0],
+           "picked_vs_fastest": timing.paired(times, decision.chosen, fastest)[0] if decision.chosen in ms else None}
+    if "hub again" in times:
+        row["hub_vs_hub_again"] = timing.paired(times, "hub", "hub again")[0]
+    return row
 
 
 def main(argv=None) -> int:
@@ -120,6 +127,7 @@ def main(argv=None) -> int:
     p.add_argument("--ops", nargs="*", default=None)
     p.add_argument("--only", nargs="*", default=["benchmark", "host", "sweep"])
     p.add_argument("--repeat", type=int, default=15)
+    p.add_argument("--control", action="store_true", help="also time a second hub handle (hub / hub again: A/A)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     device = torch.device(a.device)
@@ -128,14 +136,15 @@ def main(argv=None) -> int:
     for op in a.ops or sorted(hub.registry.specs):
         for kind, label, args in calls(op, device, set(a.only)):
             try:
-                row = {"op": op, "kind": kind, "call": label, **measure(op, args, device, a.repeat)}
+                row = {"op": op, "kind": kind, "call": label, **measure(op, args, device, a.repeat, a.control)}
             except torch.OutOfMemoryError as exc:
                 print(f"  {op} {label}: {exc}"[:200], file=sys.stderr)
                 continue
             rows.append(row)
             times = " ".join(f"{k} {v:.4g}" for k, v in row["ms"].items())
+            aa = f" hub/hub again {row['hub_vs_hub_again']:.3f}" if "hub_vs_hub_again" in row else ""
             print(f"{op:28s} {kind:9s} {label:28s} picks {row['picked']:9s} fastest {row['fastest']:9s} "
-                  f"hub/fastest {row['hub_vs_fastest']:.2f}  ms: {times}", flush=True)
+                  f"hub/fastest {row['hub_vs_fastest']:.2f}{aa}  ms: {times}", flush=True)
             del args  # this call's tensors freed before the next is made (the host and sweep sizes are made one by one)
             if device.type == "cuda":
                 torch.cuda.empty_cache()

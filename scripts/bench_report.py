@@ -613,6 +613,11 @@ def host_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _picked(row: dict) -> float:
+    """A defaults row's picked backend's time over the fastest's (1 where it is the fastest: the same times)."""
+    return 1.0 if row["picked"] == row["fastest"] else row.get("picked_vs_fastest") or math.nan
+
+
 def defaults_report(data: dict, table: bool = True) -> list[str]:
     """docs/benchmarks.md's section of one benchmarks/defaults.py record: how many calls the untuned hub served
     within 1.05x of the fastest backend forced, and with ``table`` (the detail page's) per op, with its worst call."""
@@ -627,7 +632,12 @@ def defaults_report(data: dict, table: bool = True) -> list[str]:
               f"{b['worst_call']})." if b else ".") +
              f" At the benchmark samples and host sizes (the target's calls): "
              f"{sum(r['hub_vs_fastest'] <= 1.05 for r in target)} of {len(target)}, worst "
-             f"{max((r['hub_vs_fastest'] for r in target), default=math.nan):.3f}." +
+             f"{max((r['hub_vs_fastest'] for r in target), default=math.nan):.3f}; the backend picked "
+             f"(its time over the fastest's) within 1.05x at {sum(_picked(r) <= 1.05 for r in target)} of "
+             f"{len(target)}, worst {max((_picked(r) for r in target), default=math.nan):.3f}." +
+             (f" Hub / hub again (a second hub handle in the same rounds: the rounds' noise alone): "
+              f"{min(aa):.3f} to {max(aa):.3f}." if (aa := [r["hub_vs_hub_again"] for r in rows
+                                                         if "hub_vs_hub_again" in r]) else "") +
              (f" After this run, {data['after']}." if data.get("after") else ""), ""]
     if not table:
         return parts

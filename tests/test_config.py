@@ -32,11 +32,15 @@ def test_defaults_are_the_shipped_file_and_a_user_file_merges_over_it(tmp_path):
     assert default.op("kplanes_interp_tilted_taps").sizes == ((4_194_304, ("triton",)),)
     assert default.op("tv_loss_l1_3d").sizes == ((67_108_864, ("triton",)),)
     assert default.op("semiconv").priority == ("triton",)
-    # K-Planes: one crossing by points x T x C (the spec's size measure) on both GPUs measured, no device's own ranges
+    # K-Planes: one crossing by points x T x C (the spec's size measure) on both GPUs measured, no device's own
+    # ranges; the multiscale op sums C over its scales, so its crossing is twice the others' (4,194,304 there is
+    # B=16384 at T 4, C 32 on two scales: cuda_ext)
     backends = ["torch_ref", "cuda_ext", "triton"]
-    for op in ("kplanes_interp_tilted", "kplanes_interp_tilted_ms", "kplanes_interp_tilted_taps"):
+    for op, crossing in (("kplanes_interp_tilted", 4_194_304), ("kplanes_interp_tilted_ms", 8_388_608),
+                         ("kplanes_interp_tilted_taps", 4_194_304)):
         assert not default.op(op).device_sizes, op
-        for elements, first in ((2 * 1024 * 1024, "cuda_ext"), (8 * 1024 * 1024, "triton")):
+        for elements, first in ((2 * 1024 * 1024, "cuda_ext"), (crossing - 1, "cuda_ext"), (crossing, "triton"),
+                                (16 * 1024 * 1024, "triton")):
             assert {default.priority_for(op, backends, "torch_ref", elements=elements, device=d)[0]
                     for d in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "")} == {first}, (op, elements)
     user = load_config(KNOWN, write(tmp_path / "kernelhub.toml", """
@@ -76,7 +80,7 @@ def test_a_files_own_op_priority_replaces_the_built_in_one_and_a_pin_alone_keeps
     cfg = load_config(KNOWN, tmp_path / "kernelhub.toml")
     assert cfg.op("kplanes_interp_tilted").priority == ("cuda_ext",) and cfg.op("kplanes_interp_tilted").sizes == ()
     assert cfg.op("kplanes_interp_tilted_ms") == kernelhub.config.OpConfig(pin="torch_ref",
-                                                                           sizes=((4_194_304, ("triton",)),))
+                                                                           sizes=((8_388_608, ("triton",)),))
     # the global list alone does not replace the op's size ranges
     assert cfg.priority_for("kplanes_interp_tilted_taps", ["torch_ref", "cuda_ext", "triton"], "torch_ref",
                             elements=4_194_304) == ["triton", "cuda_ext", "torch_ref"]

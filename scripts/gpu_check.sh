@@ -20,8 +20,9 @@
 #            (benchmarks/host_overhead.py --compiled-steps; COMPILED_FAMILIES, default tv), as $OUT/compiled_*.json
 #   toolchain - benchmarks/toolchain.py: compile time of a two-op step; the K-Planes tomography step eager,
 #            compiled and under CUDA graphs against its GPU time, as $OUT/toolchain.json
-#   defaults - benchmarks/defaults.py: the untuned hub against cuda_ext and triton forced at every op's benchmark
-#            samples, host sizes and the sizes around the shipped size ranges (DEFAULTS_ARGS narrows), recorded as
+#   defaults - benchmarks/defaults.py --control: the untuned hub against cuda_ext and triton forced (and a second hub
+#            handle, the A/A control) at every op's benchmark samples, host sizes and the sizes around the shipped
+#            size ranges (DEFAULTS_ARGS narrows; DEFAULTS_CONTROL=0 leaves the control out, a quarter shorter), recorded as
 #            $OUT/<card>_defaults.json for docs/results/ (scripts/bench_report.py record-defaults)
 #   tunes  - kernelhub tune --quick three times, each into a winners file of its own, recorded as $OUT/<card>_tune.json for
 #            docs/results/ (scripts/bench_report.py record-tune)
@@ -141,8 +142,8 @@ if has toolchain; then
     2>&1 | tee "$OUT/toolchain.txt" || rc=1
 fi
 if has defaults; then
-  timeout -k 10 "${DEFAULTS_TIMEOUT:-420}" python3 scripts/bench_report.py record-defaults --out "$OUT/${card}_defaults.json" \
-    -- --device cuda ${DEFAULTS_ARGS:-} 2>&1 | grep -v "^W[0-9]" | tee "$OUT/defaults.txt" || rc=1
+  timeout -k 10 "${DEFAULTS_TIMEOUT:-480}" python3 scripts/bench_report.py record-defaults --out "$OUT/${card}_defaults.json" \
+    -- --device cuda $([ "${DEFAULTS_CONTROL:-1}" = 0 ] || echo --control) ${DEFAULTS_ARGS:-} 2>&1 | grep -v "^W[0-9]" | tee "$OUT/defaults.txt" || rc=1
 fi
 if has tunes; then
   timeout -k 10 "${TUNES_TIMEOUT:-300}" python3 scripts/bench_report.py record-tune --out "$OUT/${card}_tune.json" \

@@ -170,13 +170,16 @@ def run(ops, backends, shapes=None) -> tuple[list[dict], list[str]]:
 
 def sweep_tv() -> None:
     """GPU time (CUDA graph) of the TV kernels' launch configurations (tv.LAUNCH: voxels per tile, warps, programs
-    per multiprocessor), forward + backward, at every benchmark shape."""
+    per multiprocessor, the tile's widest row), forward + backward, at every benchmark shape. Narrower rows make
+    taller tiles: fewer of the (h - 1, w) and (h + 1, w) neighbours fall in another program's rows."""
     from kernelhub_triton import tv
     keep = dict(tv.LAUNCH)
     for sample in testing.samples("tv_loss_l1_3d", "benchmark", torch.float32, "cuda"):
         v = sample.args[0]
-        for config in [(512, 4, 32), (512, 4, 16), (512, 8, 32), (512, 8, 16), (512, 8, 8), (512, 8, 4), (256, 4, 32),
-                       (256, 4, 8), (1024, 8, 16), (2048, 8, 8)]:
+        for config in [(512, 4, 32, 256), (512, 4, 16, 256), (512, 8, 32, 256), (512, 8, 16, 256), (512, 8, 8, 256),
+                       (512, 8, 4, 256), (256, 4, 32, 256), (256, 4, 8, 256), (1024, 8, 16, 256), (2048, 8, 8, 256),
+                       (512, 4, 32, 128), (512, 4, 32, 64), (512, 8, 8, 128), (512, 8, 8, 64), (1024, 8, 8, 128),
+                       (1024, 8, 8, 64), (1024, 8, 16, 64), (2048, 8, 8, 128)]:
             line = []
             for op, mode in (("tv_loss_l1_3d", tv.L1), ("tv_loss_sq_3d", tv.SQ), ("tv_loss_iso_3d", tv.ISO)):
                 tv.LAUNCH[mode] = config
@@ -184,8 +187,8 @@ def sweep_tv() -> None:
                 fn = kernelhub.op(op, backend="triton")
                 step, leaves = make_step(fn, (v,), (0,), torch.ones_like(fn(v)))
                 line.append(f"{op.split('_')[2]} {bench(step, leaves)[1]:.4f}")
-            print(f"sweep tv {sample.name:12s} tile {config[0]:5d} warps {config[1]:3d} programs/SM {config[2]:3d}: "
-                  "fwd+bwd ms " + "  ".join(line), flush=True)
+            print(f"sweep tv {sample.name:12s} tile {config[0]:5d} warps {config[1]:3d} programs/SM {config[2]:3d} "
+                  f"row {config[3]:4d}: fwd+bwd ms " + "  ".join(line), flush=True)
     tv.LAUNCH.update(keep)
     tv._layout.cache_clear()
 

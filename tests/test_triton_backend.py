@@ -394,3 +394,30 @@ def test_tv_forward_finishes_its_sum_in_the_launch_on_every_stream_and_in_a_grap
         eager = fn(vols[0])  # the side stream's own counter, after the replay on that stream
     torch.cuda.synchronize()
     assert torch.equal(captured, first[1]) and torch.equal(eager, first[0])
+
+
+@pytest.mark.parametrize("op", ["tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d"])
+def test_tv_in_narrow_tall_tiles_matches_the_reference(op, monkeypatch):
+    """tv.LAUNCH's widest row: with rows of 8 voxels, tiles of 8 x 8 cover a 9 x 21 plane in 2 x 3 tiles, so every
+    (h +- 1, w) and (h, w +- 1) neighbour the kernels read at a tile's edge is another program's (the shipped rows of
+    256 make one tile row across every plane the other tests use); forward and backward against float64."""
+    from kernelhub_triton import tv
+
+    monkeypatch.setattr(tv, "LAUNCH", {mode: (64, 4, 32, 8) for mode in (tv.L1, tv.SQ, tv.ISO)})
+    tv._layout.cache_clear()
+    try:
+        gen = torch.Generator(device=DEVICE).manual_seed(5)
+        v = torch.randn(2, 5, 9, 21, device=DEVICE, dtype=torch.float64, generator=gen)
+        programs = tv._layout(tuple(v.shape), tv.sm_count(v), tv.L1, v.dtype, False)[0]
+        assert programs % 6 == 0  # 2 x 3 tiles a plane, times the items and D chunks
+        outs = {}
+        for backend in ("triton", "torch_ref"):
+            x = v.clone().requires_grad_()
+            out = kernelhub.op(op, backend=backend)(x)
+            out.backward(torch.arange(1, out.numel() + 1, dtype=out.dtype, device=DEVICE).reshape(out.shape))
+            outs[backend] = (out.detach(), x.grad)
+        torch.testing.assert_close(outs["triton"][0], outs["torch_ref"][0], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(outs["triton"][1], outs["torch_ref"][1], rtol=1e-12, atol=1e-12)
+    finally:
+        monkeypatch.undo()
+        tv._layout.cache_clear()

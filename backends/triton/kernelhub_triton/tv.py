@@ -31,11 +31,13 @@ __all__ = ["l1_forward", "l1_backward", "sq_forward", "sq_backward", "iso_forwar
            "not_supported_reasons"]
 
 L1, SQ, ISO = 0, 1, 2
-# Launch configuration by loss: (voxels per tile, warps, programs per multiprocessor). L1 and squared: 512 voxels,
-# 4 a thread at 4 warps, 32 programs per multiprocessor; iso, whose backward holds more values a voxel: 512 voxels,
-# 2 a thread at 8 warps, 8 programs per multiprocessor. Each is the best, or close to it, of the configurations
-# timed at every benchmark shape on an H200 (docs/lab/benchmarks-history.md#measurements-behind-the-code).
-LAUNCH = {L1: (512, 4, 32), SQ: (512, 4, 32), ISO: (512, 8, 8)}
+# Launch configuration by loss: (voxels per tile, warps, programs per multiprocessor, the tile's widest row). L1 and
+# squared: 512 voxels, 4 a thread at 4 warps, 32 programs per multiprocessor; iso, whose backward holds more values a
+# voxel: 512 voxels, 2 a thread at 8 warps, 8 programs per multiprocessor. A tile is as wide as the plane up to its
+# widest row (a power of two) and as many rows high as its voxels then fill. Each is the best, or close to it, of
+# the configurations timed at every benchmark shape on an H200, all with rows of 256 (narrower rows, taller tiles,
+# are in benchmarks/kernels.py's sweep, not yet timed) (docs/lab/benchmarks-history.md#measurements-behind-the-code).
+LAUNCH = {L1: (512, 4, 32, 256), SQ: (512, 4, 32, 256), ISO: (512, 8, 8, 256)}
 FINISH = 1024  # partial rows the last program adds per step
 
 
@@ -261,8 +263,8 @@ def _layout(shape: tuple, sms: int, mode: int, dtype: torch.dtype, weighted: boo
     (the leading dims one batch); ``weighted``: the kernels that take a weighted handle's weights."""
     D, H, W = shape[-3:]
     B = math.prod(shape[:-3])
-    tile, warps, per_sm = LAUNCH[mode]
-    bw = min(next_power_of_2(W), 256)
+    tile, warps, per_sm, row = LAUNCH[mode]
+    bw = min(next_power_of_2(W), row)
     bh = min(next_power_of_2(H), max(1, tile // bw))
     tiles = cdiv(H, bh) * cdiv(W, bw)
     chunks = min(D, max(1, cdiv(per_sm * sms, tiles * B)))

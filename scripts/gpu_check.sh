@@ -20,10 +20,10 @@
 #            (benchmarks/host_overhead.py --compiled-steps; COMPILED_FAMILIES, default tv), as $OUT/compiled_*.json
 #   toolchain - benchmarks/toolchain.py: compile time of a two-op step; the K-Planes tomography step eager,
 #            compiled and under CUDA graphs against its GPU time, as $OUT/toolchain.json
-#   defaults - benchmarks/defaults.py --control: the untuned hub against cuda_ext and triton forced (and a second hub
-#            handle, the A/A control) at every op's benchmark samples, host sizes and the sizes around the shipped
-#            size ranges (DEFAULTS_ARGS narrows; DEFAULTS_CONTROL=0 leaves the control out, a quarter shorter), recorded as
-#            $OUT/<card>_defaults.json for docs/results/ (scripts/bench_report.py record-defaults)
+#   defaults - benchmarks/defaults.py --control: the untuned hub against cuda_ext and triton forced (and a second
+#            hub handle, the A/A control) at every op's benchmark samples, host sizes and the sizes around the shipped
+#            size ranges (DEFAULTS_ARGS narrows; DEFAULTS_CONTROL=0 leaves the control out, a quarter shorter),
+#            recorded as $OUT/<card>_defaults.json for docs/results/ (scripts/bench_report.py record-defaults)
 #   tunes  - kernelhub tune --quick three times, each into a winners file of its own, recorded as $OUT/<card>_tune.json for
 #            docs/results/ (scripts/bench_report.py record-tune)
 #   ddp    - two GPUs: examples/ddp_step.py under torchrun (NCCL) and the second-GPU tests

@@ -410,11 +410,11 @@ def test_trilinear_corner_order_and_points_gradient(backend, device):
     torch.testing.assert_close(p.grad, q.grad, rtol=1e-12, atol=1e-12)
 
 
-# Calls semiconv.cu's tiled max/min kernels take (2-D, unit stride and dilation, padding below the kernel size):
+# Calls semiconv_cuda.h's tiled max/min kernels take (2-D, unit stride and dilation, padding below the kernel size):
 # images spanning several 64-wide tiles, kernel widths 1, 2 and 4-7 (3x3 calls are the conformance cases'),
 # heights past 7, asymmetric padding, a channel multiplier (two outputs per input channel), group broadcasting,
 # and one call with two channels per group (the forward tiled, the backward the window walk). The backward's block
-# shape is the one with fewer threads over the image (semiconv.cu's tt_plan): 256 threads for (64 - k + 1)-wide
+# shape is the one with fewer threads over the image (semiconv_cuda.h's tt_plan): 256 threads for (64 - k + 1)-wide
 # image tiles in the first, third and last calls, the wide shape (image tiles of at least 64) in the others (WIDE).
 # (img shape, kernel shape, semifield, padding, groups, kind, bcast)
 TILED = [

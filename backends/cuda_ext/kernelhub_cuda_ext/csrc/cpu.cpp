@@ -561,7 +561,7 @@ TORCH_LIBRARY(kernelhub_cuda_ext, m) {
         "int[] padding, int[] dilation, int[] out_size, bool flip) -> Tensor");
   m.def("semiconv_backward(Tensor grad, Tensor img, Tensor kernel, int semifield, float param, int groups, "
         "int[] stride, int[] padding, int[] dilation, bool need_img, bool need_kernel, bool flip) -> (Tensor, Tensor)");
-  // CUDA only: the forward and the winners its backward reads (semiconv.cu), and that backward
+  // CUDA only: the forward and the winners its backward reads (semiconv.cu, semiconv_cuda.h), and that backward
   m.def("semiconv_forward_saving(Tensor img, Tensor kernel, int semifield, float param, int groups, int[] stride, "
         "int[] padding, int[] dilation, int[] out_size, bool flip) -> (Tensor, Tensor)");
   m.def("semiconv_backward_saved(Tensor grad, Tensor saved, Tensor img, Tensor kernel, int semifield, float param, "

@@ -1,4 +1,4 @@
-// semiconv (docs/ops.md): what the CPU (semiconv_cpu.cpp) and CUDA (semiconv.cu) kernels share.
+// semiconv (docs/ops.md): what the CPU (semiconv_cpu.cpp) and CUDA (semiconv_cuda.h) kernels share.
 //
 // ops.py hands the kernels 3 spatial dims (1-D and 2-D get leading size-1 dims), the kernel as given (for
 // kind="conv" the kernels read it flipped: `flip`), and the output size; only the begin padding is needed here. The reduction

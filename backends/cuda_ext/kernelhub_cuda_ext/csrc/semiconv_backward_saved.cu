@@ -1,13 +1,7 @@
-// semiconv on CUDA: the tiled backward's SAVED form, which reads semiconv_forward_saving's winners (semiconv_cuda.h),
-// in a translation unit of its own so that semiconv's parts compile side by side.
+// semiconv on CUDA: the tiled backward's SAVED form, which reads semiconv_forward_saving's winners
+// (semiconv_cuda.h), in a translation unit of its own so that semiconv's parts compile side by side.
 #include "semiconv_cuda.h"
 
 namespace kernelhub_cuda_ext {
-
-void tt_backward_saved(const at::Tensor& grad, const at::Tensor& saved, const at::Tensor& img, const at::Tensor& ker,
-                       at::Tensor& gx, at::Tensor& gk, const ScGeo& g, int64_t sf, const TtLaunch& l, bool need_img,
-                       bool need_kernel) {
-  tt_backward_launch<true>(grad, saved, img, ker, gx, gk, g, sf, l, need_img, need_kernel);
-}
-
+TT_BACKWARD_FORM(tt_backward_saved, true)
 }  // namespace kernelhub_cuda_ext

@@ -668,12 +668,16 @@ void tt_backward_launch(const at::Tensor& grad, const at::Tensor& saved, const a
 }  // namespace
 
 // tt_backward_launch<true> and <false>, each compiled in a translation unit of its own (semiconv_backward_saved.cu,
-// semiconv_backward_search.cu: their kernels take most of semiconv's compile time; the units compile side by side)
-void tt_backward_saved(const at::Tensor& grad, const at::Tensor& saved, const at::Tensor& img, const at::Tensor& ker,
-                       at::Tensor& gx, at::Tensor& gk, const ScGeo& g, int64_t sf, const TtLaunch& l, bool need_img,
-                       bool need_kernel);
-void tt_backward_search(const at::Tensor& grad, const at::Tensor& saved, const at::Tensor& img, const at::Tensor& ker,
-                        at::Tensor& gx, at::Tensor& gk, const ScGeo& g, int64_t sf, const TtLaunch& l, bool need_img,
-                        bool need_kernel);
+// semiconv_backward_search.cu: their kernels take most of semiconv's compile time; the units compile side by side),
+// each unit's function defined by TT_BACKWARD_FORM
+#define TT_BACKWARD_ARGS                                                                                      \
+  const at::Tensor& grad, const at::Tensor& saved, const at::Tensor& img, const at::Tensor& ker, at::Tensor& gx, \
+      at::Tensor& gk, const ScGeo& g, int64_t sf, const TtLaunch& l, bool need_img, bool need_kernel
+#define TT_BACKWARD_FORM(NAME, SAVED)                                                  \
+  void NAME(TT_BACKWARD_ARGS) {                                                        \
+    tt_backward_launch<SAVED>(grad, saved, img, ker, gx, gk, g, sf, l, need_img, need_kernel); \
+  }
+void tt_backward_saved(TT_BACKWARD_ARGS);
+void tt_backward_search(TT_BACKWARD_ARGS);
 
 }  // namespace kernelhub_cuda_ext

@@ -614,8 +614,8 @@ def host_table(records: list[dict]) -> str:
 
 
 def _picked(row: dict) -> float:
-    """A defaults row's picked backend's time over the fastest's (1 where it is the fastest: the same times)."""
-    return 1.0 if row["picked"] == row["fastest"] else row.get("picked_vs_fastest") or math.nan
+    """A defaults row's picked backend's time over the fastest's (nan where the picked one was not timed)."""
+    return row.get("picked_vs_fastest") or math.nan
 
 
 def defaults_report(data: dict, table: bool = True) -> list[str]:

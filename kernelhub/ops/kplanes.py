@@ -125,6 +125,15 @@ def _bad_inputs(kind: str):
     return bad
 
 
+def _size(args) -> int:
+    """The size ranges' measure of a K-Planes call: points x T x C (C summed over the scales), the output's elements
+    per tap. The points alone do not order the backends: the same points at T 2, C 16 and at T 4, C 32 fall on
+    either side of the backends' crossing (docs/ops.md, "Size ranges")."""
+    pts, rotations, planes = args[0], args[1], args[2]
+    return pts.shape[0] * rotations.shape[0] * sum(p.shape[1] for p in (planes if isinstance(planes, list)
+                                                                         else [planes]))
+
+
 def _work(taps: int):
     """`kernelhub.spec.Work` of a K-Planes call at ``taps`` positions per point: DRAM, the points, rotations and
     planes read and the output written once (the planes fit in L2: their taps are gathers, not DRAM reads);
@@ -135,9 +144,7 @@ def _work(taps: int):
     twice the forward's operations."""
     def work(args, out: torch.Tensor, grads_of) -> Work:
         pts, rotations, planes = args[0], args[1], args[2]
-        planes = planes if isinstance(planes, list) else [planes]
-        per_point = pts.shape[0] * rotations.shape[0] * 3 * taps  # (point, tilt, plane, tap) per scale
-        channels = per_point * sum(p.shape[1] for p in planes)
+        channels = 3 * taps * _size(args)  # (point, tilt, plane, tap, channel), the channels of every scale
         gathers = 4 * channels * pts.element_size()
         flops = 8 * channels + 2 * channels // 3
         dram = nbytes(pts) + nbytes(rotations) + nbytes(planes) + nbytes(out)
@@ -146,15 +153,6 @@ def _work(taps: int):
         dram += nbytes(out) + nbytes(pts) + nbytes(rotations) + sum(nbytes(args[i]) for i in grads_of)
         return Work(dram, 2 * gathers, 4 * channels if 2 in grads_of else 0, 3 * flops)
     return work
-
-
-def _size(args) -> int:
-    """The size ranges' measure of a K-Planes call: points x T x C (C summed over the scales), the output's elements
-    per tap. The points alone do not order the backends: the same points at T 2, C 16 and at T 4, C 32 fall on
-    either side of the backends' crossing (docs/ops.md, "Size ranges")."""
-    pts, rotations, planes = args[0], args[1], args[2]
-    return pts.shape[0] * rotations.shape[0] * sum(p.shape[1] for p in (planes if isinstance(planes, list)
-                                                                         else [planes]))
 
 
 def _out(pts, rotations, planes):

@@ -1,6 +1,7 @@
 """The README's example runs, and the main job's demo calls every op."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -140,3 +141,43 @@ def test_a_record_names_the_tree_that_ran_and_the_commit_it_is(tmp_path, monkeyp
                                capture_output=True, text=True)
         if found.returncode == 0:  # a clone without that commit cannot tell
             assert found.stdout.strip() == run["tree"], f"{commit}: the recorded tree is not the commit's"
+
+
+def inventory_table() -> str:
+    """docs/ops.md's inventory as the built-in backends register it: per op and backend, where it runs, its dtypes,
+    whether it is deterministic, and what it declares (`Impl.can`) or how selection treats it."""
+    from kernelhub.registry import Registry
+
+    registry = Registry().load()
+    short = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64", "complex64": "c64",
+             "complex128": "c128"}
+    rows = ["| op | backend | devices | dtypes | deterministic | declares |", "| --- | --- | --- | --- | --- | --- |"]
+    for op in sorted(registry.specs):
+        impls = registry.impls(op)
+        for i, backend in enumerate(b for b in ("torch_ref", "triton", "cuda_ext", "inductor") if b in impls):
+            impl = impls[backend]  # the built-in backends only: not a third party's installed here
+            d = impl.deterministic
+            determinism = ("yes" if d else "no") if isinstance(d, bool) else f"on {', '.join(d)} only"
+            notes = sorted(impl.can) + (["chosen only where tuned fastest"] if impl.tuned_only else []) + (
+                ["forced calls only"] if impl.forced_only else [])
+            rows.append(f"| {'' if i else f'`{op}`'} | {backend} | "
+                        f"{' '.join(impl.devices) if impl.devices else 'any'} | "
+                        f"{' '.join(short[str(t).removeprefix('torch.')] for t in impl.dtypes)} | {determinism} | "
+                        f"{', '.join(notes) or '-'} |")
+    return "\n".join(rows)
+
+
+def test_the_ops_inventory_is_what_the_backends_register():
+    """docs/ops.md's inventory table, between its markers, matches the registry: a backend that changes its
+    devices, dtypes, determinism or capabilities changes the table too (the message holds the table to paste)."""
+    text = (REPO / "docs" / "ops.md").read_text()
+    found = re.search(r"<!-- inventory -->\n(.*?)\n<!-- /inventory -->", text, re.S)
+    assert found, "docs/ops.md: no <!-- inventory --> ... <!-- /inventory --> table"
+    # in a process of its own without TRITON_INTERPRET (which the tests set: triton's impls then take CPU tensors
+    # too), as a user's program registers the backends
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    ran = subprocess.run([sys.executable, "-c", "import test_docs; print(test_docs.inventory_table())"], env=env,
+                         cwd=Path(__file__).parent, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    expected = ran.stdout.strip()
+    assert found.group(1) == expected, f"docs/ops.md's inventory differs from the registry; it should read:\n{expected}"

@@ -170,6 +170,6 @@ def test_the_defaults_suite_times_its_a_a_control_in_the_same_rounds():
                          cwd=PACKAGE.parent)
     assert ran.returncode == 0, ran.stderr[-2000:]
     row = json.loads(ran.stdout.strip().splitlines()[-1])
-    assert {"hub", "cuda_ext", "triton", "hub again"} <= set(row["ms"]), row["ms"]
+    assert {"hub", "cuda_ext", "hub again"} <= set(row["ms"]), row["ms"]  # triton too where it takes CPU tensors
     assert row["picked"] == row["fastest"] == "cuda_ext"
     assert row["hub_vs_hub_again"] == 0.5 and row["hub_vs_fastest"] == 2.0 and row["picked_vs_fastest"] == 1.0

@@ -146,11 +146,10 @@ def test_a_record_names_the_tree_that_ran_and_the_commit_it_is(tmp_path, monkeyp
 def inventory_table() -> str:
     """docs/ops.md's inventory as the built-in backends register it: per op and backend, where it runs, its dtypes,
     whether it is deterministic, and what it declares (`Impl.can`) or how selection treats it."""
+    from kernelhub.cli import _SHORT, _short  # the dtype names `kernelhub list` prints
     from kernelhub.registry import Registry
 
     registry = Registry().load()
-    short = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64", "complex64": "c64",
-             "complex128": "c128"}
     rows = ["| op | backend | devices | dtypes | deterministic | declares |", "| --- | --- | --- | --- | --- | --- |"]
     for op in sorted(registry.specs):
         impls = registry.impls(op)
@@ -162,7 +161,7 @@ def inventory_table() -> str:
                 ["forced calls only"] if impl.forced_only else [])
             rows.append(f"| {'' if i else f'`{op}`'} | {backend} | "
                         f"{' '.join(impl.devices) if impl.devices else 'any'} | "
-                        f"{' '.join(short[str(t).removeprefix('torch.')] for t in impl.dtypes)} | {determinism} | "
+                        f"{' '.join(_SHORT[_short(t)] for t in impl.dtypes)} | {determinism} | "
                         f"{', '.join(notes) or '-'} |")
     return "\n".join(rows)
 

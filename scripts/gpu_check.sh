@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Run on the GPU machine (no package index): install offline, then
-#   tests  - the demo and the full tier of the test suite (KERNELHUB_TEST_TIER=full: CPU and CUDA cases, the
-#            large-tensor ones too), spread over PYTEST_WORKERS (default 8) pytest-xdist workers where xdist is
-#            installed (the tests that need most of the GPU's memory share one worker: xdist_group "gpu_memory")
+#   tests  - the demo and the CUDA tier of the test suite (KERNELHUB_TEST_TIER=cuda: the tests marked `cuda`, those
+#            a GPU can change; KERNELHUB_TEST_TIER=fast or full for the whole fast or full tier), spread over
+#            PYTEST_WORKERS (default 14) pytest-xdist workers where xdist is installed (the tests that need most of the
+#            GPU's memory share one worker: xdist_group "gpu_memory"). With SPLIT="tests" the tests are shared out
+#            between the two GPUs (KERNELHUB_TEST_SHARD=0/2 and 1/2), and on a machine of two GPUs or more the
+#            ddp step (both GPUs) runs after them
 #   bench  - benchmarks/kernels.py: every kernel backend against eager and compiled torch_ref
 #   tune   - kernelhub tune (benchmark shapes, every backend), kernelhub list, kernelhub bench --plot
 #   examples - examples/ptycho_tv.py and examples/phase_2d.py (EXAMPLES narrows) at their --benchmark sizes (PNGs and JSON under $OUT)
@@ -26,7 +29,8 @@
 #            recorded as $OUT/<card>_defaults.json for docs/results/ (scripts/bench_report.py record-defaults)
 #   tunes  - kernelhub tune --quick three times, each into a winners file of its own, recorded as $OUT/<card>_tune.json for
 #            docs/results/ (scripts/bench_report.py record-tune)
-#   ddp    - two GPUs: examples/ddp_step.py under torchrun (NCCL) and the second-GPU tests
+#   ddp    - two GPUs: examples/ddp_step.py under torchrun (NCCL) and the second-GPU tests (with SPLIT: after the
+#            two halves, on both GPUs)
 #   all    - tests and bench (the default)
 # Several steps in one call: scripts/gpu_check.sh tests host examples
 # CUDA_EXT=0 leaves cuda_ext (and its build) out; INSTALL=0 skips the install. SPLIT="steps" (two GPUs): after the
@@ -49,8 +53,8 @@ steps=" ${*:-all} "  # one or more steps, run in the order below
 has() { [[ "$steps" == *" $1 "* ]]; }
 OUT="${OUT:-/tmp/kernelhub-gpu}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-# the full tier unless the caller asks for the fast one (KERNELHUB_TEST_TIER=fast)
-export KERNELHUB_TEST_TIER="${KERNELHUB_TEST_TIER:-full}"
+# the CUDA tier unless the caller asks for another (KERNELHUB_TEST_TIER=fast or full)
+export KERNELHUB_TEST_TIER="${KERNELHUB_TEST_TIER:-cuda}"
 if ! python3 -c "import pytest" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
@@ -76,16 +80,28 @@ card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE "
 card=${card:-gpu}
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
 (git rev-parse --short HEAD 2>/dev/null; git status --short | head -5) | tee -a "$OUT/device.txt"
+gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+# the tests on a machine of two GPUs (not in a SPLIT half, which sees one): the ddp step too
+if has tests && [ "$gpus" -ge 2 ] && [ -z "${CUDA_VISIBLE_DEVICES:-}" ]; then steps="$steps ddp "; fi
 if [ -n "${SPLIT:-}" ]; then  # two step lists side by side, one per GPU and half of the cores each
   half=$(( $(nproc) / 2 )); rc=0
   [ -n "${PYTEST_END:-}" ] && export PYTEST_END=$(( PYTEST_END - SECONDS ))  # the children's clocks start now
-  (CUDA_VISIBLE_DEVICES=1 INSTALL=0 SPLIT="" PACK="" OUT="$OUT/gpu1" PYTEST_ARGS="${SPLIT_PYTEST_ARGS:-${PYTEST_ARGS:-}}" \
-    taskset -c "$half-$(( 2 * half - 1 ))" \
-    bash "$0" $SPLIT > "$OUT/gpu1.log" 2>&1) &
-  CUDA_VISIBLE_DEVICES=0 INSTALL=0 SPLIT="" PACK="" OUT="$OUT/gpu0" taskset -c "0-$(( half - 1 ))" \
-    bash "$0" $steps > "$OUT/gpu0.log" 2>&1 || rc=1
+  shard0="" shard1=""  # tests on both lists, no other PYTEST_ARGS for GPU 1: each GPU runs half of the selection
+  if has tests && [[ " $SPLIT " == *" tests "* ]] && [ -z "${SPLIT_PYTEST_ARGS:-}" ]; then shard0=0/2 shard1=1/2; fi
+  after=""  # ddp needs both GPUs: it runs after the halves
+  if has ddp || [[ " $SPLIT " == *" ddp "* ]]; then after=ddp; fi
+  list0=$(echo ${steps//ddp/}) list1=$(echo ${SPLIT//ddp/})
+  [ -z "$list1" ] || (CUDA_VISIBLE_DEVICES=1 INSTALL=0 SPLIT="" PACK="" OUT="$OUT/gpu1" \
+    PYTEST_ARGS="${SPLIT_PYTEST_ARGS:-${PYTEST_ARGS:-}}" KERNELHUB_TEST_SHARD="$shard1" \
+    taskset -c "$half-$(( 2 * half - 1 ))" bash "$0" $list1 > "$OUT/gpu1.log" 2>&1) &
+  [ -z "$list0" ] || CUDA_VISIBLE_DEVICES=0 INSTALL=0 SPLIT="" PACK="" OUT="$OUT/gpu0" KERNELHUB_TEST_SHARD="$shard0" \
+    taskset -c "0-$(( half - 1 ))" bash "$0" $list0 > "$OUT/gpu0.log" 2>&1 || rc=1
   wait $! || rc=1
-  for g in 0 1; do echo "== GPU $g: $(grep -v '^ ' "$OUT/gpu$g.log" | tail -12)"; done
+  for g in 0 1; do [ -f "$OUT/gpu$g.log" ] && echo "== GPU $g: $(grep -v '^ ' "$OUT/gpu$g.log" | tail -12)"; done
+  if [ -n "$after" ]; then
+    INSTALL=0 SPLIT="" PACK="" OUT="$OUT/both" bash "$0" ddp > "$OUT/both.log" 2>&1 || rc=1
+    echo "== both GPUs (ddp): $(grep -v '^ ' "$OUT/both.log" | tail -8)"
+  fi
 else
 rc=0
 if has report; then
@@ -99,11 +115,11 @@ if has tests || has all; then
   python3 examples/demo.py 2>&1 | tee "$OUT/demo.txt" | tail -3
   workers=""
   if [ "${PYTEST_WORKERS:-8}" != 0 ] && python3 -c "import xdist" 2>/dev/null; then
-    workers="-n ${PYTEST_WORKERS:-8} --dist loadgroup"
+    workers="-n ${PYTEST_WORKERS:-14} --dist loadgroup"
     # one thread and no compile-worker pool per pytest worker: 16 cores, not 16 threads times the workers
     export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TORCHINDUCTOR_COMPILE_THREADS="${TORCHINDUCTOR_COMPILE_THREADS:-1}"
   fi
-  echo "pytest: tier $KERNELHUB_TEST_TIER, ${workers:-one process}"
+  echo "pytest: tier $KERNELHUB_TEST_TIER${KERNELHUB_TEST_SHARD:+, shard $KERNELHUB_TEST_SHARD}, ${workers:-one process}"
   rm -f "$OUT/pytest_cuda.xml" "$OUT/not_finished.txt"
   limit="${PYTEST_TIMEOUT:-0}"
   if [ -n "${PYTEST_END:-}" ]; then

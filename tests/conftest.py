@@ -1,11 +1,15 @@
-"""Shared set-up of the suite, and its two tiers.
+"""Shared set-up of the suite, and its three tiers.
 
 The fast tier (the default, what CI and the README's test command run) covers every op x backend, with at
 least one parity case in float32 and one in float64 where declared, and every other kind of check; the full
 tier (``KERNELHUB_TEST_TIER=full``) adds the rest of the matrix: inductor on every sample, the Triton
 interpreter on every case, the property tests' full example count, the real ahead-of-time build. A test or
 case that only the full tier runs carries the ``full`` marker, with its reason; the fast tier deselects it
-(the session's summary says so). docs/reliability.md lists which checks run in which tier.
+(the session's summary says so). The CUDA tier (``KERNELHUB_TEST_TIER=cuda``, for a GPU host) runs the fast
+tier's tests marked ``cuda`` (tests/harness.py): those whose outcome a GPU can change. A test whose parameters
+name a CUDA device without that mark fails the collection, and on a GPU host a test without it that allocates
+CUDA memory fails, so the CUDA tier cannot silently lose a test. docs/reliability.md lists which checks run in
+which tier.
 """
 
 import os
@@ -40,6 +44,8 @@ DESELECTED = pytest.StashKey[list]()  # the items the fast tier left out, for th
 def pytest_configure(config):
     config.addinivalue_line("markers", "full(reason): runs in the full tier only (KERNELHUB_TEST_TIER=full)")
     config.addinivalue_line("markers", "xdist_group(name): tests pytest-xdist runs in one worker (--dist loadgroup)")
+    config.addinivalue_line("markers", "cuda: a GPU can change its outcome; the CUDA tier (KERNELHUB_TEST_TIER=cuda) "
+                                       "runs these (tests/harness.py)")
     try:
         config.stash[TIER] = testing.tier()
     except ValueError as exc:
@@ -66,24 +72,86 @@ def _interpret_without_overflow_checks() -> None:
         builder.options = dataclasses.replace(options, sanitize_overflow=False)
 
 
+def _names_cuda(value) -> bool:
+    """Whether a test parameter names a CUDA device: "cuda", "cuda:N", a CUDA torch.device, an object whose
+    ``device`` is one (the conformance kit's cases and checks), or a tuple or list holding one."""
+    if isinstance(value, str):
+        return value == "cuda" or value.startswith("cuda:")
+    if isinstance(value, torch.device):
+        return value.type == "cuda"
+    if isinstance(value, (tuple, list)):
+        return any(_names_cuda(v) for v in value)
+    device = getattr(value, "device", None)
+    return device is not value and device is not None and _names_cuda(device)
+
+
+def unmarked_cuda(items) -> list[str]:
+    """The ids of the tests among ``items`` whose parameters name a CUDA device but that lack the ``cuda`` mark."""
+    return [i.nodeid for i in items if not i.get_closest_marker("cuda") and hasattr(i, "callspec")
+            and any(_names_cuda(v) for v in i.callspec.params.values())]
+
+
 def pytest_collection_modifyitems(config, items):
-    left_out = [] if config.stash[TIER] == "full" else [i for i in items if i.get_closest_marker("full")]
-    config.stash[DESELECTED] = left_out
+    unmarked = unmarked_cuda(items)
+    if unmarked:
+        raise pytest.UsageError(
+            f"{len(unmarked)} tests use a CUDA device without the `cuda` mark, so the CUDA tier would leave them out "
+            f"(mark them as tests/harness.py says): {unmarked[:5]}")
+    tier = config.stash[TIER]
+    left_out = [] if tier == "full" else [i for i in items if i.get_closest_marker("full")]
+    if tier == "cuda":
+        left_out += [i for i in items if not i.get_closest_marker("cuda") and not i.get_closest_marker("full")]
+    shard = os.environ.get("KERNELHUB_TEST_SHARD", "")
+    if shard:  # "k/n": the k-th of n interleaved shares of this tier's tests (scripts/gpu_check.sh, one per GPU)
+        try:
+            k, n = map(int, shard.split("/"))
+            assert 0 <= k < n
+        except (ValueError, AssertionError):
+            raise pytest.UsageError(f"KERNELHUB_TEST_SHARD={shard!r}; expected k/n with 0 <= k < n") from None
+        dropped = set(map(id, left_out))
+        kept = [i for i in items if id(i) not in dropped]
+        config.stash[DESELECTED] = list(left_out)  # the tier's; the shard's come on top
+        left_out += [i for j, i in enumerate(kept) if j % n != k]
+    else:
+        config.stash[DESELECTED] = left_out
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         keep = set(map(id, left_out))
         items[:] = [i for i in items if id(i) not in keep]
+    if tier == "cuda":  # the tests that start a fresh process and compile there (the tier's longest, minutes on a
+        # loaded GPU host) first, so that pytest-xdist starts them first rather than leaving one to run alone at the end
+        items.sort(key=lambda i: "seed_cuda_ext_cache" not in getattr(i, "fixturenames", ()))
 
 
 def pytest_terminal_summary(terminalreporter, config):
     """One line on the tier (under pytest-xdist the controller collects nothing, so no count there)."""
-    if config.stash[TIER] == "full":
+    tier = config.stash[TIER]
+    if tier == "full":
         terminalreporter.write_line("kernelhub test tier: full")
         return
     left_out = config.stash.get(DESELECTED, None)
     count = f"{len(left_out)} tests" if left_out is not None else "the tests"
-    terminalreporter.write_line(f"kernelhub test tier: fast; {count} marked `full` left out "
+    what = "marked `full` or not marked `cuda`" if tier == "cuda" else "marked `full`"
+    terminalreporter.write_line(f"kernelhub test tier: {tier}; {count} {what} left out "
                                 "(KERNELHUB_TEST_TIER=full runs them)")
+
+
+def _cuda_allocations() -> int:
+    return torch.cuda.memory_stats().get("allocation.all.allocated", 0) if torch.cuda.is_initialized() else 0
+
+
+@pytest.fixture(autouse=True)
+def cuda_use_is_marked(request):
+    """On a GPU host, a test without the ``cuda`` mark that allocates CUDA memory fails: the CUDA tier would leave
+    it out (a test whose body picks "cuda" where there is one, say)."""
+    if not torch.cuda.is_available() or request.node.get_closest_marker("cuda"):
+        yield
+        return
+    before = _cuda_allocations()
+    yield
+    if _cuda_allocations() > before:
+        pytest.fail(f"{request.node.nodeid} allocated CUDA memory without the `cuda` mark, so the CUDA tier "
+                    "(KERNELHUB_TEST_TIER=cuda) leaves it out: mark it (tests/harness.py)", pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -1,9 +1,9 @@
 """Each op inside torch.compile(fullgraph=True): one opaque node whichever backend serves it, same values and
 gradients as eager. Several ops and modules in one step, torch.export and CUDA graphs: tests/test_toolchain.py."""
 
-import subprocess
 import sys
 
+import harness
 import pytest
 import torch
 
@@ -155,6 +155,6 @@ def test_an_eager_program_does_not_import_dynamo():
             "kernelhub.explain('tv_loss_l1_3d', x)\n"
             "assert x.grad is not None\n"
             "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    proc = harness.run([sys.executable, "-c", code], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "[]", proc.stdout

@@ -18,6 +18,7 @@ case in float32 and in float64 where declared, and every kind of check runs:
 
 import dataclasses
 
+import harness
 import pytest
 import torch
 
@@ -25,9 +26,9 @@ import kernelhub
 from kernelhub import testing
 
 kernelhub.reload()
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["cpu"] + (["cuda"] if harness.CUDA else [])
 WIDE = (torch.float32, torch.float64)
-FAST = testing.tier() == "fast"
+FAST = testing.tier() != "full"  # the CUDA tier runs the fast tier's cases
 OPS = kernelhub.op_names()
 TORCH_2_11 = torch.__version__.startswith("2.11.")
 
@@ -50,7 +51,16 @@ def _as_tiered(case):
         elif FAST and case.size == "small" and case.dtype not in WIDE:  # semiconv's six: a compile each
             case = dataclasses.replace(case, sample=_first_small_sample(case))
     marks = [pytest.mark.full(reason)] if reason else []
-    return pytest.param(case, marks=marks, id=str(case))
+    return pytest.param(case, marks=_on_device(case.device, marks), id=str(case))
+
+
+def _on_device(device, marks):
+    """``marks``, and the CUDA tier's where the check runs on CUDA."""
+    return [harness.cuda, *marks] if device == "cuda" else marks
+
+
+def _is_full(param):
+    return any(m.name == "full" for m in param.marks)
 
 
 def _check_tiered(check):
@@ -69,10 +79,10 @@ def _check_tiered(check):
             check = dataclasses.replace(check, case=dataclasses.replace(check.case,
                                                                         sample=_first_small_sample(check.case)))
     elif check.kind == "opcheck" and check.backend == "inductor" and check.op == "semiconv" and TORCH_2_11:
-        return pytest.param(check, marks=[pytest.mark.skip(
+        return pytest.param(check, marks=_on_device(check.device, [pytest.mark.skip(
             reason="torch 2.11 (the GPU host): inductor's compiled semiconv backward aborts the process ('double free "
                    "or corruption') inside opcheck's AOT-autograd check, static or symbolic sizes (H200 host, "
-                   "2026-11-24); passes on torch 2.13")], id=str(check))
+                   "2026-11-24); passes on torch 2.13")]), id=str(check))
     elif check.kind in ("opcheck", "gradcheck") and check.backend == "inductor":
         reason = "inductor: a compile per sample"
     elif check.kind in ("opcheck", "gradcheck") and interpreted:
@@ -81,7 +91,8 @@ def _check_tiered(check):
         reason = "the Triton interpreter: four runs of each small sample in each dtype (slow on a CPU)"
     elif check.kind == "gradcheck" and FAST:  # one random projection of the Jacobian; the full tier: all of it
         check = dataclasses.replace(check, fast_mode=True)
-    return pytest.param(check, marks=[pytest.mark.full(reason)] if reason else [], id=str(check))
+    return pytest.param(check, marks=_on_device(check.device, [pytest.mark.full(reason)] if reason else []),
+                        id=str(check))
 
 
 BACKENDS = sorted(kernelhub.get_hub().registry.backends)
@@ -92,12 +103,12 @@ CASES = [pytest.param(p.values[0].case, marks=p.marks, id=str(p.values[0].case))
 
 
 def _fast(params):
-    return [p.values[0] for p in params if not p.marks]
+    return [p.values[0] for p in params if not _is_full(p)]
 
 
 def test_matrix_is_not_empty():
     assert len(OPS) == 9 and len(CASES) >= len(DEVICES) * 9 * 3 * 2
-    kinds = {p.values[0].kind for p in CHECKS if not p.marks}
+    kinds = {p.values[0].kind for p in CHECKS if not _is_full(p)}
     assert kinds == set(testing.CHECK_KINDS) - ({"no host sync", "CUDA graph replay"} if DEVICES == ["cpu"] else set())
 
 
@@ -121,7 +132,7 @@ def test_conformance(check):
     check.run(ALLOW_PARTIAL.get((check.backend, check.device), ()))
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", harness.devices())
 @pytest.mark.parametrize("op", OPS)
 def test_opcheck_of_the_selecting_operator(op, device):
     """The operator as a call reaches it (backend '': the hub selects), beside each backend's own opcheck."""

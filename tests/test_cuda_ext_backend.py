@@ -13,6 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import harness
 import pytest
 import torch
 
@@ -49,7 +50,7 @@ def _build_in_subprocess(root, env=None, timeout=60):
             f"print(_build.build('fake', [Path({str(SRC[0])!r})], False, root=Path({str(root)!r}), timeout={timeout}, "
             f"compile_script={FAKE!r}))")
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})})
+                            env=harness.child_env({**os.environ, **(env or {})}))
 
 
 def test_build_dirs_are_private_and_reused(tmp_path):
@@ -63,7 +64,7 @@ def test_build_dirs_are_private_and_reused(tmp_path):
 def test_concurrent_first_uses_build_once(tmp_path):
     root = tmp_path / "cache"
     procs = [_build_in_subprocess(root, {"FAKE_SLEEP": "2"}) for _ in range(3)]
-    outs = [p.communicate(timeout=120) for p in procs]
+    outs = [harness.wait(p, 120) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     assert len({o[0].strip() for o in outs}) == 1  # the same library for all three
     assert (root / "runs").read_text().count("run") == 1
@@ -117,8 +118,8 @@ def test_a_failing_build_makes_the_backend_unavailable_with_the_reason(monkeypat
         (tmp_path / "a_file").write_text("")
         code = ("from kernelhub_cuda_ext import _lib; _lib.aot_library = lambda: None\n"
                 "from kernelhub import cli; raise SystemExit(cli.main(['list', '--json']))")
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                             text=True, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "a_file" / "x")})
+        out = harness.run([sys.executable, "-c", code], timeout=300,
+                          env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "a_file" / "x")})
         # in a fresh process whose cache directory cannot be created: unavailable, with the reason, no crash
         assert out.returncode == 0, out.stderr
         backend = json.loads(out.stdout)["backends"]["cuda_ext"]
@@ -127,7 +128,7 @@ def test_a_failing_build_makes_the_backend_unavailable_with_the_reason(monkeypat
 
 def _load_in_subprocess(target, cache):
     code = "from kernelhub_cuda_ext import _lib\nprint(_lib.load()); print(_lib.loaded_from())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    out = harness.run([sys.executable, "-c", code], timeout=600,
                          env={**os.environ, "PYTHONPATH": str(target), "XDG_CACHE_HOME": str(cache)})
     reason, loaded = (out.stdout.split("\n") + ["", ""])[:2]
     return reason, loaded, out.stdout + out.stderr
@@ -150,8 +151,8 @@ def test_ahead_of_time_build_is_loaded_instead_of_compiling_unless_unsafe(tmp_pa
     header = package / "csrc" / "ops.h"
     original = header.read_text()
     header.write_text(original + "// edited\n")
-    stale = subprocess.run([sys.executable, "-c", "from kernelhub_cuda_ext import _lib; print(_lib.aot_library())"],
-                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(target)})
+    stale = harness.run([sys.executable, "-c", "from kernelhub_cuda_ext import _lib; print(_lib.aot_library())"],
+                        timeout=300, env={**os.environ, "PYTHONPATH": str(target)})
     assert stale.stdout.strip() == "None", stale.stdout + stale.stderr
     header.write_text(original)
     # a package directory others can write to: its library is not loaded, the backend takes its own first-use
@@ -170,8 +171,8 @@ def test_setup_py_builds_the_ahead_of_time_library(tmp_path):
     # a clean copy of this repository's backend (the installed package may hold no setup.py): no stale build/
     shutil.copytree(Path(__file__).resolve().parents[1] / "backends" / "cuda_ext", src,
                     ignore=shutil.ignore_patterns("build", "*.egg-info", "*.so", "__pycache__"))
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
-                          "--target", str(target), str(src)], capture_output=True, text=True)
+    pip = harness.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
+                       "--target", str(target), str(src)], timeout=900)
     assert pip.returncode == 0, pip.stderr[-2000:]
     reason, loaded, log = _load_in_subprocess(target, cache)
     assert reason == "None", log
@@ -208,14 +209,14 @@ def test_refuses_a_symlink(tmp_path):
 
 
 @built
-@pytest.mark.parametrize("op,device", [(op, d) for op in OPS for d in plugin.IMPLS[op][3]
-                                       if d == "cpu" or torch.cuda.is_available()])
+@pytest.mark.parametrize("op,device", [(op, "cpu") if d == "cpu" else harness.cuda_param(op, d)
+                                       for op in OPS for d in plugin.IMPLS[op][3] if d == "cpu" or harness.CUDA])
 def test_gradcheck_float64(op, device):
     testing.check_gradcheck(op, "cuda_ext", device)
 
 
 @built
-@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("device", harness.devices())
 @pytest.mark.parametrize("op", ["tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d"])
 def test_tv_is_bitwise_deterministic_for_any_thread_count(op, device):
     v = torch.randn((3, 17, 30, 41), generator=torch.Generator().manual_seed(2)).to(device)
@@ -238,7 +239,7 @@ def test_tv_is_bitwise_deterministic_for_any_thread_count(op, device):
 
 
 @built
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@harness.on_cuda()
 @pytest.mark.parametrize("op", ["tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d"])
 def test_tv_on_cuda_is_one_kernel_each_way_and_streams_keep_their_own_sums(op):
     """On CUDA a TV forward is one kernel (its last block adds the blocks' partial sums) after the zeroing of the
@@ -302,7 +303,7 @@ def test_a_fused_weighted_sum_is_checked_once_per_layout(monkeypatch):
 
 
 @built
-@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("device", harness.devices())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("op", ["tv_loss_l1_3d", "tv_loss_sq_3d", "tv_loss_iso_3d"])
 def test_tv_with_weights_is_the_weighted_output_and_its_gradient(op, dtype, device):
@@ -346,7 +347,7 @@ def test_library_ops_pass_opcheck():
 
 
 @built
-@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("device", harness.devices())
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.float64])
 def test_tikhonov_reads_the_permuted_view_in_place(dtype, device):
     """docs/ops.md's layout, [2, Z, Y, X] moved to [Y, X, 2, Z]: the kernels read M (and the upstream gradient)
@@ -366,7 +367,7 @@ def test_tikhonov_reads_the_permuted_view_in_place(dtype, device):
 
 
 @built
-@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("device", harness.devices())
 @pytest.mark.parametrize("taps", [1, 4])
 def test_kplanes_library_ops_pass_opcheck(taps, device):
     lib = torch.ops.kernelhub_cuda_ext
@@ -389,7 +390,7 @@ def _corner_weights(points: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("backend, device", [(b, "cpu") for b in ("torch_ref", "cuda_ext")] + (
-    [(b, "cuda") for b in ("torch_ref", "cuda_ext", "triton")] if torch.cuda.is_available() else []))
+    [harness.cuda_param(b, "cuda") for b in ("torch_ref", "cuda_ext", "triton")] if harness.CUDA else []))
 def test_trilinear_corner_order_and_points_gradient(backend, device):
     # The CUDA-extension tutorial kernel copied into many projects gives no gradient to points. Ours: one-hot
     # features read each corner's weight back (the corner order of docs/ops.md, inside and outside [-1, 1]),
@@ -443,7 +444,7 @@ def _tiled_call(case, dtype, device, gen, values):
 
 
 @built
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the tiled kernels are CUDA's")
+@harness.on_cuda("the tiled kernels are CUDA's")
 @pytest.mark.parametrize("case", TILED, ids=lambda c: f"{c[2]}_{'x'.join(map(str, c[0]))}_k{'x'.join(map(str, c[1]))}")
 @pytest.mark.parametrize("dtype,values", [(torch.float64, "random"), (torch.float32, "integers"),
                                           (torch.bfloat16, "integers"), (torch.float32, "nonfinite")])
@@ -491,7 +492,7 @@ def test_semiconv_tiled_kernels_equal_the_reference(case, dtype, values):
 
 
 @built
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="triton serves CUDA tensors")
+@harness.on_cuda("triton serves CUDA tensors")
 def test_the_shipped_priority_gives_the_large_tiled_calls_to_cuda_ext_and_the_others_to_triton():
     """kernelhub/kernelhub.toml: semiconv's calls under 4,194,304 image elements run on triton (its size range),
     larger ones of the tropical_2d_depthwise case (the calls both tiled kernels serve) on cuda_ext, the other large

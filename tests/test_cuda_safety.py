@@ -2,6 +2,7 @@
 no host synchronisation, CUDA-graph capture and replay, a non-default stream, another GPU than
 the current one, and torch.compile(fullgraph=True) with that backend forced. GPU only."""
 
+import harness
 import pytest
 import torch
 
@@ -10,7 +11,7 @@ from kernelhub import testing
 from kernelhub.args import tensors_of
 from kernelhub.parity import parity_error
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+pytestmark = [harness.cuda, harness.needs_gpu()]
 
 kernelhub.reload()
 # one float32-or-complex64 case per (op, backend), the reference excluded (its SVD, for one, syncs)

@@ -4,9 +4,10 @@ once between them."""
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+import harness
 
 import kernelhub
 
@@ -21,7 +22,7 @@ def test_ddp_step_matches_one_process_and_ranks_share_tuned_winners(tmp_path):
     # online tuning would compile inductor for each of the 3 buckets on each rank (tens of seconds on a 2-core
     # machine); the sharing of winners is what is tested, and torch_ref and cuda_ext compete for it
     env = {**os.environ, "KERNELHUB_DISABLE": "inductor"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    proc = harness.run(cmd, timeout=600, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(report.read_text())
     why = proc.stdout[-3000:] + json.dumps(data)

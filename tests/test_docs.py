@@ -3,10 +3,10 @@
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
+import harness
 import pytest
 
 import kernelhub
@@ -28,7 +28,7 @@ def test_readme_opens_with_two_commands():
 
 
 def test_demo_calls_every_op():
-    out = subprocess.run([sys.executable, str(REPO / "examples" / "demo.py")], capture_output=True, text=True,
+    out = harness.run([sys.executable, str(REPO / "examples" / "demo.py")], timeout=600,
                          check=True).stdout
     backends = "|".join(kernelhub.get_hub().registry.backends)
     for name in kernelhub.op_names():
@@ -94,7 +94,7 @@ def test_a_host_record_renders_the_hub_against_the_glue_around_its_pick(tmp_path
 
 
 def _git(cwd, *args):
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+    return harness.run(["git", *args], timeout=60, cwd=cwd, check=True).stdout.strip()
 
 
 def test_a_record_names_the_tree_that_ran_and_the_commit_it_is(tmp_path, monkeypatch):
@@ -137,8 +137,7 @@ def test_a_record_names_the_tree_that_ran_and_the_commit_it_is(tmp_path, monkeyp
         commit = run.get("commit", "")
         if "tree" not in run or not re.fullmatch(r"[0-9a-f]{7,40}", commit):
             continue
-        found = subprocess.run(["git", "rev-parse", "--verify", "-q", f"{commit}^{{tree}}"], cwd=REPO,
-                               capture_output=True, text=True)
+        found = harness.run(["git", "rev-parse", "--verify", "-q", f"{commit}^{{tree}}"], timeout=60, cwd=REPO)
         if found.returncode == 0:  # a clone without that commit cannot tell
             assert found.stdout.strip() == run["tree"], f"{commit}: the recorded tree is not the commit's"
 
@@ -175,8 +174,8 @@ def test_the_ops_inventory_is_what_the_backends_register():
     # in a process of its own without TRITON_INTERPRET (which the tests set: triton's impls then take CPU tensors
     # too), as a user's program registers the backends
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    ran = subprocess.run([sys.executable, "-c", "import test_docs; print(test_docs.inventory_table())"], env=env,
-                         cwd=Path(__file__).parent, capture_output=True, text=True, timeout=300)
+    ran = harness.run([sys.executable, "-c", "import test_docs; print(test_docs.inventory_table())"], env=env,
+                         cwd=Path(__file__).parent, timeout=300)
     assert ran.returncode == 0, ran.stderr[-2000:]
     expected = ran.stdout.strip()
     assert found.group(1) == expected, f"docs/ops.md's inventory differs from the registry; it should read:\n{expected}"

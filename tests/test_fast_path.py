@@ -3,6 +3,7 @@ same values and gradients, same errors; the fast path is taken in plain eager co
 a functorch transform or a dispatch mode traces. Fallback and WrongOutputError on both paths:
 tests/test_selector.py runs those tests once per path (its `path` fixture)."""
 
+import harness
 import pytest
 import torch
 from kernelhub_torch_ref import tv
@@ -89,6 +90,7 @@ def test_double_backward_raises_naming_the_op_however_it_is_asked_for(fast, how,
         run()
 
 
+@harness.cuda  # on the GPU where there is one
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("op", ["tv_loss_l1_3d", "kplanes_interp_tilted_ms", "semiconv"])
 def test_batched_upstream_gradients_and_vmap_run_sample_by_sample_on_both_paths(fast, op, monkeypatch):

@@ -19,10 +19,10 @@ without build isolation where setuptools is here, so the test environment itself
 import importlib.util
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
+import harness
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,7 +105,7 @@ def test_every_block_of_the_guide_runs(guide, tmp_path, shared):
             cmd = ["bash", "-euo", "pipefail", "-c", code]
         else:
             pytest.fail(f"{where}: a {kind or 'plain'} block that is neither a file nor python nor bash")
-        proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=900)
+        proc = harness.run(cmd, cwd=work, env=env, timeout=900)
         assert proc.returncode == 0, f"{where} failed ({proc.returncode}):\n{code}\n{proc.stdout[-3000:]}\n" \
                                      f"{proc.stderr[-3000:]}"
     if left_out:

@@ -3,10 +3,10 @@ kernelhub write a file that is not its own (docs/reliability.md, "Hostile inputs
 in tests/test_tune.py, the configuration's in tests/test_config.py."""
 
 import os
-import subprocess
 import sys
 import warnings
 
+import harness
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -94,7 +94,7 @@ def test_the_cuda_ext_library_op_refuses_an_empty_window_instead_of_dividing_by_
             "x, k = torch.randn(1, 0, 1, 6, 6), torch.randn(2, 0, 1, 3, 3)\n"
             "try:\n    torch.ops.kernelhub_cuda_ext.semiconv_forward(x, k, 0, 0.0, 1, [1, 1, 1], [0, 0, 0], [1, 1, 1], "
             "[1, 4, 4], False)\nexcept RuntimeError as e:\n    print('refused:', e)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    proc = harness.run([sys.executable, "-c", code], timeout=600)
     assert proc.returncode == 0 and "needs a channel" in proc.stdout, \
         (proc.returncode, proc.stdout, proc.stderr[-2000:])
 
@@ -356,7 +356,7 @@ def test_explain_of_a_huge_shape_allocates_nothing():
             "rc = cli.main(['explain', 'tv_loss_l1_3d', '--shape', '1024,1024,1024', '--device', 'cpu'])\n"
             "print('grew MiB', (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n"
             "sys.exit(rc)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    proc = harness.run([sys.executable, "-c", code], timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     grew = int(proc.stdout.rsplit("grew MiB", 1)[1])
     assert grew < 1024, proc.stdout  # the 4 GiB volume is described with fake tensors (shapes only)

@@ -4,11 +4,11 @@
 import json
 import os
 import stat
-import subprocess
 import sys
 import threading
 import warnings
 
+import harness
 import pytest
 import torch
 
@@ -230,14 +230,14 @@ def test_module_constructors_name_the_module_and_argument(make, says):
                                         ("true", False), ("on", False)])
 def test_the_fast_path_switch_reads_the_usual_spellings(value, off):
     code = "import kernelhub._state as s; print(s.EAGER_FAST_PATH)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    out = harness.run([sys.executable, "-c", code], timeout=120,
                          env=dict(os.environ, KERNELHUB_EAGER_FAST_PATH=value)).stdout.strip()
     assert out == str(not off)
 
 
 def test_an_unknown_fast_path_spelling_is_an_error_naming_the_variable():
     code = "import kernelhub.dispatch"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    proc = harness.run([sys.executable, "-c", code], timeout=120,
                           env=dict(os.environ, KERNELHUB_EAGER_FAST_PATH="maybe"))
     assert proc.returncode != 0 and "KERNELHUB_EAGER_FAST_PATH" in proc.stderr
 

@@ -12,6 +12,7 @@ agree to float64 rounding."""
 import importlib.util
 import itertools
 
+import harness
 import pytest
 import torch
 from torch import nn
@@ -145,7 +146,7 @@ def _kernels(spec, groups, group_broadcasting, C, positive):
     return ours, theirs
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", harness.devices())
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1][0] if isinstance(c[1][0], str) else len(c[1])}d")
 def test_semiconv_equals_generic_conv_values_and_gradients(case, device):
     semifield, kspec, shape, stride, padding, dilation, groups, bcast, kind = case

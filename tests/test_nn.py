@@ -7,6 +7,7 @@ kernel ``-|x|^2 / s^2``, dilation ``max_y x(p - y) + b(y)``, erosion with ``trop
 
 import math
 
+import harness
 import pytest
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,7 @@ def _backend(name):
 
 
 # -- group_broadcasting in the op ----------------------------------------------------------------------------------
+@harness.cuda  # on the GPU where there is one
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("semifield, groups, nd", [("tropical_max", 3, 2), ("linear", 2, 1), ("log:1.5", 2, 2),
                                                    ("tropical_min", 4, 2)])  # 3-D: the conformance edge samples
@@ -260,6 +262,7 @@ def test_kplanes_field_features_and_taps_are_the_ops_on_its_planes():
     assert learned.rotations.grad is not None
 
 
+@harness.cuda  # on the GPU where there is one
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_kplanes_field_planes_are_channels_last_and_their_gradient_keeps_the_planes_layout(backend):
     """KPlanesField stores its planes channels-last, the layout the kernels read (no copy per call); the kernel

@@ -26,6 +26,7 @@ compile per shape) is left out unless
 import dataclasses
 import os
 
+import harness
 import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, note, settings
@@ -182,7 +183,8 @@ def _impls():
                 if backend == "inductor" and os.environ.get("KERNELHUB_TEST_INDUCTOR") != "all":
                     continue
                 if impl.devices is None or device in impl.devices:
-                    out.append(pytest.param(op, backend, device, id=f"{op}-{backend}-{device}"))
+                    out.append(pytest.param(op, backend, device, id=f"{op}-{backend}-{device}",
+                                            marks=[harness.cuda] if device == "cuda" else []))
     return out
 
 

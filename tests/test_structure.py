@@ -7,6 +7,7 @@ import ast
 import re
 from pathlib import Path
 
+import harness
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kernelhub"
@@ -128,7 +129,6 @@ def test_every_benchmark_is_a_suite_of_the_one_entry_point():
     """benchmarks/run.py is the benchmarks' one entry point: every script of benchmarks/ is one of its suites and
     takes its arguments as ``main(argv)``; ``run.py`` lists the suites, refuses an unknown one, and runs one."""
     import importlib.util
-    import subprocess
     import sys
 
     folder = PACKAGE.parent / "benchmarks"
@@ -141,12 +141,12 @@ def test_every_benchmark_is_a_suite_of_the_one_entry_point():
         tree = ast.parse((folder / f"{script}.py").read_text())
         main = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "main"]
         assert main and main[0].args.args and main[0].args.args[0].arg == "argv", f"benchmarks/{script}.py: main(argv)"
-    listed = subprocess.run([sys.executable, str(folder / "run.py")], capture_output=True, text=True)
+    listed = harness.run([sys.executable, str(folder / "run.py")], timeout=300)
     assert listed.returncode == 0 and all(f"  {name} " in listed.stdout for name in run.SUITES), listed.stdout
-    wrong = subprocess.run([sys.executable, str(folder / "run.py"), "nope"], capture_output=True, text=True)
+    wrong = harness.run([sys.executable, str(folder / "run.py"), "nope"], timeout=300)
     assert wrong.returncode == 2 and "no suite 'nope'" in wrong.stderr
-    ran = subprocess.run([sys.executable, str(folder / "run.py"), "host-dispatch", "--round-ms", "2", "--repeat", "2",
-                          "--json"], capture_output=True, text=True, timeout=300)
+    ran = harness.run([sys.executable, str(folder / "run.py"), "host-dispatch", "--round-ms", "2", "--repeat", "2",
+                          "--json"], timeout=300)
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert '"forward+backward"' in ran.stdout
 
@@ -157,7 +157,6 @@ def test_the_defaults_suite_times_its_a_a_control_in_the_same_rounds():
     The rounds' times are set here (a loaded CI host's real ones say nothing), so the row's arithmetic is checked:
     every handle runs, and each ratio is the median of the per-round ratios."""
     import json
-    import subprocess
     import sys
 
     code = ("import json, sys, torch; sys.path.insert(0, 'benchmarks'); import defaults; "
@@ -166,10 +165,101 @@ def test_the_defaults_suite_times_its_a_a_control_in_the_same_rounds():
             "{label: set_times.get(label, [9.0] * 3) for label in steps}; "
             "vol = torch.randn(1, 8, 8, 8, generator=torch.Generator().manual_seed(0)); "
             "print(json.dumps(defaults.measure('tv_loss_l1_3d', (vol,), torch.device('cpu'), 3, control=True)))")
-    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+    ran = harness.run([sys.executable, "-c", code], timeout=300,
                          cwd=PACKAGE.parent)
     assert ran.returncode == 0, ran.stderr[-2000:]
     row = json.loads(ran.stdout.strip().splitlines()[-1])
     assert {"hub", "cuda_ext", "hub again"} <= set(row["ms"]), row["ms"]  # triton too where it takes CPU tensors
     assert row["picked"] == row["fastest"] == "cuda_ext"
     assert row["hub_vs_hub_again"] == 0.5 and row["hub_vs_fastest"] == 2.0 and row["picked_vs_fastest"] == 1.0
+
+
+# -- the test suite's own rules ------------------------------------------------------------------------------------
+TESTS = Path(__file__).resolve().parent
+_CLOCKS = {"time", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "process_time"}
+
+
+def _is_clock(node: ast.AST) -> bool:
+    """A read of the wall clock, or of one of kernelhub.timing's timers (a measured time)."""
+    if not isinstance(node, ast.Call):
+        return False
+    f = node.func
+    if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+        return (f.value.id == "time" and f.attr in _CLOCKS) or f.value.id == "timing"
+    return isinstance(f, ast.Name) and f.id in _CLOCKS
+
+
+def timing_assertions(path: Path) -> list[tuple[str, int]]:
+    """(function, line) of each ``assert`` in ``path`` that reads a clock: directly, through a name assigned from
+    one (``t0 = time.time()``), or through a measured time's ``ms`` / ``*_ms`` / ``*_s``."""
+    found = []
+    for fn in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        timed = {t.id for node in ast.walk(fn)
+                 if isinstance(node, ast.Assign) and any(map(_is_clock, ast.walk(node.value)))
+                 for t in node.targets if isinstance(t, ast.Name)}
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Assert):
+                continue
+            parts = list(ast.walk(node.test))
+            if (any(map(_is_clock, parts)) or any(isinstance(p, ast.Name) and p.id in timed for p in parts)
+                    or any(isinstance(p, ast.Attribute) and p.attr == "ms" for p in parts)):
+                found.append((fn.name, node.lineno))
+    return found
+
+
+# the tests that assert on a clock, and why each cannot flake on a loaded CI host
+CLOCK_ASSERTIONS_ALLOWED = {
+    ("test_cuda_ext_backend.py", "test_a_build_killed_half_way_does_not_block_the_next"):
+        "a deadline, not a speed: the next build must not wait out the killed one's minute of sleep",
+    ("test_cuda_ext_backend.py", "test_a_hung_compiler_times_out_with_the_reason"):
+        "a deadline: a build timeout of seconds must stop a compiler that sleeps a minute",
+    ("test_tune.py", "test_timed_drops_the_gradients_it_is_given_before_each_call"):
+        "only that a time was measured (positive), never how long",
+    ("test_tune.py", "test_graphed_times_the_device_alone_where_a_slow_host_leaves_it_idle"):
+        "GPU only (the CUDA tier, never CI): milliseconds of host sleep against microseconds of kernels",
+}
+
+
+def test_no_test_of_the_fast_tier_asserts_on_a_wall_clock():
+    """A loaded CI host makes any timing assertion flaky (one failed CI at many times its expected ratio): the tests
+    check the arithmetic on set times instead. The exceptions are named above, each with why it cannot flake."""
+    found = {(p.name, fn): line for p in sorted(TESTS.glob("test_*.py")) for fn, line in timing_assertions(p)}
+    unexplained = sorted(f"{name}:{line} {fn}" for (name, fn), line in found.items()
+                         if (name, fn) not in CLOCK_ASSERTIONS_ALLOWED)
+    assert not unexplained, f"assertions on a clock: {unexplained} (check set times, or name the exception and why)"
+    stale = sorted(set(CLOCK_ASSERTIONS_ALLOWED) - set(found))
+    assert not stale, f"exceptions that no longer assert on a clock: {stale}"
+
+
+def test_the_timing_scan_finds_what_it_should(tmp_path):
+    path = tmp_path / "test_x.py"
+    path.write_text("import time\nfrom kernelhub import timing\n"
+                    "def test_a():\n    t0 = time.perf_counter()\n    assert time.perf_counter() - t0 < 1\n"
+                    "def test_b():\n    t = timing.timed(f, d)\n    assert t.ms < 2\n"
+                    "def test_c(r):\n    assert r.ms['hub'] == 1.0\n"
+                    "def test_d():\n    assert len([1]) == 1\n")
+    assert [fn for fn, _ in timing_assertions(path)] == ["test_a", "test_b", "test_c"]
+
+
+def test_every_child_process_of_the_tests_has_a_deadline():
+    """A child process is started through tests/harness.py (``run``, or ``Popen`` with ``env=harness.child_env(...)``
+    and then ``harness.wait``), so a hang fails within the test's deadline and prints the child's stacks."""
+    offenders = []
+    for path in sorted(TESTS.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                continue
+            f = node.func
+            owner = f.value.id if isinstance(f.value, ast.Name) else None
+            if owner in ("subprocess", "os") and f.attr in ("run", "call", "check_call", "check_output", "system",
+                                                            "popen"):
+                offenders.append(f"{path.name}:{node.lineno} {owner}.{f.attr}")
+            elif f.attr == "communicate":
+                offenders.append(f"{path.name}:{node.lineno} .communicate (harness.wait has a deadline)")
+            elif owner == "subprocess" and f.attr == "Popen":
+                env = next((k.value for k in node.keywords if k.arg == "env"), None)
+                if not (isinstance(env, ast.Call) and ast.unparse(env.func) == "harness.child_env"):
+                    offenders.append(f"{path.name}:{node.lineno} subprocess.Popen without env=harness.child_env(...)")
+    assert not offenders, offenders

@@ -3,6 +3,7 @@ determinism, float64 gradcheck, and (on a big GPU) tensors past 2^31 elements, f
 
 import sys
 
+import harness
 import pytest
 import torch
 
@@ -17,6 +18,7 @@ DEVICE = "cuda" if CUDA else "cpu"
 if not CUDA and not plugin.interpret_mode():
     pytest.skip("no GPU and TRITON_INTERPRET is not set", allow_module_level=True)
 OPS = sorted(plugin.IMPLS)
+pytestmark = harness.cuda  # Triton's compiled kernels where there is a GPU (DEVICE), its interpreter elsewhere
 
 
 def test_unavailable_without_a_gpu_names_the_reason(monkeypatch):

@@ -12,6 +12,7 @@ import textwrap
 import warnings
 from pathlib import Path
 
+import harness
 import pytest
 import torch
 
@@ -420,8 +421,10 @@ for i in range(40):
 
 def test_concurrent_tuners_leave_one_valid_file_with_all_entries(tmp_path):
     path = tmp_path / "shared" / "tuning.json"
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), f"rank{r}"]) for r in range(3)]
-    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), f"rank{r}"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=harness.child_env()) for r in range(3)]
+    outs = [harness.wait(p, 120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
     entries = WinnerCache(path).entries()
     assert len(entries) == 120 and not list(path.parent.glob(".tuning-*"))  # no temporary file left
 
@@ -436,10 +439,10 @@ def test_two_tuning_processes_at_once(tmp_path):
     config.write_text(f"[tune]\ncache = '{tmp_path / 'w.json'}'\n")
     env = {**os.environ, "KERNELHUB_CONFIG": str(config), "KERNELHUB_DISABLE": "inductor"}
     command = [sys.executable, "-m", "kernelhub.cli", "tune", "OP", "--quick", "--device", "cpu", "--json"]
-    procs = [subprocess.Popen([op if a == "OP" else a for a in command], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen([op if a == "OP" else a for a in command], env=harness.child_env(env),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for op in ("tv_loss_sq_3d", "tv_loss_l1_3d")]
-    outs = [p.communicate(timeout=600) for p in procs]
+    outs = [harness.wait(p, 600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
     tuned = [e for o in outs for e in json.loads(o[0])["tuned"]]
     entries = WinnerCache(tmp_path / "w.json").entries()
@@ -533,7 +536,6 @@ def test_bench_shapes_keeps_only_the_samples_named(monkeypatch):
 def test_the_runtime_path_does_not_import_the_test_kit_cli_or_bench(tmp_path):
     """An op call, its selection with a tuned winner verified in-process, and explain import neither
     kernelhub.testing, kernelhub.cli nor kernelhub.bench (parity at run time is kernelhub.parity)."""
-    import subprocess
     import sys
     code = (
         "import sys, torch, kernelhub\n"
@@ -548,7 +550,7 @@ def test_the_runtime_path_does_not_import_the_test_kit_cli_or_bench(tmp_path):
         "'kernelhub.bench'))))\n")
     env = {**__import__("os").environ, "KERNELHUB_CONFIG": str(tmp_path / "none.toml")}
     (tmp_path / "none.toml").write_text("")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    out = harness.run([sys.executable, "-c", code], env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
@@ -633,7 +635,7 @@ def test_bench_prints_whole_names_in_80_columns_and_what_binds():
         assert ("graph ms" in text) == wide and (" 0.2931 " in text) == wide
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@harness.on_cuda()
 def test_graphed_times_the_device_alone_where_a_slow_host_leaves_it_idle():
     """`kernelhub.timing.graphed`: a step whose host code costs far more than its kernels (a sleep between two
     tiny launches) takes the host's time under `timed` and the kernels' alone replayed as a CUDA graph."""
@@ -655,6 +657,7 @@ def test_graphed_times_the_device_alone_where_a_slow_host_leaves_it_idle():
     assert slow > 1.5 and 0 < fast < 0.5, (slow, fast)
 
 
+@harness.cuda  # on the GPU where there is one
 def test_the_rate_probes_compute_what_torch_does():
     """`kernelhub._probes` (the Triton gather and atomic scatter `kernelhub.bench.rates` times): the bags' sums and
     the scattered adds torch's embedding_bag and index_add_ give (Triton's interpreter on the CPU, the GPU's

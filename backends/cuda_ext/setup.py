@@ -3,7 +3,8 @@
 `pip install --no-build-isolation ./backends/cuda_ext` (torch installed, a C++ compiler present; with
 torch's CUDA build and nvcc, the CUDA kernels too) compiles
 `kernelhub_cuda_ext/_C_<torch version>_<source digest>.so` (kernelhub_cuda_ext/_build.py's aot_name),
-which the backend loads instead of compiling on first use. In an isolated build (plain `pip install`)
+which the backend loads instead of compiling on first use (a library of that name already in the package
+directory is kept: the name holds the torch version and the sources' digest). In an isolated build (plain `pip install`)
 torch is not importable here, and a failing compile is only a warning (the extension is optional): the
 package then ships its sources and compiles them on first use (kernelhub_cuda_ext/_build.py).
 """
@@ -29,7 +30,10 @@ def aot_extension() -> dict:
         sources += sorted(glob.glob(os.path.join(csrc, "*.cu")))
         args["nvcc"] = ["-O3"]
     make = cpp_extension.CUDAExtension if cuda else cpp_extension.CppExtension
-    ext = make(f"kernelhub_cuda_ext.{_build_module().aot_name(torch.__version__)}", sources,
+    name = _build_module().aot_name(torch.__version__)
+    if glob.glob(os.path.join("kernelhub_cuda_ext", f"{name}.*so")):  # built already, for this torch and sources
+        return {}
+    ext = make(f"kernelhub_cuda_ext.{name}", sources,
                depends=sorted(glob.glob(os.path.join(csrc, "*.h"))), extra_compile_args=args,
                extra_link_args=["-fopenmp"])
     ext.optional = True  # a compile error is a warning; the first use compiles instead

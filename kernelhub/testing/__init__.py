@@ -42,12 +42,13 @@ __all__ = [
     "check_no_host_sync", "check_cuda_graph_replay", "check_weighted", "tier", "Check", "CHECK_KINDS", "suite",
 ]
 
-TIERS = ("fast", "full")
+TIERS = ("fast", "full", "cuda")
 
 
 def tier() -> str:
     """The test tier asked for by ``KERNELHUB_TEST_TIER``: "fast" (the default: every op x backend in float32
-    and float64 on a few samples, what CI runs) or "full" (every case of the matrix)."""
+    and float64 on a few samples, what CI runs), "full" (every case of the matrix) or "cuda" (the fast tier's
+    tests that a GPU can change, on a GPU host; its cases are the fast tier's)."""
     value = os.environ.get("KERNELHUB_TEST_TIER", "") or "fast"
     if value not in TIERS:
         raise ValueError(f"KERNELHUB_TEST_TIER={value!r}; allowed: {list(TIERS)}")

@@ -8,7 +8,9 @@ config, selector and caches), and the hubs are held here:
 - ``keys``: where the next Hub.key comes from.
 - ``lock``: held while the global hub changes.
 - ``GENERATION``: a token that changes where a torch.compile graph's traced choice may (dynamo guards on it).
-- ``EAGER_FAST_PATH``: ``KERNELHUB_EAGER_FAST_PATH``, read at import (off: every call through the operators).
+- ``EAGER_FAST_PATH``: ``KERNELHUB_EAGER_FAST_PATH``, read at import (off: every call through the operators);
+  ``ENVIRONMENT_ERROR``: its ConfigError where the value is not an on/off spelling, raised where a hub is built (an
+  import that raised it would end the command line in a traceback instead of its usage error).
 - ``operators``: op -> (forward, backward) operator, defined once per process (`kernelhub.dispatch.define_ops`), and
   ``library``, their torch.library fragment: operators cannot be undefined, so no scope resets these.
 
@@ -43,7 +45,10 @@ hubs: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 fingerprints: dict[int, str] = {}
 keys = itertools.count(1)
 lock = threading.Lock()
-EAGER_FAST_PATH = _switch("KERNELHUB_EAGER_FAST_PATH", True)
+try:
+    EAGER_FAST_PATH, ENVIRONMENT_ERROR = _switch("KERNELHUB_EAGER_FAST_PATH", True), None
+except ConfigError as _exc:
+    EAGER_FAST_PATH, ENVIRONMENT_ERROR = True, str(_exc)
 operators: dict[str, tuple[Any, Any]] = {}
 library: list = []
 

@@ -16,7 +16,7 @@ from kernelhub import _state
 from kernelhub._state import GENERATION
 from kernelhub.config import Config, check_config, load_config
 from kernelhub.dispatch import OpHandle, define_ops, flatten_grads, weighted_sum
-from kernelhub.errors import NoImplementationError, WrongOutputError
+from kernelhub.errors import ConfigError, NoImplementationError, WrongOutputError
 from kernelhub.registry import CONTAINED, Registry, declared_backend_names
 from kernelhub.select import Decision, Selector
 from kernelhub.spec import OpSpec
@@ -30,6 +30,8 @@ class Hub:
     built directly runs its own handles, eagerly and through the operators (its `key`, their ``hub`` argument)."""
 
     def __init__(self, extra_plugins: Iterable[tuple[str, object]] = (), config: Config | None = None) -> None:
+        if _state.ENVIRONMENT_ERROR:
+            raise ConfigError(_state.ENVIRONMENT_ERROR)
         self.key = next(_state.keys)
         _state.hubs[self.key] = self
         extra_plugins = list(extra_plugins)

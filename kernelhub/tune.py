@@ -257,14 +257,19 @@ class Tuning:
             fresh = _fresh(args)
             spec = self.registry.spec(op)
             ref_out, grad, ref_grads = reference = reference_with_upstream(spec, fresh)
-            tol = call_tolerance(spec, fresh, reference=reference)
+            try:
+                tol, unjudged = call_tolerance(spec, fresh, reference=reference), None
+            except Exception as exc:  # inputs the op's dtype cannot carry (float32 overflowing): no candidate can
+                # be judged, so none wins; the calls are served by the priority order
+                tol, unjudged = None, f"could not be judged: {type(exc).__name__}: {exc}"
             cands, forwards, steps = {}, {}, {}
             timed_args, timed_leaves = fresh_leaves(fresh, spec.differentiable)
             step_grad = None  # the upstream gradient in the output's dtype (the reference's is float64)
             for name in eligible:
                 cand: dict[str, Any] = {"fingerprint": self.registry.fingerprint(name), "error": None}
                 start = time.perf_counter()
-                cand["error"] = self._parity(op, name, fresh, ref_out, grad, ref_grads, tol)  # compiles, if it must
+                cand["error"] = (unjudged if unjudged and name != spec.reference_backend else
+                                 self._parity(op, name, fresh, ref_out, grad, ref_grads, tol))  # compiles, if it must
                 self._verified[(entry_key(op, args), name)] = cand["error"]  # `rank` need not check it again here
                 if cand["error"] is None:
                     handle = self.handle(op, name)
@@ -303,7 +308,7 @@ class Tuning:
         entry = {"op": op, "device": device_model(first.device), "dtype": str(first.dtype).removeprefix("torch."),
                  "bucket": bucket(args), "call": describe_args(args), "torch": torch.__version__,
                  "tuned": datetime.datetime.now().isoformat(timespec="seconds"), "candidates": cands,
-                 "winner": close[0] if len(close) == 1 else None}
+                 "winner": close[0] if len(close) == 1 and not unjudged else None}
         if len(close) > 1:
             entry["within_noise"] = close
         before = self.cache.get(entry_key(op, args))

@@ -1,8 +1,11 @@
+import os
 import re
+import sys
 import textwrap
 import tomllib
 from pathlib import Path
 
+import harness
 import pytest
 import torch
 
@@ -338,3 +341,15 @@ def test_a_scoped_hub_lasts_for_its_block_and_the_hub_before_it_comes_back(tmp_p
     with kernelhub.scoped() as same:  # the same config and plugins: no recompile
         token = _state.GENERATION.token
     assert same is not before and _state.GENERATION.token == token
+
+
+@pytest.mark.parametrize("variable, value", [("KERNELHUB_EAGER_FAST_PATH", "maybe"), ("KERNELHUB_EAGER_FAST_PATH", "2"),
+                                             ("KERNELHUB_KILL_SWITCH", "maybe"), ("KERNELHUB_DISABLE", "nope"),
+                                             ("KERNELHUB_CONFIG", "/nonexistent/kernelhub.toml")])
+def test_a_bad_environment_value_is_a_usage_error_of_every_command(variable, value, tmp_path):
+    """A configuration error exits 2 with its message on stderr and no traceback, whatever its source: a variable read
+    at import (the fast path's switch) too, which once ended every command in a traceback, exit 1."""
+    env = dict(os.environ, **{variable: value})
+    for command in (["list"], ["doctor"], ["explain", "tv_loss_l1_3d", "--shape", "2,4,4,4"]):
+        ran = harness.run([sys.executable, "-m", "kernelhub.cli", *command], timeout=300, env=env, cwd=tmp_path)
+        assert ran.returncode == 2 and variable in ran.stderr and "Traceback" not in ran.stderr, (command, ran.stderr)

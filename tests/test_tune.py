@@ -702,3 +702,24 @@ def test_timed_drops_the_gradients_it_is_given_before_each_call():
     torch.testing.assert_close(x.grad, torch.full((5,), 2.0))
     timing.timed(step, torch.device("cpu"), quick=True)  # without: the gradient adds up
     assert x.grad[0] > 2.0
+
+
+def test_a_call_the_tuner_cannot_judge_is_served_and_its_candidates_recorded_with_the_reason(tmp_path, monkeypatch):
+    """The tuner's fresh inputs for a root:100 semiconv overflow float32, so eager torch's own error is infinite and no
+    tolerance exists (it raised OverflowError from the call, in online mode, and from `kernelhub tune`): the call is
+    served, every candidate but the reference is recorded as not judged with the reason, and none wins."""
+    cache = tmp_path / "w.json"
+    (tmp_path / "kernelhub.toml").write_text(f'[tune]\nmode = "online"\ncache = "{cache}"\n')
+    monkeypatch.setenv("KERNELHUB_CONFIG", str(tmp_path / "kernelhub.toml"))
+    monkeypatch.setenv("KERNELHUB_DISABLE", "inductor")
+    kernelhub.reload()
+    g = torch.Generator().manual_seed(0)
+    img, kernel = torch.rand(1, 2, 16, 16, generator=g), torch.rand(2, 1, 3, 3, generator=g)
+    out = kernelhub.op("semiconv")(img, kernel, "root:100", 1, 1, 1, 2, "corr")
+    want = kernelhub.op("semiconv", backend="torch_ref")(img, kernel, "root:100", 1, 1, 1, 2, "corr")
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=0)
+    (entry,) = WinnerCache(cache).entries().values()
+    assert entry["winner"] is None
+    others = {n: c for n, c in entry["candidates"].items() if n != "torch_ref"}
+    assert all(c["error"].startswith("could not be judged: ValueError: eager torch's own error against float64 is inf")
+               for c in others.values()), others

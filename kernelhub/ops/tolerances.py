@@ -39,6 +39,9 @@ def _round_up(x: float, digits: int = 2) -> float:
 
 
 def tolerance_for(dtype: torch.dtype, error: float) -> float:
+    if not math.isfinite(error):  # eager torch itself overflowed (or met a NaN) on these inputs in this dtype
+        raise ValueError(f"eager torch's own error against float64 is {error} in {str(dtype).removeprefix('torch.')} "
+                         "on these inputs (they overflow there): no tolerance can judge them")
     eps = torch.finfo(accumulation_dtype(dtype).to_real() if dtype.is_complex else accumulation_dtype(dtype)).eps
     return _round_up(max(FACTOR * error, FLOOR_ULPS * eps))
 

@@ -612,8 +612,8 @@ def _escaped(data: Any) -> Any:
     their own markup around these values."""
     if isinstance(data, str):
         return escape(data)
-    if isinstance(data, dict):
-        return {k: _escaped(v) for k, v in data.items()}
+    if isinstance(data, dict):  # keys too: a device or backend name read from a file
+        return {_escaped(k): _escaped(v) for k, v in data.items()}
     if isinstance(data, (list, tuple)):
         return type(data)(_escaped(v) for v in data)
     return data

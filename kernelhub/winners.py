@@ -53,14 +53,21 @@ def entry_key(op: str, args: Sequence[Any]) -> str:
 
 
 def _well_formed(entry: Any) -> bool:
-    """Whether a cache entry has the shape the selector reads: candidates of backend name -> {"error": None or a
+    """Whether a cache entry has the shape the selector and `kernelhub list` read: text where text belongs (op,
+    device, dtype, bucket, ...), a "winner" that is None or one of its candidates that passed, candidates of backend
+    name -> {"error": None or a
     message, and with no error a finite "step_ms" > 0; any spread or forward time a finite number >= 0, a "vs_fastest"
     {"ratio": a number, "slower_in" and "rounds": ints, "t": a finite number where recorded}}, a "within_noise" list
     of names, and text where messages quote it. Anything else in the file (a hand edit, a truncated write from
     another tool) is ignored, never trusted or executed."""
     if not (isinstance(entry, dict) and isinstance(entry.get("candidates"), dict)):
         return False
-    if not all(isinstance(entry.get(k, ""), str) for k in ("torch", "call", "tuned", "bucket")):
+    if not all(isinstance(entry.get(k, ""), str) for k in ("torch", "call", "tuned", "bucket", "op", "device",
+                                                           "dtype")):
+        return False
+    winner = entry.get("winner")  # None, or a candidate that passed (a hand edit could name anything)
+    if winner is not None and not (isinstance(winner, str) and isinstance(entry["candidates"].get(winner), dict)
+                                   and entry["candidates"][winner].get("error", "") is None):
         return False
     close = entry.get("within_noise", [])
     if not (isinstance(close, list) and all(isinstance(n, str) for n in close)):

@@ -723,3 +723,30 @@ def test_a_call_the_tuner_cannot_judge_is_served_and_its_candidates_recorded_wit
     others = {n: c for n, c in entry["candidates"].items() if n != "torch_ref"}
     assert all(c["error"].startswith("could not be judged: ValueError: eager torch's own error against float64 is inf")
                for c in others.values()), others
+
+
+def _entry(**changes):
+    entry = {"op": "tv_loss_l1_3d", "device": "cpu", "dtype": "float32", "bucket": "[2, 4, 4, 4]", "call": "x",
+             "torch": torch.__version__, "tuned": "2026-11-28T00:00:00", "winner": "torch_ref",
+             "candidates": {"torch_ref": {"error": None, "step_ms": 1.0}, "cuda_ext": {"error": None, "step_ms": 2.0}}}
+    return {**entry, **changes}
+
+
+@pytest.mark.parametrize("edit, kept", [({"winner": "nope"}, False), ({"winner": "[/]"}, False), ({"op": 5}, False),
+                                        ({"device": 7}, False), ({"winner": 3}, False), ({"device": "[/]"}, True),
+                                        ({"candidates": {"[/]": {"error": None, "step_ms": 1.0}}, "winner": "[/]"},
+                                         True)])
+def test_kernelhub_list_reads_a_hand_edited_winners_file(edit, kept, tmp_path):
+    """An entry edited to a winner that is not one of its candidates, or a number where text belongs, is ignored with
+    one warning naming it (`kernelhub list` ended in a KeyError or TypeError); text from the file is printed as it
+    is, never read as rich markup, dict keys included (a MarkupError)."""
+    cache = tmp_path / "w.json"
+    cache.write_text(json.dumps({"format": winners.FORMAT, "entries": {"good": _entry(), "edited": _entry(**edit)}}))
+    (tmp_path / "kernelhub.toml").write_text(f'[tune]\ncache = "{cache}"\n')
+    env = dict(os.environ, KERNELHUB_CONFIG=str(tmp_path / "kernelhub.toml"), COLUMNS="200")
+    ran = harness.run([sys.executable, "-m", "kernelhub.cli", "list"], timeout=300, env=env, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ("malformed entries ignored ('edited')" in ran.stderr) != kept, ran.stderr
+    if kept and "device" in edit:
+        assert "tuned winners on [/]" in ran.stdout
+    assert "tuned winners on cpu" in ran.stdout

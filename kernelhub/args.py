@@ -85,19 +85,24 @@ def bucket(args: Sequence[Any]) -> str:
 
 
 def arg_key(a: Any) -> Any:
-    """One argument's part of the selector's decision key: a tensor's device, dtype, shape and strides; a
+    """One argument's part of the selector's decision key: a tensor's device, dtype, layout, shape and strides (a
+    sparse COO tensor reads strides of 0, like an expanded dense one: the layout tells them apart; one with no
+    strides or sizes, CSR, nested, mkldnn, is keyed by its layout, and the op's argument check refuses it); a
     float's type only (impls may not object to a float's value, so one decision serves every lam, eps, h);
     a list of tensors as their keys, any other list (canonical: of ints) as a tuple; anything else as it is.
     On every call's hot path: no function call per list element
     (docs/lab/benchmarks-history.md#measurements-behind-the-code)."""
     if isinstance(a, torch.Tensor):
-        return (a.device, a.dtype, a.shape, a.stride())
+        try:
+            return (a.device, a.dtype, a.layout, a.shape, a.stride())
+        except (RuntimeError, NotImplementedError):
+            return (a.device, a.dtype, a.layout, "no strides")
     kind = type(a)
     if kind is float:
         return float
     if kind is list or kind is tuple:
         if a and isinstance(a[0], torch.Tensor):
-            return tuple([(t.device, t.dtype, t.shape, t.stride()) for t in a])
+            return tuple([arg_key(t) for t in a])
         return tuple(a)
     return a
 

@@ -91,18 +91,22 @@ def _plain_tensors(args: Sequence[Any], positions: Sequence[int]) -> list[torch.
     return flat
 
 
+_STRIDED = torch.strided
+
+
 def _layout(args: Sequence[Any]) -> tuple[tuple, list[torch.Tensor]] | None:
     """A call's layout, the eager fast path's memo key (`OpHandle.__call__`): for each argument its type and,
     for a tensor, device, dtype, shape and strides (a list's tensors one by one), for anything else its value (a
     list's elements with their types); and the call's tensors in order. None where a tensor is a subclass or a
-    functorch wrapper left from a finished transform (the operators serve those). On every call's hot path: plain
-    loops, no function call per argument."""
+    functorch wrapper left from a finished transform (the operators serve those), or is not a dense strided tensor
+    (a sparse COO one reads an expanded tensor's strides: the spec's checks refuse it). On every call's hot path:
+    plain loops, no function call per argument."""
     key: list = []
     tensors: list[torch.Tensor] = []
     for a in args:
         kind = type(a)
         if kind is torch.Tensor or kind is torch.nn.Parameter:
-            if _wrapped(a):
+            if _wrapped(a) or a.layout is not _STRIDED or a.is_nested:
                 return None
             key.append((kind, a.device, a.dtype, a.shape, a.stride()))
             tensors.append(a)
@@ -110,7 +114,8 @@ def _layout(args: Sequence[Any]) -> tuple[tuple, list[torch.Tensor]] | None:
             parts: list = [kind]
             for t in a:
                 part = type(t)
-                if (part is not torch.Tensor and part is not torch.nn.Parameter) or _wrapped(t):
+                if (part is not torch.Tensor and part is not torch.nn.Parameter) or _wrapped(t) \
+                        or t.layout is not _STRIDED or t.is_nested:
                     return None
                 parts.append((part, t.device, t.dtype, t.shape, t.stride()))
                 tensors.append(t)

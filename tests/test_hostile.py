@@ -360,3 +360,33 @@ def test_explain_of_a_huge_shape_allocates_nothing():
     assert proc.returncode == 0, proc.stderr[-2000:]
     grew = int(proc.stdout.rsplit("grew MiB", 1)[1])
     assert grew < 1024, proc.stdout  # the 4 GiB volume is described with fake tensors (shapes only)
+
+
+def _layouts():
+    v = torch.randn(2, 4, 5, 6, generator=torch.Generator().manual_seed(0))
+    return {"sparse_coo": v.to_sparse(), "sparse_csr": v[0].to_sparse_csr(), "mkldnn": v.to_mkldnn(),
+            "nested": torch.nested.nested_tensor([v[0], v[1]]),
+            "nested_jagged": torch.nested.nested_tensor([v[0], v[1, :3]], layout=torch.jagged)}
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.parametrize("backend", ["", "cuda_ext", "torch_ref"])
+@pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr", "mkldnn", "nested", "nested_jagged"])
+def test_a_tensor_that_is_not_dense_is_refused_naming_the_op_and_argument_before_any_kernel(layout, backend):
+    """Sparse, nested and mkldnn tensors are refused by the argument check, before any kernel runs (a sparse COO
+    volume reads an expanded tensor's strides, and was served by cuda_ext's kernel on that call's remembered
+    decision, which then fell back with a warning), and the decision key tells the layouts apart."""
+    from kernelhub.args import arg_key
+
+    t = _layouts()[layout]
+    kernelhub.op("tv_loss_l1_3d", backend=backend or None)(torch.randn(1, 1, 1, 1).expand(2, 4, 5, 6))  # remembered
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no "backend ... raised ... falling back"
+        with pytest.raises(TypeError, match="tv_loss_l1_3d: argument 'volume' must be a dense .strided. tensor, got a "
+                                            f"{layout.split('_')[0]}"):
+            kernelhub.op("tv_loss_l1_3d", backend=backend or None)(t)
+        feats = torch.randn(7, 8, 3)
+        with pytest.raises(TypeError, match="trilinear_interp: argument 'points' must be a dense .strided. tensor"):
+            kernelhub.op("trilinear_interp", backend=backend or None)(feats, torch.rand(7, 3).to_sparse())
+    if layout == "sparse_coo":
+        assert arg_key(t) != arg_key(torch.randn(1, 1, 1, 1).expand(2, 4, 5, 6))

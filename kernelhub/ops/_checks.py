@@ -13,6 +13,10 @@ def tensor(op: str, name: str, x: object, dtypes: Sequence[torch.dtype], min_ndi
            ndim: int | None = None) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{op}: argument {name!r} must be a torch.Tensor, got {type(x).__name__}")
+    if x.layout is not torch.strided or x.is_nested:
+        kind = "nested" if x.is_nested else str(x.layout).removeprefix("torch.").lstrip("_")
+        raise TypeError(f"{op}: argument {name!r} must be a dense (strided) tensor, got a {kind} one "
+                        "(.to_dense() first)")
     if x.dtype not in dtypes:
         raise TypeError(f"{op}: argument {name!r} must have dtype in {[str(d) for d in dtypes]}, got {x.dtype}")
     if ndim is not None and x.ndim != ndim:

@@ -317,24 +317,43 @@ def check_config(config: Config, known_backends: frozenset[str]) -> Config:
     def flag(name: str) -> None:
         if not isinstance(getattr(config, name), bool):
             raise ConfigError(f"{where}: {name}: expected True or False, got {getattr(config, name)!r}")
+    def names(value: object, field: str) -> None:
+        """A collection of backend names (a tuple, list or set of str; a str alone is one name's letters)."""
+        if not isinstance(value, (tuple, list, frozenset, set)):
+            raise ConfigError(f"{where}: {field}: expected a tuple of backend names (allowed: "
+                              f"{sorted(known_backends)}), got {type(value).__name__} {value!r}")
+        _names(sorted(value) if isinstance(value, (set, frozenset)) else list(value), f"{where}: {field}",
+               known_backends)
+
+    def mapping(value: object, field: str, of: str) -> None:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: {field}: expected a mapping of {of}, got {type(value).__name__} {value!r}")
+
     flag("kill_switch")
     flag("strict")
-    _names(list(config.disabled), f"{where}: disabled", known_backends)
-    _names(list(config.priority), f"{where}: priority", known_backends)
-    _names(list(config.compile_priority), f"{where}: compile_priority", known_backends)
+    names(config.disabled, "disabled")
+    names(config.priority, "priority")
+    names(config.compile_priority, "compile_priority")
+    mapping(config.ops, "ops", "op name -> OpConfig")
     for name, table in config.ops.items():
         if not isinstance(table, OpConfig):
             raise ConfigError(f"{where}: ops[{name!r}]: expected an OpConfig, got {type(table).__name__}")
-        if table.pin and table.pin not in known_backends:
-            raise ConfigError(f"{where}: ops[{name!r}].pin: unknown backend {table.pin!r}; allowed: "
-                              f"{sorted(known_backends)}")
-        _names(list(table.priority), f"{where}: ops[{name!r}].priority", known_backends)
-        for case, names in table.cases.items():
-            _names(list(names), f"{where}: ops[{name!r}].cases[{case!r}]", known_backends)
+        if not isinstance(table.pin, str) or (table.pin and table.pin not in known_backends):
+            raise ConfigError(f"{where}: ops[{name!r}].pin: expected a backend name (allowed: "
+                              f"{sorted(known_backends)}) or \"\", got {table.pin!r}")
+        names(table.priority, f"ops[{name!r}].priority")
+        mapping(table.cases, f"ops[{name!r}].cases", "case name -> backend names")
+        for case, case_names in table.cases.items():
+            names(case_names, f"ops[{name!r}].cases[{case!r}]")
         if not isinstance(table.device_sizes, Mapping) or any(
                 not isinstance(text, str) or not text.strip() for text in table.device_sizes):
             raise ConfigError(f"{where}: ops[{name!r}].device_sizes: expected device text (part of a device's name) "
                               f"-> size ranges, got {table.device_sizes!r}")
+        for label, sizes in (("sizes", table.sizes), *((f"device_sizes[{t!r}]", r) for t, r in
+                                                        table.device_sizes.items())):
+            if not isinstance(sizes, tuple) or not all(isinstance(pair, tuple) and len(pair) == 2 for pair in sizes):
+                raise ConfigError(f"{where}: ops[{name!r}].{label}: expected (min_elements >= 1, backends) pairs, "
+                                  f"got {sizes!r}")
         for label, sizes in (("sizes", table.sizes), *((f"device_sizes[{t!r}]", r) for t, r in
                                                         table.device_sizes.items())):
             if not isinstance(sizes, tuple) or tuple(sorted(sizes)) != sizes \
@@ -342,8 +361,8 @@ def check_config(config: Config, known_backends: frozenset[str]) -> Config:
                     or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n, _ in sizes):
                 raise ConfigError(f"{where}: ops[{name!r}].{label}: expected (min_elements >= 1, backends) pairs, "
                                   f"ascending and each min_elements once, got {sizes!r}")
-            for n, names in sizes:
-                _names(list(names), f"{where}: ops[{name!r}].{label}[{n}]", known_backends)
+            for n, range_names in sizes:
+                names(range_names, f"ops[{name!r}].{label}[{n}]")
     tune = config.tune
     if not isinstance(tune, TuneConfig) or tune.mode not in TUNE_MODES or not isinstance(tune.cache, str) \
             or "\0" in tune.cache:

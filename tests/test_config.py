@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import kernelhub
-from kernelhub.config import DEFAULT_PRIORITY, SHIPPED, load_config
+from kernelhub.config import DEFAULT_PRIORITY, SHIPPED, Config, OpConfig, load_config
 from kernelhub.errors import ConfigError
 from kernelhub.registry import declared_backend_names
 
@@ -353,3 +353,30 @@ def test_a_bad_environment_value_is_a_usage_error_of_every_command(variable, val
     for command in (["list"], ["doctor"], ["explain", "tv_loss_l1_3d", "--shape", "2,4,4,4"]):
         ran = harness.run([sys.executable, "-m", "kernelhub.cli", *command], timeout=300, env=env, cwd=tmp_path)
         assert ran.returncode == 2 and variable in ran.stderr and "Traceback" not in ran.stderr, (command, ran.stderr)
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda: Config(ops=[]), r"ops: expected a mapping of op name -> OpConfig, got list \[\]"),
+    (lambda: Config(ops={"tv_loss_l1_3d": OpConfig(cases=[])}), r"ops\['tv_loss_l1_3d'\].cases: expected a mapping"),
+    (lambda: Config(disabled=None), "disabled: expected a tuple of backend names .* got NoneType None"),
+    (lambda: Config(priority=None), "priority: expected a tuple of backend names"),
+    (lambda: Config(disabled="cuda_ext"), "disabled: expected a tuple of backend names .* got str 'cuda_ext'"),
+    (lambda: Config(priority="cuda_ext"), "priority: expected a tuple of backend names .* got str 'cuda_ext'"),
+    (lambda: Config(compile_priority="inductor"), "compile_priority: expected a tuple of backend names"),
+    (lambda: Config(ops={"tv_loss_l1_3d": OpConfig(priority="torch_ref")}),
+     r"ops\['tv_loss_l1_3d'\].priority: expected a tuple of backend names .* got str 'torch_ref'"),
+    (lambda: Config(ops={"tv_loss_l1_3d": OpConfig(sizes=((10, "torch_ref"),))}),
+     r"ops\['tv_loss_l1_3d'\].sizes\[10\]: expected a tuple of backend names .* got str 'torch_ref'"),
+    (lambda: Config(ops={"tv_loss_l1_3d": OpConfig(sizes=(10,))}),
+     r"\.sizes: expected \(min_elements >= 1, backends\)"),
+    (lambda: Config(ops={"tv_loss_l1_3d": OpConfig(pin=3)}), r"\.pin: expected a backend name .* got 3")])
+def test_a_config_built_in_code_is_checked_as_a_files_keys_are(make, says):
+    """`kernelhub.reload(config=...)` and `Hub(config=...)`: a ConfigError naming the field, the type expected and the
+    allowed values, where they raised AttributeError, TypeError, or "unknown backend 'c'" for a string's letters."""
+    from kernelhub.hub import Hub
+
+    config = make()
+    with pytest.raises(ConfigError, match=says):
+        kernelhub.reload(config=config)
+    with pytest.raises(ConfigError, match=says):
+        Hub(config=config)

@@ -7,6 +7,7 @@ config, selector and caches), and the hubs are held here:
   keyed on (`kernelhub.hub`).
 - ``keys``: where the next Hub.key comes from.
 - ``lock``: held while the global hub changes.
+- ``scopes``: the thread of each open `kernelhub.scoped` block, innermost last (blocks of one thread only).
 - ``GENERATION``: a token that changes where a torch.compile graph's traced choice may (dynamo guards on it).
 - ``EAGER_FAST_PATH``: ``KERNELHUB_EAGER_FAST_PATH``, read at import (off: every call through the operators);
   ``ENVIRONMENT_ERROR``: its ConfigError where the value is not an on/off spelling, raised where a hub is built (an
@@ -45,6 +46,7 @@ hubs: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 fingerprints: dict[int, str] = {}
 keys = itertools.count(1)
 lock = threading.Lock()
+scopes: list[int] = []
 try:
     EAGER_FAST_PATH, ENVIRONMENT_ERROR = _switch("KERNELHUB_EAGER_FAST_PATH", True), None
 except ConfigError as _exc:

@@ -7,6 +7,7 @@ import hashlib
 import json
 import re
 import sys
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -407,14 +408,25 @@ def scoped(extra_plugins: Iterable[tuple[str, object]] = (), config: Config | No
     afterwards the global hub of before it back, as it was (or none, built at its next use): for tests, and for a
     program that runs a part under another config. Handles of `kernelhub.op` follow it, as they follow `reload`;
     a `reload` inside the block lasts until the block ends. Compiled graphs recompile on entry and exit where the
-    hubs' configs or plugins differ."""
+    hubs' configs or plugins differ. The global hub is the process's: blocks nest within one thread, and a block
+    entered while another thread's is open raises (their exits would restore each other's hubs out of order, and
+    the last one's override would outlive both); a thread of its own takes a `Hub` and its handles."""
+    me = threading.get_ident()
     with _state.lock:
+        if _state.scopes and _state.scopes[-1] != me:
+            raise RuntimeError(
+                "kernelhub.scoped: another thread has a scoped block open, and the global hub is the process's: "
+                "blocks in two threads would overlap (each exit restoring the hub of before its own entry). Use "
+                "kernelhub.hub.Hub(extra_plugins, config) in a thread that needs its own config, and its "
+                "handle(op) for the calls (docs/user-guide.md, section 4)")
         before, fingerprint = _state.hub, _state.fingerprints.get(GLOBAL)
         hub = _global(Hub(extra_plugins, config))
+        _state.scopes.append(me)
     try:
         yield hub
     finally:
         with _state.lock:
+            _state.scopes.pop()
             _global(before, fingerprint)
 
 

@@ -380,3 +380,31 @@ def test_a_config_built_in_code_is_checked_as_a_files_keys_are(make, says):
         kernelhub.reload(config=config)
     with pytest.raises(ConfigError, match=says):
         Hub(config=config)
+
+
+def test_scoped_blocks_of_two_threads_cannot_overlap():
+    """The global hub is the process's: thread A in a block, B entering one, A leaving, then B left B's kill switch on
+    for good. Now B's entry raises, naming the fix (A here: this test's own block, tests/conftest.py's fresh_hub), and
+    blocks of one thread nest, each restoring the hub of before it."""
+    import threading
+
+    from kernelhub.config import Config as Cfg
+
+    with kernelhub.scoped(config=Cfg(strict=True)) as a:
+        seen = []
+
+        def b():
+            try:
+                with kernelhub.scoped(config=Cfg(kill_switch=True)):
+                    seen.append("entered")
+            except RuntimeError as exc:
+                seen.append(str(exc))
+
+        thread = threading.Thread(target=b)
+        thread.start()
+        thread.join(60)
+        assert len(seen) == 1 and "another thread has a scoped block open" in seen[0] and "Hub(" in seen[0], seen
+        assert kernelhub.get_hub() is a and not a.config.kill_switch
+        with kernelhub.scoped(config=Cfg(kill_switch=True)) as inner:
+            assert kernelhub.get_hub() is inner
+        assert kernelhub.get_hub() is a

@@ -127,6 +127,30 @@ class TVLoss3d(nn.Module):
         return f"kind={self.kind!r}, weights={self.weights}, reduction={self.reduction!r}"
 
 
+def _count(owner: str, name: str, value: object, least: int = 1) -> int:
+    """An int argument of at least ``least`` (not a bool), or a TypeError / ValueError naming the module and
+    argument."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{owner}: argument {name!r} must be an int >= {least}, got {value!r}")
+    if value < least:
+        raise ValueError(f"{owner}: argument {name!r} must be an int >= {least}, got {value!r}")
+    return value
+
+
+def _counts(owner: str, name: str, value: object, least: int = 1) -> None:
+    """An int of at least ``least``, or a non-empty list or tuple of them."""
+    for v in value if isinstance(value, (list, tuple)) and value else (value,):
+        if not isinstance(v, int) or isinstance(v, bool) or v < least:
+            raise (ValueError if isinstance(v, int) and not isinstance(v, bool) else TypeError)(
+                f"{owner}: argument {name!r} must be an int >= {least} or a list of them, got {value!r}")
+
+
+def _init_dict(owner: str, init: object) -> None:
+    if init is not None and not isinstance(init, dict):
+        raise TypeError(f"{owner}: argument 'init' must be a dict (pytorch_nd_semiconv's init options) or None, "
+                        f"got {init!r}")
+
+
 class KPlanesField(nn.Module):
     """Tilted multi-scale K-Planes features. ``T`` tilts (rotation 0 the identity, the others small random
     rotations by ``tilt`` radians about random axes; a buffer, or a parameter with ``learn_rotations=True``) and
@@ -143,6 +167,15 @@ class KPlanesField(nn.Module):
     def __init__(self, T: int, C: int, resolutions: Sequence[int], tilt: float = 0.3, learn_rotations: bool = False,
                  seed: int = 0, backend: str | None = None) -> None:
         super().__init__()
+        _count("KPlanesField", "T", T)
+        _count("KPlanesField", "C", C)
+        if not isinstance(resolutions, (list, tuple)) or not resolutions:
+            raise TypeError(f"KPlanesField: argument 'resolutions' must be a non-empty list of plane sizes "
+                            f"(ints >= 1), got {resolutions!r}")
+        _counts("KPlanesField", "resolutions", list(resolutions))
+        if isinstance(tilt, bool) or not isinstance(tilt, (int, float)) or not math.isfinite(tilt):
+            raise (TypeError if not isinstance(tilt, (int, float)) or isinstance(tilt, bool) else ValueError)(
+                f"KPlanesField: argument 'tilt' must be a finite number (radians), got {tilt!r}")
         g = torch.Generator().manual_seed(seed)
         rotations = [torch.eye(3)]
         for _ in range(T - 1):
@@ -218,6 +251,7 @@ class QuadraticKernelIso2D(_Kernel2D):
     around 8 in [1, 16]): pytorch_nd_semiconv's parameterisation, initialisations and state dict."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, init: dict | None = None) -> None:
+        _init_dict("QuadraticKernelIso2D", init)
         super().__init__(in_channels, out_channels, kernel_size)
         var = (init or {"var": "ss"})["var"]
         variances = torch.empty(out_channels, in_channels)
@@ -285,6 +319,7 @@ class CovSpectral2D(nn.Module):
     "spin"}`` (evenly spaced angles in [0, pi), shuffled)."""
 
     def __init__(self, in_channels: int, out_channels: int, init: dict | None = None, kernel_size: int = 3) -> None:
+        _init_dict("CovSpectral2D", init)
         super().__init__()
         init = init or {"var": "skewed", "theta": "spin"}
         variances = _variances_2d((out_channels, in_channels, 2), init.get("var", "skewed"), kernel_size, -1)
@@ -316,6 +351,7 @@ class CovCholesky2D(nn.Module):
     (truncated normal, std 0.5); ``cholesky()`` ``[O, I, 2, 2]``. ``init={"var": ...}``, default ``"skewed"``."""
 
     def __init__(self, in_channels: int, out_channels: int, init: dict | None = None, kernel_size: int = 3) -> None:
+        _init_dict("CovCholesky2D", init)
         super().__init__()
         init = init or {"var": "skewed"}
         variances = _variances_2d((2, out_channels, in_channels), init.get("var", "skewed"), kernel_size, 0)
@@ -342,6 +378,7 @@ class QuadraticKernelSpectral2D(_Kernel2D):
     pytorch_nd_semiconv's parameterisation, initialisations (``init`` as `CovSpectral2D`'s) and state dict."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, init: dict | None = None) -> None:
+        _init_dict("QuadraticKernelSpectral2D", init)
         super().__init__(in_channels, out_channels, kernel_size, grid_last=False)
         self.covs = CovSpectral2D(in_channels, out_channels, init, kernel_size)
 
@@ -361,6 +398,7 @@ class QuadraticKernelCholesky2D(_Kernel2D):
     `CovCholesky2D`'s, default ``"skewed"``) and state dict."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, init: dict | None = None) -> None:
+        _init_dict("QuadraticKernelCholesky2D", init)
         super().__init__(in_channels, out_channels, kernel_size)
         self.covs = CovCholesky2D(in_channels, out_channels, init, kernel_size)
 
@@ -380,7 +418,16 @@ class LearnedKernel(nn.Module):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int | Sequence[int], ndim: int = 2,
                  init: str = "zero") -> None:
         super().__init__()
+        _count("LearnedKernel", "in_channels", in_channels)
+        _count("LearnedKernel", "out_channels", out_channels)
+        if ndim not in (1, 2, 3) or isinstance(ndim, bool):
+            raise ValueError(f"LearnedKernel: argument 'ndim' must be 1, 2 or 3 (semiconv's spatial dims), got "
+                             f"{ndim!r}")
+        _counts("LearnedKernel", "kernel_size", kernel_size)
         size = (kernel_size,) * ndim if isinstance(kernel_size, int) else tuple(kernel_size)
+        if len(size) != ndim:
+            raise ValueError(f"LearnedKernel: argument 'kernel_size' must be an int or {ndim} ints (ndim), got "
+                             f"{kernel_size!r}")
         self.kernel = nn.Parameter(torch.zeros(out_channels, in_channels, *size))
         if init == "normal":
             nn.init.normal_(self.kernel)
@@ -430,6 +477,11 @@ class _KernelConv(nn.Module):
     def __init__(self, kernel: nn.Module | torch.Tensor, stride, padding, dilation, groups: int,
                  group_broadcasting: bool) -> None:
         super().__init__()
+        owner = type(self).__name__
+        if not isinstance(kernel, (nn.Module, torch.Tensor)):
+            raise TypeError(f"{owner}: argument 'kernel' must be a kernel module (kernelhub.nn.QuadraticKernelIso2D, "
+                            f"LearnedKernel, ...) or a tensor [O, I, *K], got {type(kernel).__name__} {kernel!r:.80}")
+        _geometry(owner, stride, padding, dilation, groups, group_broadcasting)
         if isinstance(kernel, nn.Module):
             self.kernel = kernel
         else:
@@ -461,6 +513,8 @@ class SemiConv(_KernelConv):
                  backend: str | None = None, *, spread_gradient: bool = False, channels_add: bool = False) -> None:
         super().__init__(kernel, stride, padding, dilation, groups, group_broadcasting)
         self.semifield = _semifield(semifield)
+        if kind not in ("conv", "corr"):
+            raise ValueError(f"SemiConv: argument 'kind' must be 'conv' or 'corr', got {kind!r}")
         self.kind, self.spread_gradient, self.channels_add = kind, spread_gradient, channels_add
         self._op = kernelhub.op("semiconv", backend=backend)
 
@@ -479,16 +533,25 @@ class SemiConv(_KernelConv):
 def _geometry(owner: str, stride, padding, dilation, groups, group_broadcasting) -> None:
     """Raise TypeError naming ``owner`` and the argument where one is not of a type the op takes (at construction:
     a pytorch_nd_semiconv-style positional call, ``Closing(k, "tropical_max", ...)``, would put a semifield in
-    ``stride``)."""
+    ``stride``), and ValueError where a value is out of range (stride, dilation and groups >= 1, padding >= 0)."""
     ints = lambda v: isinstance(v, int) and not isinstance(v, bool) or isinstance(v, (list, tuple))  # noqa: E731
     for name, value, ok in (("stride", stride, ints(stride)), ("dilation", dilation, ints(dilation)),
-                            ("padding", padding, ints(padding) or padding in ("same", "valid")),
+                            ("padding", padding, ints(padding) or padding in ("same", "valid", "same_strided")),
                             ("groups", groups, isinstance(groups, int) and not isinstance(groups, bool)),
                             ("group_broadcasting", group_broadcasting, isinstance(group_broadcasting, bool))):
         if not ok:
             hint = (" (the semifields of a closing go to kernelhub.nn.GenericClosing(kernel, dilation_semifield, "
-                    "erosion_semifield, ...))" if isinstance(value, str) else "")
+                    "erosion_semifield, ...))" if isinstance(value, str) and owner != "SemiConv" else
+                    " (an int, ints, (begin, end) pairs, 'valid', 'same' or 'same_strided')" if name == "padding"
+                    else "")
             raise TypeError(f"{owner}: argument {name!r} got {value!r}{hint}")
+    _counts(owner, "stride", stride)
+    _counts(owner, "dilation", dilation)
+    _count(owner, "groups", groups)
+    if not isinstance(padding, str):  # an int, ints, or (begin, end) pairs
+        pairs = isinstance(padding, (list, tuple)) and padding and all(isinstance(p, (list, tuple)) for p in padding)
+        for p in padding if pairs else (padding,):
+            _counts(owner, "padding", list(p) if pairs else p, least=0)
 
 
 class GenericClosing(_KernelConv):
@@ -504,7 +567,6 @@ class GenericClosing(_KernelConv):
     def __init__(self, kernel: nn.Module | torch.Tensor, dilation_semifield: str = "tropical_max",
                  erosion_semifield: str = "tropical_min", stride=1, padding=0, dilation=1, groups: int = 1,
                  group_broadcasting: bool = False) -> None:
-        _geometry(type(self).__name__, stride, padding, dilation, groups, group_broadcasting)  # Closing, Opening too
         super().__init__(kernel, stride, padding, dilation, groups, group_broadcasting)
         self.semifields = (_semifield(dilation_semifield), _semifield(erosion_semifield))
         self._op = kernelhub.op("semiconv")

@@ -356,3 +356,42 @@ def test_the_modules_compile_whole_and_agree_with_eager():
     field = cases[2][0]
     torch.testing.assert_close(torch.compile(field, fullgraph=True, backend="aot_eager")(pts, tv_taps=0.01),
                                field(pts, tv_taps=0.01))
+
+
+def _k():
+    return khnn.QuadraticKernelIso2D(1, 4, 3)
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda: khnn.KPlanesField(T=-1, C=2, resolutions=[8]), r"KPlanesField: argument 'T' must be an int >= 1, got -1"),
+    (lambda: khnn.KPlanesField(T=2.5, C=2, resolutions=[8]), r"KPlanesField: argument 'T' must be an int >= 1, got 2"),
+    (lambda: khnn.KPlanesField(T=0, C=2, resolutions=[8]), r"KPlanesField: argument 'T' must be an int >= 1, got 0"),
+    (lambda: khnn.KPlanesField(2, -2, [8]), r"KPlanesField: argument 'C' must be an int >= 1, got -2"),
+    (lambda: khnn.KPlanesField(2, 2, 8), r"KPlanesField: argument 'resolutions' must be a non-empty list .* got 8"),
+    (lambda: khnn.KPlanesField(2, 2, ()), r"KPlanesField: argument 'resolutions' must be a non-empty list"),
+    (lambda: khnn.KPlanesField(2, 2, (0,)), r"KPlanesField: argument 'resolutions' must be an int >= 1 .* got \[0\]"),
+    (lambda: khnn.KPlanesField(2, 2, [8], tilt=float("nan")), r"KPlanesField: argument 'tilt' must be a finite number"),
+    (lambda: khnn.SemiConv("x", "tropical_max"), r"SemiConv: argument 'kernel' must be a kernel module .* got str"),
+    (lambda: khnn.Closing(None), r"Closing: argument 'kernel' must be a kernel module .* got NoneType"),
+    (lambda: khnn.LearnedKernel(-1, 2, 3), r"LearnedKernel: argument 'in_channels' must be an int >= 1, got -1"),
+    (lambda: khnn.LearnedKernel(1, 2, 3, ndim=4), r"LearnedKernel: argument 'ndim' must be 1, 2 or 3"),
+    (lambda: khnn.QuadraticKernelIso2D(1, 1, 3, init=5), r"QuadraticKernelIso2D: argument 'init' must be a dict"),
+    (lambda: khnn.SemiConv(_k(), "tropical_max", stride=0), r"SemiConv: argument 'stride' must be an int >= 1"),
+    (lambda: khnn.SemiConv(_k(), "tropical_max", groups=0), r"SemiConv: argument 'groups' must be an int >= 1"),
+    (lambda: khnn.SemiConv(_k(), "tropical_max", padding="full"), r"SemiConv: argument 'padding' got 'full' \(an int"),
+    (lambda: khnn.SemiConv(_k(), "tropical_max", kind="CONV"), r"SemiConv: argument 'kind' must be 'conv' or 'corr'"),
+    (lambda: khnn.Closing(_k(), stride=-1), r"Closing: argument 'stride' must be an int >= 1 .* got -1")])
+def test_module_constructors_refuse_what_the_first_forward_would(make, says):
+    """Each constructor names the module, the argument, what it got and what it takes (these raised errors naming
+    neither, failed only at the first forward with the op's error, or were accepted: NaN rotations)."""
+    with pytest.raises((ValueError, TypeError), match=says):
+        make()
+
+
+def test_module_constructors_take_every_form_the_op_does():
+    k = _k()
+    for padding in ("same", "valid", "same_strided", 1, [1, 2], [[1, 1], [0, 2]]):
+        khnn.SemiConv(k, "tropical_max", padding=padding, stride=(1, 2), groups=4)
+    khnn.Opening(k, padding=[[1, 1], [1, 1]], dilation=[1, 2], groups=4)
+    assert khnn.LearnedKernel(2, 3, (3, 5), ndim=2)().shape == (3, 2, 3, 5)
+    assert khnn.KPlanesField(1, 3, (8, 16)).features == 6

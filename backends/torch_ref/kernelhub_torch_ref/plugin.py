@@ -49,7 +49,11 @@ def vjp_backward(forward: Callable[..., torch.Tensor], diff: Sequence[int]) -> C
                 full[i] = p
             return forward(*full)
 
-        if type(grad) is torch.Tensor or type(grad) is torch.nn.Parameter:
+        if grad.numel() == 0:  # an empty output: no input reaches the loss, and no graph need be built (inductor's
+            # lowering of an empty complex tensor's real view raised, traced into a compiled step)
+            grads = [[torch.zeros_like(t) for t in args[i]] if isinstance(args[i], list) else torch.zeros_like(args[i])
+                     for i in diff]
+        elif type(grad) is torch.Tensor or type(grad) is torch.nn.Parameter:
             out, pullback = torch.func.vjp(f, *(args[i] for i in diff))
             grads = pullback(grad.to(out.dtype))
         else:  # traced into a torch.compile graph (inductor's impl): torch.func cannot run on its functional

@@ -24,6 +24,7 @@ compile per shape) is left out unless
 """
 
 import dataclasses
+import math
 import os
 
 import harness
@@ -235,3 +236,45 @@ def test_impl_matches_the_reference_on_drawn_inputs(op, backend, device, data):
         fwd, bwd = testing.measure(op, backend, args)
         _check(label, "forward", fwd, tol_f)
         _check(label, "backward", bwd, tol_b)
+
+
+def _tikhonov_extremes():
+    """(dtype, the scale of M, lam): the magnitudes docs/ops.md's contract allows where the unscaled closed form
+    overflowed or underflowed (reliability round four: W = 0 for complex128 at lam 1e160 and 1e200, float64 at lam
+    1e300 and |M| 1e80; NaN for complex64 and float32 at lam 1e308), and their small-side mirror."""
+    return [(torch.complex128, 1.0, 1e160), (torch.complex128, 1.0, 1e200), (torch.float64, 1.0, 1e300),
+            (torch.complex64, 1.0, 1e308), (torch.float32, 1.0, 1e308), (torch.complex128, 1e80, 0.1),
+            (torch.float64, 1e-100, 1e-250), (torch.complex128, 1e-90, 1e-300), (torch.float64, 1e120, 1e250)]
+
+
+@pytest.mark.parametrize("device", harness.devices())
+@pytest.mark.parametrize("dtype, scale, lam", _tikhonov_extremes())
+def test_tikhonov_at_extreme_magnitudes_matches_the_reference(dtype, scale, lam, device):
+    """Every kernel backend at the extremes: the forward against the SVD reference (which scales by itself), the
+    backward against the reference's gradient at the same matrix scaled to moderate size (W(M, lam) = W(M/s, lam/s^2)
+    / s, so dM(G, M, lam) = dM(G, M/s, lam/s^2) / s^2, with s a power of two: exact)."""
+    hub = kernelhub.get_hub()
+    names = [n for n, i in hub.registry.impls("tikhonov_inverse_2xn").items()
+             if n in ("cuda_ext", "triton") and not hub.registry.unavailable_reason(n)
+             and (i.devices is None or device in i.devices) and dtype in i.dtypes]
+    if not names:
+        pytest.skip(f"no kernel backend serves {dtype} on {device} here")
+    g = torch.Generator().manual_seed(0)
+    M = (torch.randn(64, 2, 21, generator=g, dtype=dtype) * scale).to(device)
+    G = torch.randn(64, 2, 21, generator=g, dtype=dtype).to(device)
+    ref = kernelhub.op("tikhonov_inverse_2xn", backend="torch_ref")
+    want = ref(M, lam)
+    assert torch.isfinite(torch.view_as_real(want) if want.is_complex() else want).all()
+    k = math.frexp(math.sqrt(lam) if lam > scale * scale else scale)[1]  # 2^k near the largest magnitude
+    moderate = (M.to(torch.complex128 if dtype.is_complex else torch.float64) * 2.0 ** -k).requires_grad_()
+    out = ref(moderate, lam * 4.0 ** -k)
+    (want_grad,) = torch.autograd.grad(out, moderate, G.to(out.dtype))
+    want_grad = want_grad * 4.0 ** -k
+    tol = kernelhub.get_hub().registry.spec("tikhonov_inverse_2xn").tolerances[dtype]
+    for name in names:
+        x = M.clone().requires_grad_()
+        got = kernelhub.op("tikhonov_inverse_2xn", backend=name)(x, lam)
+        (got_grad,) = torch.autograd.grad(got, x, G)
+        assert testing.parity_error(got, want) <= tol.forward, (name, testing.parity_error(got, want))
+        error = testing.parity_error(got_grad, want_grad.to(dtype))
+        assert error <= tol.backward, (name, error)

@@ -13,6 +13,12 @@ with ``pXY = sum conj(GX) MY``, ``s = Re sum conj(G) W``:
     dM0 = (C G0 - b G1) / det + 2 alpha_a M0 + conj(beta) M1,
     dM1 = (A G1 - conj(b) G0) / det + 2 alpha_c M1 + beta M0.
 
+Where the largest of ``a``, ``c`` and ``lam`` has a binary exponent of 500 or more (or -500 or less), the products
+above would overflow (or underflow) a double although W is representable: there the algebra runs on ``M / 2^k``
+and ``lam / 4^k`` (``4^k`` near that largest value) and the results are scaled back exactly (``W = W' / 2^k``,
+``dM = dM' / 4^k``, powers of two); elsewhere ``k = 0`` and the arithmetic is unchanged (cuda_ext's
+tikhonov_pixel.h does the same).
+
 Complex tensors are read through their real view (real and imaginary parts interleaved).
 The 2 x 2 algebra runs in float64 for every dtype: when the rows are nearly parallel,
 ``det`` is ``~lam (a + c)`` and cancels catastrophically in float32 (a relative error
@@ -57,6 +63,17 @@ def _store_c(ptr, off, re, im, mask, COMPLEX: tl.constexpr):
     tl.store(ptr + off, re.to(ptr.dtype.element_ty), mask=mask)
     if COMPLEX:
         tl.store(ptr + off + 1, im.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _scale(a, c, lam64):
+    """Per pixel, 2^-k for the scale of the module docstring (1.0 where k = 0): the exponent e of max(a, c, lam)
+    read from its bits, k = e >> 1 where e >= 500 or e <= -500 and the value is finite."""
+    m = tl.maximum(tl.maximum(a, c), lam64)
+    bits = m.to(tl.int64, bitcast=True)
+    e = ((bits >> 52) & 0x7FF) - 1023
+    k = tl.where(((e >= 500) | (e <= -500)) & (e != 1024) & (m > 0), e >> 1, 0)
+    return ((1023 - k) << 52).to(tl.float64, bitcast=True)
 
 
 @triton.jit
@@ -107,17 +124,19 @@ def _residual_norm2(m0r, m0i, m1r, m1i, kr, ki):
 
 
 @triton.jit
-def _store_w(w_ptr, p, z, mask, Z, m0r, m0i, m1r, m1i, a, br, bi, kr, ki, rr, inv, lam64, COMPLEX: tl.constexpr):
+def _store_w(w_ptr, p, z, mask, Z, m0r, m0i, m1r, m1i, a, br, bi, kr, ki, rr, inv, lam, f, COMPLEX: tl.constexpr):
     """W0 = ((lam + |r|^2) M0 - b r) / det (= (C M0 - b M1) / det) and W1 = (lam M1 + a r) / det
-    (= (A M1 - conj(b) M0) / det) at one Z chunk."""
+    (= (A M1 - conj(b) M0) / det) at one Z chunk; a, b, |r|^2, lam and det scaled (``f`` = 2^-k: the results
+    times f twice)."""
     r_r, r_i = _residual(m0r, m0i, m1r, m1i, kr[:, None], ki[:, None])
-    f0 = (lam64 + rr)[:, None]
-    b_r, b_i, i_, a_ = br[:, None], bi[:, None], inv[:, None], a[:, None]
+    f0 = (lam + rr)[:, None]
+    b_r, b_i, i_, a_, l_, f_ = br[:, None], bi[:, None], inv[:, None], a[:, None], lam[:, None], f[:, None]
     cw: tl.constexpr = 2 if COMPLEX else 1
     out = (p[:, None] * 2 * Z + z[None, :]) * cw
-    _store_c(w_ptr, out, (f0 * m0r - (b_r * r_r - b_i * r_i)) * i_,
-             (f0 * m0i - (b_r * r_i + b_i * r_r)) * i_, mask, COMPLEX)
-    _store_c(w_ptr, out + Z * cw, (lam64 * m1r + a_ * r_r) * i_, (lam64 * m1i + a_ * r_i) * i_, mask, COMPLEX)
+    _store_c(w_ptr, out, (f0 * m0r - (b_r * r_r - b_i * r_i)) * i_ * f_ * f_,
+             (f0 * m0i - (b_r * r_i + b_i * r_r)) * i_ * f_ * f_, mask, COMPLEX)
+    _store_c(w_ptr, out + Z * cw, (l_ * m1r + a_ * r_r) * i_ * f_ * f_, (l_ * m1i + a_ * r_i) * i_ * f_ * f_, mask,
+             COMPLEX)
 
 
 @triton.jit
@@ -139,6 +158,8 @@ def _tikhonov_forward_kernel(
         a, c, br, bi = _gram_part(m0r, m0i, m1r, m1i)
     else:
         a, c, br, bi = _gram(m_ptr, p, p_ok, Z, s_p, s_r, s_z, BP, BZ, COMPLEX)
+    f = _scale(a, c, lam64)  # 1.0 but at extreme magnitudes (the module docstring)
+    a, c, br, bi, lam_s = a * f * f, c * f * f, br * f * f, bi * f * f, lam64 * f * f
     # kappa = conj(b) / a projects row 1 on row 0 (0 where row 0 is 0)
     inv_a = tl.where(a > 0, 1.0 / a, 0.0)
     kr = br * inv_a
@@ -152,16 +173,17 @@ def _tikhonov_forward_kernel(
             mask = p_ok[:, None] & (z < Z)[None, :]
             m0r, m0i, m1r, m1i = _load_rows(m_ptr, p, z, mask, s_p, s_r, s_z, COMPLEX)
             rr += _residual_norm2(m0r, m0i, m1r, m1i, kr, ki)
+    rr = rr * f * f
     # det = lam (a + c + lam) + (a c - |b|^2), with a c - |b|^2 = a |r|^2 free of cancellation
-    inv = 1.0 / (lam64 * (a + c + lam64) + a * rr)
+    inv = 1.0 / (lam_s * (a + c + lam_s) + a * rr)
     if ONE_CHUNK:
-        _store_w(w_ptr, p, z, mask, Z, m0r, m0i, m1r, m1i, a, br, bi, kr, ki, rr, inv, lam64, COMPLEX)
+        _store_w(w_ptr, p, z, mask, Z, m0r, m0i, m1r, m1i, a, br, bi, kr, ki, rr, inv, lam_s, f, COMPLEX)
     else:
         for z0 in range(0, Z, BZ):
             z = z0 + tl.arange(0, BZ)
             mask = p_ok[:, None] & (z < Z)[None, :]
             m0r, m0i, m1r, m1i = _load_rows(m_ptr, p, z, mask, s_p, s_r, s_z, COMPLEX)
-            _store_w(w_ptr, p, z, mask, Z, m0r, m0i, m1r, m1i, a, br, bi, kr, ki, rr, inv, lam64, COMPLEX)
+            _store_w(w_ptr, p, z, mask, Z, m0r, m0i, m1r, m1i, a, br, bi, kr, ki, rr, inv, lam_s, f, COMPLEX)
 
 
 @triton.jit
@@ -197,8 +219,11 @@ def _tikhonov_backward_kernel(
         p10i += tl.sum(g1r * m0i - g1i * m0r, axis=1)
         p11r += tl.sum(g1r * m1r + g1i * m1i, axis=1)
     lam64 = tl.full([], lam, tl.float64)
-    A = a + lam64
-    C = c + lam64
+    f = _scale(a, c, lam64)  # 1.0 but at extreme magnitudes (the module docstring): a, b, lam by f^2, pXY by f
+    a, c, br, bi, ff = a * f * f, c * f * f, br * f * f, bi * f * f, f * f
+    p00r, p00i, p01r, p01i, p10r, p10i, p11r = p00r * f, p00i * f, p01r * f, p01i * f, p10r * f, p10i * f, p11r * f
+    A = a + lam64 * ff
+    C = c + lam64 * ff
     inv = 1.0 / (A * C - (br * br + bi * bi))
     # s = Re sum conj(G) W = (C Re p00 - Re(b p01) + A Re p11 - Re(conj(b) p10)) / det
     s = (C * p00r - (br * p01r - bi * p01i) + A * p11r - (br * p10r + bi * p10i)) * inv
@@ -212,18 +237,22 @@ def _tikhonov_backward_kernel(
         mask = p_ok[:, None] & (z < Z)[None, :]
         m0r, m0i, m1r, m1i = _load_rows(m_ptr, p, z, mask, s_p, s_r, s_z, COMPLEX)
         g0r, g0i, g1r, g1i = _load_rows(g_ptr, p, z, mask, g_p, g_r, g_z, COMPLEX)
+        f_ = f[:, None]  # M scaled; the gradient times f twice
+        m0r, m0i, m1r, m1i = m0r * f_, m0i * f_, m1r * f_, m1i * f_
         C_, A_, i_ = C[:, None], A[:, None], inv[:, None]
         b_r, b_i, aa, ac = br[:, None], bi[:, None], two_alpha_a[:, None], two_alpha_c[:, None]
         e_r, e_i = beta_r[:, None], beta_i[:, None]
         out = (p[:, None] * 2 * Z + z[None, :]) * cw
         # dM0 = (C G0 - b G1) / det + 2 alpha_a M0 + conj(beta) M1
         _store_c(d_ptr, out,
-                 (C_ * g0r - (b_r * g1r - b_i * g1i)) * i_ + aa * m0r + (e_r * m1r + e_i * m1i),
-                 (C_ * g0i - (b_r * g1i + b_i * g1r)) * i_ + aa * m0i + (e_r * m1i - e_i * m1r), mask, COMPLEX)
+                 ((C_ * g0r - (b_r * g1r - b_i * g1i)) * i_ + aa * m0r + (e_r * m1r + e_i * m1i)) * f_ * f_,
+                 ((C_ * g0i - (b_r * g1i + b_i * g1r)) * i_ + aa * m0i + (e_r * m1i - e_i * m1r)) * f_ * f_, mask,
+                 COMPLEX)
         # dM1 = (A G1 - conj(b) G0) / det + 2 alpha_c M1 + beta M0
         _store_c(d_ptr, out + Z * cw,
-                 (A_ * g1r - (b_r * g0r + b_i * g0i)) * i_ + ac * m1r + (e_r * m0r - e_i * m0i),
-                 (A_ * g1i - (b_r * g0i - b_i * g0r)) * i_ + ac * m1i + (e_r * m0i + e_i * m0r), mask, COMPLEX)
+                 ((A_ * g1r - (b_r * g0r + b_i * g0i)) * i_ + ac * m1r + (e_r * m0r - e_i * m0i)) * f_ * f_,
+                 ((A_ * g1i - (b_r * g0i - b_i * g0r)) * i_ + ac * m1i + (e_r * m0i + e_i * m0r)) * f_ * f_, mask,
+                 COMPLEX)
 
 
 # -- launchers ---------------------------------------------------------------------------

@@ -7,6 +7,12 @@
 // M (and the backward's upstream gradient) are read through their strides, so a permuted view (pixels
 // trailing in memory, as in [2, Z, Y, X] moved to [Y, X, 2, Z]) needs no copy; the outputs are contiguous.
 //
+// Scale: where the largest of a, c and lam is beyond 2^+-500, the products of the 2x2 algebra (lam^2, a |r|^2, A C)
+// would overflow or underflow a double although W is representable (lam = 1e300 gave W = 0; |M| = 1e80 likewise).
+// There the algebra runs on M' = M / 2^k, lam' = lam / 4^k with 4^k near that largest value, so every sum is at most
+// about 1, and the results are scaled back exactly (W = W'(M', lam') / 2^k; dM = dM'(G, M', lam') / 4^k).
+// Within that range k = 0 and the arithmetic is the unscaled one, bit for bit.
+//
 // A pixel may be shared by several workers (the CUDA kernel gives it 8 lanes of a warp; the CPU one
 // thread): each handles the entries z = share.first, first + step, ... and `share.sum(v, n)` turns its n
 // partial sums into the pixel's totals (a shuffle across the lanes; nothing on the CPU).
@@ -14,6 +20,7 @@
 #include <c10/macros/Macros.h>
 #include <c10/util/complex.h>
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -31,6 +38,16 @@ template <typename T>
 C10_HOST_DEVICE inline void store(c10::complex<T>* p, cd z) { *p = c10::complex<T>(T(z.real()), T(z.imag())); }
 C10_HOST_DEVICE inline cd cj(cd z) { return cd(z.real(), -z.imag()); }
 C10_HOST_DEVICE inline double abs2(cd z) { return z.real() * z.real() + z.imag() * z.imag(); }
+C10_HOST_DEVICE inline cd scaled(cd z, int e) { return cd(::ldexp(z.real(), e), ::ldexp(z.imag(), e)); }
+
+// k of the scale above: half the exponent of the largest of a, c, lam (rounded down) where that exponent is 500 or
+// more, or -500 or less; else 0 (kernelhub_triton/tikhonov.py's _scale, the same rule).
+C10_HOST_DEVICE inline int tikhonov_scale(double a, double c, double lam) {
+  const double m = a > c ? (a > lam ? a : lam) : (c > lam ? c : lam);
+  if (!(m > 0 && m <= 0x1.fffffffffffffp+1023)) return 0;  // NaN stays NaN whatever the scale
+  const int e = ::ilogb(m);
+  return e >= 500 || e <= -500 ? e >> 1 : 0;
+}
 
 // Element strides of a [P, 2, Z] tensor.
 struct PixelStrides {
@@ -82,18 +99,21 @@ C10_HOST_DEVICE inline void tikhonov_pixel_forward(PixelRows<T, UnitZ> m, T* w0,
     s[3] += bz.imag();
   }
   share.sum(s, 4);
-  const double a = s[0], c = s[1];
-  const cd b(s[2], s[3]);
+  const int k = tikhonov_scale(s[0], s[1], lam);  // 0 but at extreme magnitudes (see Scale above)
+  const double a = ::ldexp(s[0], -2 * k), c = ::ldexp(s[1], -2 * k), l = ::ldexp(lam, -2 * k);
+  const cd b(::ldexp(s[2], -2 * k), ::ldexp(s[3], -2 * k));
   const cd kappa = a > 0 ? cj(b) / a : cd(0, 0);
   double rr = 0;
   for (int64_t z = share.first; z < Z; z += share.step) rr += abs2(m(1, z) - kappa * m(0, z));
   share.sum(&rr, 1);
-  const double inv = 1.0 / (lam * (a + c + lam) + a * rr);
+  rr = ::ldexp(rr, -2 * k);
+  const double inv = 1.0 / (l * (a + c + l) + a * rr);
   for (int64_t z = share.first; z < Z; z += share.step) {
     const cd x0 = m(0, z), x1 = m(1, z);
     const cd r = x1 - kappa * x0;
-    store(w0 + z, ((lam + rr) * x0 - b * r) * inv);
-    store(w1 + z, (lam * x1 + a * r) * inv);
+    // W0 = ((lam + |r|^2) M0 - b r) / det, W1 = (lam M1 + a r) / det, in the scaled terms: / 4^k
+    store(w0 + z, scaled(((l + rr) * x0 - b * r) * inv, -2 * k));
+    store(w1 + z, scaled((l * x1 + a * r) * inv, -2 * k));
   }
 }
 
@@ -113,17 +133,20 @@ C10_HOST_DEVICE inline void tikhonov_pixel_backward(PixelRows<T, UnitZ> g, Pixel
     }
   }
   share.sum(s, 12);
-  const double a = s[0], c = s[1];
-  const cd b(s[2], s[3]), p00(s[4], s[5]), p01(s[6], s[7]), p10(s[8], s[9]), p11(s[10], s[11]);
-  const double A = a + lam, C = c + lam;
+  const int k = tikhonov_scale(s[0], s[1], lam);  // 0 but at extreme magnitudes (see Scale above)
+  const double a = ::ldexp(s[0], -2 * k), c = ::ldexp(s[1], -2 * k), l = ::ldexp(lam, -2 * k);
+  const cd b(::ldexp(s[2], -2 * k), ::ldexp(s[3], -2 * k));
+  const cd p00 = scaled(cd(s[4], s[5]), -k), p01 = scaled(cd(s[6], s[7]), -k), p10 = scaled(cd(s[8], s[9]), -k),
+           p11 = scaled(cd(s[10], s[11]), -k);
+  const double A = a + l, C = c + l;
   const double inv = 1.0 / (A * C - abs2(b));
   const double t = (C * p00.real() - (b * p01).real() + A * p11.real() - (cj(b) * p10).real()) * inv;
   const double two_alpha_a = 2.0 * (p11.real() - t * C) * inv, two_alpha_c = 2.0 * (p00.real() - t * A) * inv;
   const cd beta = (2.0 * t * cj(b) - p01 - cj(p10)) * inv;
   for (int64_t z = share.first; z < Z; z += share.step) {
-    const cd x0 = m(0, z), x1 = m(1, z), h0 = g(0, z), h1 = g(1, z);
-    store(d0 + z, (C * h0 - b * h1) * inv + two_alpha_a * x0 + cj(beta) * x1);
-    store(d1 + z, (A * h1 - cj(b) * h0) * inv + two_alpha_c * x1 + beta * x0);
+    const cd x0 = scaled(m(0, z), -k), x1 = scaled(m(1, z), -k), h0 = g(0, z), h1 = g(1, z);
+    store(d0 + z, scaled((C * h0 - b * h1) * inv + two_alpha_a * x0 + cj(beta) * x1, -2 * k));
+    store(d1 + z, scaled((A * h1 - cj(b) * h0) * inv + two_alpha_c * x1 + beta * x0, -2 * k));
   }
 }
 

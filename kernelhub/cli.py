@@ -379,7 +379,7 @@ def cmd_doctor(args: argparse.Namespace) -> dict:
     devices = ["cpu"] + [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
     versions = {"python": platform.python_version(), "torch": torch.__version__, "kernelhub": kernelhub.__version__,
                 "cuda (torch build)": torch.version.cuda}
-    for mod in ("triton", "pluggy", "rich", "filelock"):
+    for mod in ("triton", "pluggy", "rich", "filelock", "numpy"):
         try:
             __import__(mod)  # rich has no __version__: the distribution's metadata has it
             versions[mod] = importlib.metadata.version(mod)

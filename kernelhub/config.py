@@ -37,7 +37,7 @@ import dataclasses
 import os
 import tomllib
 import types
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from kernelhub.errors import ConfigError
@@ -201,12 +201,43 @@ def find_config_file(cwd: Path | None = None) -> Path | None:
     return user if user.is_file() else None
 
 
+class BackendNames(frozenset):
+    """The backend names a configuration may use, and ``plugins``: plugin (entry point) name -> the backends it
+    registered, for the hint where a setting names a plugin instead of its backends."""
+
+    plugins: Mapping[str, tuple[str, ...]] = types.MappingProxyType({})
+
+    @classmethod
+    def of(cls, names: Iterable[str], plugins: Mapping[str, tuple[str, ...]]) -> BackendNames:
+        known = cls(names)
+        known.plugins = types.MappingProxyType({p: b for p, b in plugins.items() if p not in known})
+        return known
+
+
+class _AnyBackend(frozenset):
+    """Every name: a configuration read before the plugins load (for its `strict` switch); `kernelhub.hub.Hub` reads
+    it again with the names of the backends that loaded."""
+
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
+ANY_BACKEND = _AnyBackend()
+
+
+def unknown_backend(where: str, name: object, known: frozenset[str]) -> str:
+    """The message for a setting naming a backend not in ``known`` (a plugin's name: which backends it has)."""
+    registered = getattr(known, "plugins", {}).get(name)
+    hint = (f" ({name!r} is a plugin; settings name its backends: {', '.join(registered)})" if registered else "")
+    return f"{where}: unknown backend {name!r}{hint}; allowed: {sorted(known)}"
+
+
 def _names(value: object, where: str, known: frozenset[str]) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{where}: expected a list of backend names, got {value!r}")
     for i, v in enumerate(value):
         if v not in known:
-            raise ConfigError(f"{where}: unknown backend {v!r}; allowed: {sorted(known)}")
+            raise ConfigError(unknown_backend(where, v, known))
         if v in value[:i]:
             raise ConfigError(f"{where}: backend {v!r} is listed twice")
     return tuple(value)
@@ -279,7 +310,7 @@ def parse_config(data: Mapping, source: str, known_backends: frozenset[str]) -> 
         _check_table(table, _OP_KEYS, where)
         pin = table.get("pin", "")
         if pin and pin not in known_backends:
-            raise ConfigError(f"{where}.pin: unknown backend {pin!r}; allowed: {sorted(known_backends)}")
+            raise ConfigError(unknown_backend(f"{where}.pin", pin, known_backends))
         cases = {}
         for case, case_table in table.get("cases", {}).items():
             case_where = f"{source}: [ops.{name}.cases.{case}]"
@@ -338,9 +369,11 @@ def check_config(config: Config, known_backends: frozenset[str]) -> Config:
     for name, table in config.ops.items():
         if not isinstance(table, OpConfig):
             raise ConfigError(f"{where}: ops[{name!r}]: expected an OpConfig, got {type(table).__name__}")
-        if not isinstance(table.pin, str) or (table.pin and table.pin not in known_backends):
+        if not isinstance(table.pin, str):
             raise ConfigError(f"{where}: ops[{name!r}].pin: expected a backend name (allowed: "
                               f"{sorted(known_backends)}) or \"\", got {table.pin!r}")
+        if table.pin and table.pin not in known_backends:
+            raise ConfigError(unknown_backend(f"{where}: ops[{name!r}].pin", table.pin, known_backends))
         names(table.priority, f"ops[{name!r}].priority")
         mapping(table.cases, f"ops[{name!r}].cases", "case name -> backend names")
         for case, case_names in table.cases.items():
@@ -399,7 +432,7 @@ def load_config(known_backends: frozenset[str], path: Path | None = None) -> Con
         names = [n.strip() for n in disable.split(",") if n.strip()]
         for n in names:
             if n not in known_backends:
-                raise ConfigError(f"KERNELHUB_DISABLE: unknown backend {n!r}; allowed: {sorted(known_backends)}")
+                raise ConfigError(unknown_backend("KERNELHUB_DISABLE", n, known_backends))
         config = dataclasses.replace(config, disabled=config.disabled | frozenset(names))
         overrides.append(f"KERNELHUB_DISABLE={disable}")
     return dataclasses.replace(config, overrides=tuple(overrides))

@@ -15,10 +15,10 @@ import torch
 
 from kernelhub import _state
 from kernelhub._state import GENERATION
-from kernelhub.config import Config, check_config, load_config
+from kernelhub.config import ANY_BACKEND, Config, check_config, load_config
 from kernelhub.dispatch import OpHandle, define_ops, flatten_grads, weighted_sum
 from kernelhub.errors import ConfigError, NoImplementationError, WrongOutputError
-from kernelhub.registry import CONTAINED, Registry, declared_backend_names
+from kernelhub.registry import CONTAINED, Registry
 from kernelhub.select import Decision, Selector
 from kernelhub.spec import OpSpec
 
@@ -36,9 +36,12 @@ class Hub:
         self.key = next(_state.keys)
         _state.hubs[self.key] = self
         extra_plugins = list(extra_plugins)
-        known = declared_backend_names() | {name for name, _ in extra_plugins}
+        # settings name backends, which are known once the plugins load (one plugin may register several): the
+        # configuration is read for its `strict` switch first, and checked against the loaded backends' names after
+        first = check_config(config, ANY_BACKEND) if config is not None else load_config(ANY_BACKEND)
+        self.registry = Registry().load(extra_plugins, strict=first.strict)
+        known = self.registry.config_names()
         self.config = check_config(config, known) if config is not None else load_config(known)
-        self.registry = Registry().load(extra_plugins, strict=self.config.strict)
         self.config.check_ops(self.registry.specs)
         self.selector = Selector(self.registry, self.config, self.handle)
         self._handles: dict[tuple[str, str], OpHandle] = {}

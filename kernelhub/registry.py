@@ -21,6 +21,7 @@ from pathlib import Path
 import pluggy
 
 from kernelhub import hookspecs
+from kernelhub.config import BackendNames
 from kernelhub.errors import PluginValidationError
 from kernelhub.spec import CAPABILITIES, Backend, Impl, OpSpec
 
@@ -213,6 +214,16 @@ class Registry:
 
     def impls(self, op: str) -> Mapping[str, Impl]:
         return types.MappingProxyType(self._impls.get(op, {}))
+
+    def config_names(self) -> frozenset[str]:
+        """The backend names settings may use (`kernelhub.config.BackendNames`): every backend registered here, the
+        first-party ones (installed or not), and the name of a plugin that failed to load (its backends are unknown);
+        with each plugin's backends, for the hint where a setting names a plugin."""
+        plugins: dict[str, tuple[str, ...]] = {}
+        for backend, plugin in self._backend_plugin.items():
+            plugins[plugin] = (*plugins.get(plugin, ()), backend)
+        failed = {e.plugin for e in self._errors}
+        return BackendNames.of({*self._backends, *FIRST_PARTY_BACKENDS, *failed}, plugins)
 
     def plugin_of(self, backend: str) -> str | None:
         return self._backend_plugin.get(backend)

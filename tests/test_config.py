@@ -408,3 +408,49 @@ def test_scoped_blocks_of_two_threads_cannot_overlap():
         with kernelhub.scoped(config=Cfg(kill_switch=True)) as inner:
             assert kernelhub.get_hub() is inner
         assert kernelhub.get_hub() is a
+
+
+TWO_BACKENDS = '''
+import torch
+from kernelhub import hookimpl
+from kernelhub.spec import Backend, Impl
+from kernelhub_torch_ref import plugin, tv
+
+BACKWARD = plugin.vjp_backward(tv.tv_loss_l1_3d, (0,))
+
+@hookimpl
+def kernelhub_register_impls(registry):
+    for name in ("{name}_ref", "{name}_fast"):
+        registry.add_backend(Backend(name, "1.0"))
+        registry.add_impl(Impl(op="tv_loss_l1_3d", backend=name, forward=tv.tv_loss_l1_3d, backward=BACKWARD,
+                               dtypes=(torch.float32, torch.float64), devices=("cpu",), can={{"traceable"}}))
+'''
+
+
+def test_settings_name_each_backend_a_plugin_registers(install, tmp_path, monkeypatch):
+    """One entry point, `tv2d`, registering backends `tv2d_ref` and `tv2d_fast`: every setting takes the backends'
+    names (they were refused: "unknown backend 'tv2d_fast'; allowed: [..., 'tv2d']"), and naming the plugin instead
+    is an error that lists its backends (`disabled = ["tv2d"]` was accepted and did nothing)."""
+    install("tv2d", TWO_BACKENDS.replace("{{", "{").replace("}}", "}"))
+    monkeypatch.setenv("KERNELHUB_CONFIG", str(tmp_path / "kernelhub.toml"))
+    monkeypatch.setenv("KERNELHUB_DISABLE", "cuda_ext")
+    v = torch.randn(2, 5, 6, 7)
+    (tmp_path / "kernelhub.toml").write_text(textwrap.dedent("""
+        priority = ["tv2d_fast", "torch_ref"]
+        [compile]
+        priority = ["tv2d_ref"]
+        [ops.tv_loss_l1_3d]
+        pin = "tv2d_ref"
+        """))
+    hub = kernelhub.reload()
+    assert {"tv2d_ref", "tv2d_fast"} <= set(hub.registry.backends)
+    assert kernelhub.explain("tv_loss_l1_3d", v).chosen == "tv2d_ref"  # the pin
+    (tmp_path / "kernelhub.toml").write_text('priority = ["tv2d_fast", "tv2d_ref", "torch_ref"]\n')
+    assert kernelhub.reload().explain("tv_loss_l1_3d", v).chosen == "tv2d_fast"
+    monkeypatch.setenv("KERNELHUB_DISABLE", "cuda_ext,tv2d_fast")
+    assert kernelhub.reload().explain("tv_loss_l1_3d", v).chosen == "tv2d_ref"
+    monkeypatch.setenv("KERNELHUB_DISABLE", "cuda_ext")
+    (tmp_path / "kernelhub.toml").write_text('disabled = ["tv2d"]\n')
+    with pytest.raises(ConfigError, match=r"disabled: unknown backend 'tv2d' \('tv2d' is a plugin; settings name its "
+                                          r"backends: tv2d_ref, tv2d_fast\)"):
+        kernelhub.reload()

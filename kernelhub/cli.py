@@ -92,6 +92,7 @@ def cmd_list(args: argparse.Namespace) -> dict:
 def _winners(hub) -> dict:
     """The tuned winners per device model; an entry is stale when torch or a timed backend changed since."""
     tuning = hub.selector.tuning
+    tuning.audit()  # the entries it shows: one warning where some name what is not installed here
     rows: dict[str, list] = {}
     for _, e in sorted(tuning.cache.entries().items()):
         changed = [n for n, c in e["candidates"].items()
@@ -146,7 +147,8 @@ def render_list(data: dict, console: Console) -> None:
             ranked = sorted(((n, ms) for n, ms in r["step_ms"].items() if ms is not None), key=lambda x: x[1])
             note = "; ".join([f"[red]{n} failed[/]" for n in r["failed"]] + ([f"[yellow]stale: {r['stale']}[/]"]
                                                                            if r["stale"] else []))
-            winner = (f"{r['winner']} {r['step_ms'][r['winner']]:.3g}" if r["winner"] else
+            ms = r["step_ms"].get(r["winner"]) if r["winner"] else None  # a hand edit may leave it without a time
+            winner = (f"{r['winner']} {ms:.3g}" if ms is not None else f"{r['winner']} -" if r["winner"] else
                       f"none, tied: {', '.join(r['within_noise'])}" if r["within_noise"] else "-")
             times = [", ".join(f"{n} {ms:.4g}" for n, ms in ranked)] * data["wide"]
             call = f"  {_SHORT.get(r['dtype'], r['dtype'])} {r['bucket']}"
@@ -251,6 +253,16 @@ def cmd_tune(args: argparse.Namespace) -> dict:
 
     hub = kernelhub.get_hub()
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.prune or args.dry_run:
+        if not args.prune or args.ops or args.shape or args.arg or args.quick:
+            raise ValueError("--prune takes --dry-run only (no ops, --shape, --arg or --quick): it tunes nothing")
+        cache = hub.selector.tuning.cache
+        try:
+            pruned = hub.selector.tuning.prune(dry_run=args.dry_run)
+        except OSError as exc:
+            raise ValueError(f"the winners file cannot be pruned: {exc}") from None
+        return {"device": args.device, "cache": str(cache.path), "tuned": [], "skipped": [], "not_timed": [],
+                "failed": [], "pruned": pruned, "dry_run": args.dry_run}
     plan = []
     skipped = []
     left_out: set[str] = set()
@@ -282,6 +294,12 @@ def cmd_tune(args: argparse.Namespace) -> dict:
 
 
 def render_tune(data: dict, console: Console) -> None:
+    if "pruned" in data:
+        verb = "would remove" if data["dry_run"] else "removed"
+        console.print(f"{data['cache']}: {verb} {len(data['pruned'])} stale item(s)")
+        for line in data["pruned"]:
+            console.print(f"  {line}")
+        return
     # one small table per tuned call under its name: whole op names and calls in any width (80 columns: a CI log)
     console.print(f"tuned on {data['device']} -> {escape(str(data['cache']))}")
     for e in data["tuned"]:
@@ -569,6 +587,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--quick", action="store_true",
                            help="a smoke run: each op's first medium sample, short timings, and no backend that "
                                 "compiles on first use (inductor)")
+            p.add_argument("--prune", action="store_true",
+                           help="tune nothing: remove from the winners file the entries of ops and the candidates of "
+                                "backends not installed here (a plugin removed)")
+            p.add_argument("--dry-run", action="store_true", help="with --prune: list what it would remove")
         if name == "bench":
             p.add_argument("ops", nargs="*", help="ops to time (default: all)")
             p.add_argument("--backends", nargs="+",

@@ -205,28 +205,66 @@ class Tuning:
         return entry.get("torch") == torch.__version__ and all(
             name in cands and cands[name].get("fingerprint") == self.registry.fingerprint(name) for name in needed)
 
-    def _audit(self) -> None:
-        """Warn once about entries naming an op or a backend this process does not have: they are ignored (an
-        entry serves only the registered impls eligible for a call, `rank`)."""
-        self._audited = True
+    def stale(self, entries: dict[str, dict] | None = None) -> tuple[set[str], set[str]]:
+        """(ops, backends) the winners file names that this process does not have (a plugin removed, say)."""
         ops, backends = set(), set()
-        for key, entry in self.cache.entries().items():
+        for key, entry in (self.cache.entries() if entries is None else entries).items():
             op = key.split("|", 1)[0]
             if op not in self.registry.specs:
                 ops.add(op)
             else:
                 backends |= {n for n in entry["candidates"] if n not in self.registry.impls(op)}
+        return ops, backends
+
+    def prune(self, dry_run: bool = False) -> list[str]:
+        """Remove from the winners file the entries of ops and the candidates of backends this process does not have
+        (an entry whose winner goes loses its winner; one left with no candidate goes); what was (or, with
+        ``dry_run``, would be) removed, a line each."""
+        said: list[str] = []
+
+        def change(entries: dict[str, dict]) -> dict[str, dict]:
+            ops, backends = self.stale(entries)
+            kept = {}
+            for key, entry in entries.items():
+                if key.split("|", 1)[0] in ops:
+                    said.append(f"entry {key} (op unknown here)")
+                    continue
+                gone = sorted(n for n in entry["candidates"] if n in backends)
+                if gone:
+                    said.append(f"entry {key}: candidates {', '.join(gone)} (backends unknown here)")
+                    entry = {**entry, "candidates": {n: c for n, c in entry["candidates"].items() if n not in gone},
+                             "within_noise": [n for n in entry.get("within_noise", []) if n not in gone]}
+                    if entry.get("winner") in gone:
+                        entry["winner"] = None
+                if entry["candidates"]:
+                    kept[key] = entry
+            return entries if dry_run else kept
+
+        if dry_run:
+            change(self.cache.entries())
+        else:
+            self.cache.rewrite(change)
+        return said
+
+    def audit(self) -> None:
+        """Warn once about entries naming an op or a backend this process does not have: they are ignored (an
+        entry serves only the registered impls eligible for a call, `rank`). Once per process: later calls return."""
+        if self._audited:
+            return
+        self._audited = True
+        ops, backends = self.stale()
         if ops or backends:
             names = [f"op {n!r}" for n in sorted(ops)] + [f"backend {n!r}" for n in sorted(backends)]
             warnings.warn(f"kernelhub: tuning cache {self.cache.path} names {', '.join(names)}, unknown here: "
-                          "ignored", RuntimeWarning, stacklevel=5)
+                          "ignored (a plugin removed? `kernelhub tune --prune` removes them; `kernelhub tune --prune "
+                          "--dry-run` lists them)", RuntimeWarning, stacklevel=5)
 
     def lookup(self, op: str, args: Sequence[Any], eligible: Sequence[str]) -> dict | None:
         """The valid entry for this call, if any (never tunes)."""
         if self.config.tune.mode == "off" or len(eligible) < 2:
             return None
         if not self._audited:
-            self._audit()
+            self.audit()
         entry = self.cache.get(entry_key(op, args))
         return entry if entry is not None and self.valid(entry, op, eligible) else None
 

@@ -34,7 +34,7 @@ import os
 import stat
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,7 @@ def entry_key(op: str, args: Sequence[Any]) -> str:
 
 def _well_formed(entry: Any) -> bool:
     """Whether a cache entry has the shape the selector and `kernelhub list` read: text where text belongs (op,
-    device, dtype, bucket, ...), a "winner" that is None or one of its candidates that passed, candidates of backend
+    device, dtype, bucket, ...), a "winner" that is None or one of its candidates, candidates of backend
     name -> {"error": None or a
     message, and with no error a finite "step_ms" > 0; any spread or forward time a finite number >= 0, a "vs_fastest"
     {"ratio": a number, "slower_in" and "rounds": ints, "t": a finite number where recorded}}, a "within_noise" list
@@ -65,9 +65,8 @@ def _well_formed(entry: Any) -> bool:
     if not all(isinstance(entry.get(k, ""), str) for k in ("torch", "call", "tuned", "bucket", "op", "device",
                                                            "dtype")):
         return False
-    winner = entry.get("winner")  # None, or a candidate that passed (a hand edit could name anything)
-    if winner is not None and not (isinstance(winner, str) and isinstance(entry["candidates"].get(winner), dict)
-                                   and entry["candidates"][winner].get("error", "") is None):
+    winner = entry.get("winner")  # None, or one of its candidates (a hand edit could name anything)
+    if winner is not None and not (isinstance(winner, str) and winner in entry["candidates"]):
         return False
     close = entry.get("within_noise", [])
     if not (isinstance(close, list) and all(isinstance(n, str) for n in close)):
@@ -210,6 +209,16 @@ class WinnerCache:
                 self._write_warned.add(self.write_error)
                 warnings.warn(f"kernelhub: tuning cache {self.path} not written ({self.write_error}); tuning results "
                               "stay in memory", RuntimeWarning, stacklevel=3)
+
+    def rewrite(self, change: Callable[[dict[str, dict]], dict[str, dict]]) -> None:
+        """Replace the file's entries with ``change(entries)``, read and written under the lock (another process's
+        results of meanwhile kept); OSError or filelock.Timeout where it cannot be written."""
+        with self.lock():
+            entries = self._read()
+            if self.not_ours is not None:
+                raise OSError(f"tuning cache {self.path} is {self.not_ours}: left untouched")
+            self._write(change(entries))
+        self._entries = {**self._read(), **self._unsaved}
 
     def _write(self, entries: dict[str, dict]) -> None:
         """Replace the file (a symlink's target: `_target`) atomically, keeping its mode; a read-only file (no

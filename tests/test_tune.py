@@ -734,6 +734,7 @@ def _entry(**changes):
 
 @pytest.mark.parametrize("edit, kept", [({"winner": "nope"}, False), ({"winner": "[/]"}, False), ({"op": 5}, False),
                                         ({"device": 7}, False), ({"winner": 3}, False), ({"device": "[/]"}, True),
+                                        ({"candidates": {"torch_ref": {"error": "failed parity"}}}, True),
                                         ({"candidates": {"[/]": {"error": None, "step_ms": 1.0}}, "winner": "[/]"},
                                          True)])
 def test_kernelhub_list_reads_a_hand_edited_winners_file(edit, kept, tmp_path):
@@ -750,3 +751,34 @@ def test_kernelhub_list_reads_a_hand_edited_winners_file(edit, kept, tmp_path):
     if kept and "device" in edit:
         assert "tuned winners on [/]" in ran.stdout
     assert "tuned winners on cpu" in ran.stdout
+
+
+def test_stale_entries_are_named_with_the_fix_and_pruned(tmp_path):
+    """After a plugin is removed, every process warned that the winners file names its backend, with no hint: the
+    warning names `kernelhub tune --prune`, whose --dry-run lists what it would remove and changes nothing, and which
+    then removes the unknown op's entry and the unknown backend's candidates (its winner too); the warning is gone."""
+    cache = tmp_path / "w.json"
+    numpyish = _entry(winner="numpyish", candidates={"torch_ref": {"error": None, "step_ms": 2.0},
+                                                     "numpyish": {"error": None, "step_ms": 1.0}})
+    content = json.dumps({"format": winners.FORMAT, "entries": {
+        "tv_loss_l1_3d|cpu|float32|[2, 4, 4, 4]": numpyish, "gone_op|cpu|float32|[4]": _entry(op="gone_op")}})
+    cache.write_text(content)
+    (tmp_path / "kernelhub.toml").write_text(f'[tune]\ncache = "{cache}"\n')
+    env = dict(os.environ, KERNELHUB_CONFIG=str(tmp_path / "kernelhub.toml"), COLUMNS="200")
+
+    def cli_run(*args):
+        ran = harness.run([sys.executable, "-m", "kernelhub.cli", *args], timeout=300, env=env, cwd=tmp_path)
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        return ran
+
+    listed = cli_run("list")
+    assert "backend 'numpyish', unknown here" in listed.stderr and "kernelhub tune --prune" in listed.stderr
+    dry = cli_run("tune", "--prune", "--dry-run")
+    assert "would remove 2 stale item(s)" in dry.stdout and "gone_op" in dry.stdout and "numpyish" in dry.stdout
+    assert cache.read_text() == content
+    cli_run("tune", "--prune")
+    entries = json.loads(cache.read_text())["entries"]
+    assert list(entries) == ["tv_loss_l1_3d|cpu|float32|[2, 4, 4, 4]"]
+    (entry,) = entries.values()
+    assert set(entry["candidates"]) == {"torch_ref"} and entry["winner"] is None
+    assert "unknown here" not in cli_run("list").stderr

@@ -384,12 +384,8 @@ def check_config(config: Config, known_backends: frozenset[str]) -> Config:
                               f"-> size ranges, got {table.device_sizes!r}")
         for label, sizes in (("sizes", table.sizes), *((f"device_sizes[{t!r}]", r) for t, r in
                                                         table.device_sizes.items())):
-            if not isinstance(sizes, tuple) or not all(isinstance(pair, tuple) and len(pair) == 2 for pair in sizes):
-                raise ConfigError(f"{where}: ops[{name!r}].{label}: expected (min_elements >= 1, backends) pairs, "
-                                  f"got {sizes!r}")
-        for label, sizes in (("sizes", table.sizes), *((f"device_sizes[{t!r}]", r) for t, r in
-                                                        table.device_sizes.items())):
-            if not isinstance(sizes, tuple) or tuple(sorted(sizes)) != sizes \
+            if not isinstance(sizes, tuple) or not all(isinstance(pair, tuple) and len(pair) == 2 for pair in sizes) \
+                    or tuple(sorted(sizes)) != sizes \
                     or len({n for n, _ in sizes}) != len(sizes) \
                     or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n, _ in sizes):
                 raise ConfigError(f"{where}: ops[{name!r}].{label}: expected (min_elements >= 1, backends) pairs, "

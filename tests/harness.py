@@ -70,15 +70,11 @@ def wait(proc: subprocess.Popen, timeout: float, what: str = "") -> tuple[str, s
 
 
 def run(args: Sequence[str], timeout: float, *, env: dict[str, str] | None = None, check: bool = False,
-        input: str | None = None, **kwargs) -> subprocess.CompletedProcess:  # noqa: A002 (subprocess.run's)
+        **kwargs) -> subprocess.CompletedProcess:
     """``subprocess.run(args, capture_output=True, text=True, ...)`` with a deadline (``wait``); ``check=True``
     fails the test, with the child's stderr, on a non-zero exit."""
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.PIPE if input is not None else None, text=True, env=child_env(env),
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(env),
                             **kwargs)
-    if input is not None:
-        proc.stdin.write(input)
-        proc.stdin.close()
     out, err = wait(proc, timeout, " ".join(map(str, args))[:300])
     done = subprocess.CompletedProcess(args, proc.returncode, out, err)
     if check and done.returncode != 0:

@@ -168,27 +168,34 @@ def run(ops, backends, shapes=None) -> tuple[list[dict], list[str]]:
     return rows, failures
 
 
-def sweep_tv() -> None:
+def sweep_tv(iso_only: bool = False) -> None:
     """GPU time (CUDA graph) of the TV kernels' launch configurations (tv.LAUNCH: voxels per tile, warps, programs
-    per multiprocessor, the tile's widest row), forward + backward, at every benchmark shape. Narrower rows make
-    taller tiles: fewer of the (h - 1, w) and (h + 1, w) neighbours fall in another program's rows."""
+    per multiprocessor for the forward and the backward, the tile's widest row), forward alone and forward +
+    backward, at every benchmark shape. Narrower rows make taller tiles: fewer of the (h - 1, w) and (h + 1, w)
+    neighbours fall in another program's rows. Fewer programs per multiprocessor: fewer, longer D chunks, and
+    fewer partial waves where a kernel's registers let fewer programs be resident (the iso kernels). ``iso_only``:
+    the iso loss's configurations alone."""
     from kernelhub_triton import tv
     keep = dict(tv.LAUNCH)
+    general = [(512, 4, 32, 32, 256), (512, 4, 16, 16, 256), (512, 8, 8, 8, 256), (256, 4, 32, 32, 256),
+               (1024, 8, 16, 16, 256), (512, 4, 32, 32, 128), (512, 8, 8, 8, 128), (1024, 8, 8, 8, 128)]
+    iso = [(512, 8, f, b, 256) for f in (4, 5, 6, 12) for b in (2, 3, 4, 6)] + [
+        (1024, 8, f, b, 256) for f in (2, 3, 6) for b in (1, 2, 3)]
     for sample in testing.samples("tv_loss_l1_3d", "benchmark", torch.float32, "cuda"):
         v = sample.args[0]
-        for config in [(512, 4, 32, 256), (512, 4, 16, 256), (512, 8, 32, 256), (512, 8, 16, 256), (512, 8, 8, 256),
-                       (512, 8, 4, 256), (256, 4, 32, 256), (256, 4, 8, 256), (1024, 8, 16, 256), (2048, 8, 8, 256),
-                       (512, 4, 32, 128), (512, 4, 32, 64), (512, 8, 8, 128), (512, 8, 8, 64), (1024, 8, 8, 128),
-                       (1024, 8, 8, 64), (1024, 8, 16, 64), (2048, 8, 8, 128)]:
+        for config in ([] if iso_only else general) + iso:
             line = []
             for op, mode in (("tv_loss_l1_3d", tv.L1), ("tv_loss_sq_3d", tv.SQ), ("tv_loss_iso_3d", tv.ISO)):
+                if config in iso and mode != tv.ISO:
+                    continue
                 tv.LAUNCH[mode] = config
                 tv._layout.cache_clear()
                 fn = kernelhub.op(op, backend="triton")
                 step, leaves = make_step(fn, (v,), (0,), torch.ones_like(fn(v)))
-                line.append(f"{op.split('_')[2]} {bench(step, leaves)[1]:.4f}")
+                fwd, _ = make_step(fn, (v,), None, None)
+                line.append(f"{op.split('_')[2]} {bench(fwd, [])[1]:.4f} {bench(step, leaves)[1]:.4f}")
             print(f"sweep tv {sample.name:12s} tile {config[0]:5d} warps {config[1]:3d} programs/SM {config[2]:3d} "
-                  f"row {config[3]:4d}: fwd+bwd ms " + "  ".join(line), flush=True)
+                  f"{config[3]:3d} row {config[4]:4d}: fwd, fwd+bwd ms " + "  ".join(line), flush=True)
     tv.LAUNCH.update(keep)
     tv._layout.cache_clear()
 
@@ -224,11 +231,15 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--shapes", nargs="*", help="only the benchmark samples whose name contains one of these "
                         "(e.g. B614400_T4)")
-    parser.add_argument("--sweep", action="store_true", help="first time the TV and Tikhonov launch configurations")
+    parser.add_argument("--sweep", nargs="*", choices=["tv", "iso", "tikhonov"],
+                        help="first time these launch configurations (none named: tv and tikhonov; iso: TV iso's "
+                             "alone)")
     args = parser.parse_args(argv)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
-    if args.sweep:
-        sweep_tv()
+    sweeps = args.sweep if args.sweep else ["tv", "tikhonov"] if args.sweep is not None else []
+    if "tv" in sweeps or "iso" in sweeps:
+        sweep_tv(iso_only="tv" not in sweeps)
+    if "tikhonov" in sweeps:
         sweep_tikhonov()
     rows, failures = run(args.ops, args.backends, args.shapes)
     write_rows(rows, args.json)

@@ -101,6 +101,10 @@ def pytest_collection_modifyitems(config, items):
     left_out = [] if tier == "full" else [i for i in items if i.get_closest_marker("full")]
     if tier == "cuda":
         left_out += [i for i in items if not i.get_closest_marker("cuda") and not i.get_closest_marker("full")]
+        # the tests that start a fresh process and compile there (the tier's longest, minutes on a loaded GPU host)
+        # first, so that pytest-xdist starts them first rather than leaving one to run alone at the end, and so that
+        # the shards below deal them out in turn
+        items.sort(key=lambda i: "seed_cuda_ext_cache" not in getattr(i, "fixturenames", ()))
     shard = os.environ.get("KERNELHUB_TEST_SHARD", "")
     if shard:  # "k/n": the k-th of n interleaved shares of this tier's tests (scripts/gpu_check.sh, one per GPU)
         try:
@@ -118,9 +122,6 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=left_out)
         keep = set(map(id, left_out))
         items[:] = [i for i in items if id(i) not in keep]
-    if tier == "cuda":  # the tests that start a fresh process and compile there (the tier's longest, minutes on a
-        # loaded GPU host) first, so that pytest-xdist starts them first rather than leaving one to run alone at the end
-        items.sort(key=lambda i: "seed_cuda_ext_cache" not in getattr(i, "fixturenames", ()))
 
 
 def pytest_terminal_summary(terminalreporter, config):

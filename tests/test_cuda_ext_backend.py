@@ -368,6 +368,33 @@ def test_tikhonov_reads_the_permuted_view_in_place(dtype, device):
 
 @built
 @pytest.mark.parametrize("device", harness.devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64, torch.float64])
+def test_tikhonov_at_every_row_length_matches_the_reference(dtype, device):
+    """The CUDA kernel holds a lane's entries in registers up to Z = 32 (8 lanes of 4) and reads them per pass
+    beyond: each length around those bounds, contiguous and permuted, forward and backward within the op's
+    tolerance of the float64 reference."""
+    impl = kernelhub.get_hub().registry.impls("tikhonov_inverse_2xn")["cuda_ext"]
+    ref = kernelhub.op("tikhonov_inverse_2xn", backend="torch_ref")
+    tol = kernelhub.get_hub().registry.spec("tikhonov_inverse_2xn").tolerances[dtype]
+    gen = torch.Generator().manual_seed(5)
+    for Z in (1, 7, 8, 9, 21, 24, 25, 32, 33, 70):
+        for permuted in (False, True):
+            M = torch.randn((2, Z, 6, 5) if permuted else (30, 2, Z), generator=gen, dtype=dtype)
+            G = torch.randn(M.shape, generator=gen, dtype=dtype)
+            if permuted:
+                M, G = M.permute(2, 3, 0, 1), G.permute(2, 3, 0, 1)
+            M64 = M.to(torch.complex128 if dtype.is_complex else torch.float64).requires_grad_()
+            want = ref(M64, 0.3)
+            (want_grad,) = torch.autograd.grad(want, M64, G.to(M64.dtype))
+            got = impl.forward(M.to(device), 0.3)
+            (got_grad,) = impl.backward(G.to(device), M.to(device), 0.3, needs=[True])
+            where = f"Z {Z}, permuted {permuted}"
+            assert testing.parity_error(got.cpu(), want) <= tol.forward, where
+            assert testing.parity_error(got_grad.cpu(), want_grad) <= tol.backward, where
+
+
+@built
+@pytest.mark.parametrize("device", harness.devices())
 @pytest.mark.parametrize("taps", [1, 4])
 def test_kplanes_library_ops_pass_opcheck(taps, device):
     lib = torch.ops.kernelhub_cuda_ext

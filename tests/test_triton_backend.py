@@ -405,13 +405,13 @@ def test_tv_in_narrow_tall_tiles_matches_the_reference(op, monkeypatch):
     256 make one tile row across every plane the other tests use); forward and backward against float64."""
     from kernelhub_triton import tv
 
-    monkeypatch.setattr(tv, "LAUNCH", {mode: (64, 4, 32, 8) for mode in (tv.L1, tv.SQ, tv.ISO)})
+    monkeypatch.setattr(tv, "LAUNCH", {mode: (64, 4, 32, 32, 8) for mode in (tv.L1, tv.SQ, tv.ISO)})
     tv._layout.cache_clear()
     try:
         gen = torch.Generator(device=DEVICE).manual_seed(5)
         v = torch.randn(2, 5, 9, 21, device=DEVICE, dtype=torch.float64, generator=gen)
-        programs = tv._layout(tuple(v.shape), tv.sm_count(v), tv.L1, v.dtype, False)[0]
-        assert programs % 6 == 0  # 2 x 3 tiles a plane, times the items and D chunks
+        layout = tv._layout(tuple(v.shape), tv.sm_count(v), tv.L1, v.dtype, False)
+        assert layout[0] % 6 == 0 and layout[2] % 6 == 0  # 2 x 3 tiles a plane, times the items and D chunks
         outs = {}
         for backend in ("triton", "torch_ref"):
             x = v.clone().requires_grad_()

@@ -31,13 +31,14 @@ __all__ = ["l1_forward", "l1_backward", "sq_forward", "sq_backward", "iso_forwar
            "not_supported_reasons"]
 
 L1, SQ, ISO = 0, 1, 2
-# Launch configuration by loss: (voxels per tile, warps, programs per multiprocessor, the tile's widest row). L1 and
-# squared: 512 voxels, 4 a thread at 4 warps, 32 programs per multiprocessor; iso, whose backward holds more values a
-# voxel: 512 voxels, 2 a thread at 8 warps, 8 programs per multiprocessor. A tile is as wide as the plane up to its
-# widest row (a power of two) and as many rows high as its voxels then fill. Each is the best, or close to it, of
-# the configurations timed at every benchmark shape on an H200, all with rows of 256 (narrower rows, taller tiles,
-# are in benchmarks/kernels.py's sweep, not yet timed) (docs/lab/benchmarks-history.md#measurements-behind-the-code).
-LAUNCH = {L1: (512, 4, 32, 256), SQ: (512, 4, 32, 256), ISO: (512, 8, 8, 256)}
+# Launch configuration by loss: (voxels per tile, warps, programs per multiprocessor for the forward and for the
+# backward, the tile's widest row). L1 and squared: 512 voxels, 4 a thread at 4 warps, 32 programs per multiprocessor;
+# iso, whose backward holds more values a voxel: 512 voxels, 2 a thread at 8 warps, 8 programs per multiprocessor. A
+# tile is as wide as the plane up to its widest row (a power of two) and as many rows high as its voxels then fill;
+# the programs per multiprocessor set how many chunks D is cut into. Each is the best, or close to it, of the
+# configurations timed at every benchmark shape on an H200, all with rows of 256 (narrower rows, taller tiles, are
+# in benchmarks/kernels.py's sweep) (docs/lab/benchmarks-history.md#measurements-behind-the-code).
+LAUNCH = {L1: (512, 4, 32, 32, 256), SQ: (512, 4, 32, 32, 256), ISO: (512, 8, 8, 8, 256)}
 FINISH = 1024  # partial rows the last program adds per step
 
 
@@ -257,23 +258,31 @@ def _tv_backward_kernel(
 # -- launchers ---------------------------------------------------------------------------
 
 @layout_cache(maxsize=256)
-def _layout(shape: tuple, sms: int, mode: int, dtype: torch.dtype, weighted: bool) -> tuple[int, Bound, Bound, int]:
-    """Programs, the forward's and the backward's kernels bound to the sizes (tile shape, D chunking) and
-    constants, and the corners (the iso mean's divisor) for ``dtype`` volumes of ``shape`` ``[..., D, H, W]``
-    (the leading dims one batch); ``weighted``: the kernels that take a weighted handle's weights."""
+def _layout(shape: tuple, sms: int, mode: int, dtype: torch.dtype,
+            weighted: bool) -> tuple[int, Bound, int, Bound, int]:
+    """The forward's programs and kernel, the backward's programs and kernel, bound to the sizes (tile shape, D
+    chunking) and constants, and the corners (the iso mean's divisor) for ``dtype`` volumes of ``shape``
+    ``[..., D, H, W]`` (the leading dims one batch); ``weighted``: the kernels that take a weighted handle's
+    weights."""
     D, H, W = shape[-3:]
     B = math.prod(shape[:-3])
-    tile, warps, per_sm, row = LAUNCH[mode]
+    tile, warps, fwd_per_sm, bwd_per_sm, row = LAUNCH[mode]
     bw = min(next_power_of_2(W), row)
     bh = min(next_power_of_2(H), max(1, tile // bw))
     tiles = cdiv(H, bh) * cdiv(W, bw)
-    chunks = min(D, max(1, cdiv(per_sm * sms, tiles * B)))
-    d_chunk = cdiv(D, chunks)
-    chunks = cdiv(D, d_chunk)
-    sizes = dict(D=D, H=H, W=W, plane=H * W, tiles=tiles, chunks=chunks, d_chunk=d_chunk, MODE=mode, BH=bh, BW=bw,
-                 ACC=acc_type(dtype), WEIGHTED=weighted, num_warps=warps)
-    return (B * tiles * chunks, Bound(_tv_forward_kernel, NOUT=3 if mode == L1 else 1, FINISH=FINISH, **sizes),
-            Bound(_tv_backward_kernel, **sizes), B * (D - 1) * (H - 1) * (W - 1))
+    common = dict(D=D, H=H, W=W, plane=H * W, tiles=tiles, MODE=mode, BH=bh, BW=bw, ACC=acc_type(dtype),
+                  WEIGHTED=weighted, num_warps=warps)
+
+    def chunked(per_sm: int) -> tuple[int, dict]:
+        chunks = min(D, max(1, cdiv(per_sm * sms, tiles * B)))
+        d_chunk = cdiv(D, chunks)
+        chunks = cdiv(D, d_chunk)
+        return B * tiles * chunks, dict(common, chunks=chunks, d_chunk=d_chunk)
+
+    fwd_programs, fwd = chunked(fwd_per_sm)
+    bwd_programs, bwd = chunked(bwd_per_sm)
+    return (fwd_programs, Bound(_tv_forward_kernel, NOUT=3 if mode == L1 else 1, FINISH=FINISH, **fwd),
+            bwd_programs, Bound(_tv_backward_kernel, **bwd), B * (D - 1) * (H - 1) * (W - 1))
 
 
 def _forward(volume: torch.Tensor, mode: int, eps: float = 0.0, weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -283,7 +292,7 @@ def _forward(volume: torch.Tensor, mode: int, eps: float = 0.0, weights: torch.T
     out = torch.empty((3,) if mode == L1 and weights is None else (), dtype=dtype, device=volume.device)
     if x.numel() == 0 or (mode == ISO and min(x.shape[-3:]) < 2):
         return out.zero_()
-    programs, kernel, _, corners = _layout(tuple(x.shape), sm_count(x), mode, x.dtype, weights is not None)
+    programs, kernel, _, _, corners = _layout(tuple(x.shape), sm_count(x), mode, x.dtype, weights is not None)
     partial, count = reduction(x, programs * (3 if mode == L1 else 1), dtype)  # [programs, NOUT]: the last sums
     launch(kernel, (programs,), x, partial, out, count, out if weights is None else weights.contiguous(),
            float(corners) if mode == ISO else 1.0, float(eps))
@@ -297,7 +306,7 @@ def _backward(grad: torch.Tensor, volume: torch.Tensor, mode: int, eps: float = 
     out = torch.empty_like(x)
     if x.numel() == 0 or (mode == ISO and min(x.shape[-3:]) < 2):
         return out.zero_()
-    programs, _, kernel, corners = _layout(tuple(x.shape), sm_count(x), mode, x.dtype, weights is not None)
+    _, _, programs, kernel, corners = _layout(tuple(x.shape), sm_count(x), mode, x.dtype, weights is not None)
     scale = 1.0 / corners if mode == ISO else 2.0 if mode == SQ else 1.0
     launch(kernel, (programs,), x, grad.contiguous(), grad if weights is None else weights.contiguous(), out,
            float(eps), scale)

@@ -441,8 +441,8 @@ at::Tensor tikhonov_forward_cpu(const at::Tensor& M, double lam) {
     with_unit_z(M.stride(2) == 1, [&](auto unit_z) {
       at::parallel_for(0, P, 64, [&](int64_t p0, int64_t p1) {
         for (int64_t p = p0; p < p1; ++p)
-          tikhonov_pixel_forward(PixelRows<scalar_t, unit_z.value>(m, ms, p), o + p * 2 * Z, o + p * 2 * Z + Z, Z,
-                                 lam);
+          tikhonov_pixel_forward(PixelEntries(PixelRows<scalar_t, unit_z.value>(m, ms, p), Z), o + p * 2 * Z,
+                                 o + p * 2 * Z + Z, lam);
       });
     });
   });
@@ -462,7 +462,8 @@ at::Tensor tikhonov_backward_cpu(const at::Tensor& G, const at::Tensor& M, doubl
       at::parallel_for(0, P, 64, [&](int64_t p0, int64_t p1) {
         for (int64_t p = p0; p < p1; ++p) {
           const int64_t q = p * 2 * Z;
-          tikhonov_pixel_backward(Rows(g, gs, p), Rows(m, ms, p), o + q, o + q + Z, Z, lam);
+          tikhonov_pixel_backward(PixelEntries(Rows(g, gs, p), Z), PixelEntries(Rows(m, ms, p), Z), o + q, o + q + Z,
+                                  lam);
         }
       });
     });

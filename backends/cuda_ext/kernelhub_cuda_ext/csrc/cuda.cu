@@ -641,27 +641,40 @@ struct TikLane {
 
 // M and the upstream gradient through their strides (tikhonov_pixel.h); the output is contiguous. UnitZ:
 // every input's z stride is 1 (the common contiguous case, compiled without a multiply per entry: measured
-// 6-8% faster on an H200 at 115000 x 2 x 21 complex64, forward and forward + backward).
-template <typename T, bool UnitZ>
+// 6-8% faster on an H200 at 115000 x 2 x 21 complex64, forward and forward + backward). N: each lane's entries
+// held in registers, read once with all its loads in flight (Z <= TIK_LANES * TIK_HELD), or 0: read per pass.
+template <typename T, bool UnitZ, int N>
 __global__ void tikhonov_forward_kernel(const T* __restrict__ m, PixelStrides ms, T* __restrict__ o, int64_t P,
                                         int64_t Z, double lam) {
   const TikLane l(P, Z);
   T* w = o + l.pixel * 2 * Z;
-  tikhonov_pixel_forward(PixelRows<T, UnitZ>(m, ms, l.pixel), w, w + Z, l.Z, lam, l.share);
+  const PixelEntries<PixelRows<T, UnitZ>, N> x(PixelRows<T, UnitZ>(m, ms, l.pixel), l.Z, l.share.first, TIK_LANES);
+  tikhonov_pixel_forward(x, w, w + Z, lam, l.share);
 }
 
-template <typename T, bool UnitZ>
+template <typename T, bool UnitZ, int N>
 __global__ void tikhonov_backward_kernel(const T* __restrict__ g, PixelStrides gs, const T* __restrict__ m,
                                          PixelStrides ms, T* __restrict__ o, int64_t P, int64_t Z, double lam) {
   const TikLane l(P, Z);
   T* d = o + l.pixel * 2 * Z;
-  tikhonov_pixel_backward(PixelRows<T, UnitZ>(g, gs, l.pixel), PixelRows<T, UnitZ>(m, ms, l.pixel), d, d + Z, l.Z,
-                          lam, l.share);
+  using Entries = PixelEntries<PixelRows<T, UnitZ>, N>;
+  const Entries y(PixelRows<T, UnitZ>(g, gs, l.pixel), l.Z, l.share.first, TIK_LANES);
+  const Entries x(PixelRows<T, UnitZ>(m, ms, l.pixel), l.Z, l.share.first, TIK_LANES);
+  tikhonov_pixel_backward(y, x, d, d + Z, lam, l.share);
 }
 
-constexpr int TIK_THREADS = 128;
+constexpr int TIK_THREADS = 128, TIK_HELD = 4;
 
 unsigned tik_blocks(int64_t P) { return static_cast<unsigned>((P * TIK_LANES + TIK_THREADS - 1) / TIK_THREADS); }
+
+// Calls f(std::integral_constant<int, TIK_HELD>()) where Z <= TIK_LANES * TIK_HELD, else f(... 0 ...).
+template <typename F>
+void with_held(int64_t Z, F&& f) {
+  if (Z <= TIK_LANES * TIK_HELD)
+    f(std::integral_constant<int, TIK_HELD>());
+  else
+    f(std::integral_constant<int, 0>());
+}
 
 at::Tensor tikhonov_forward_cuda(const at::Tensor& M, double lam) {
   TORCH_CHECK(M.dim() == 3 && M.size(1) == 2, "kernelhub_cuda_ext::tikhonov_forward: argument 'M' must be [P, 2, Z]");
@@ -671,9 +684,11 @@ at::Tensor tikhonov_forward_cuda(const at::Tensor& M, double lam) {
   if (P == 0) return out;
   AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_forward_cuda", [&] {
     with_unit_z(M.stride(2) == 1, [&](auto unit_z) {
-      tikhonov_forward_kernel<scalar_t, unit_z.value>
-          <<<tik_blocks(P), TIK_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
-              M.data_ptr<scalar_t>(), pixel_strides(M), out.data_ptr<scalar_t>(), P, Z, lam);
+      with_held(Z, [&](auto held) {
+        tikhonov_forward_kernel<scalar_t, unit_z.value, held.value>
+            <<<tik_blocks(P), TIK_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
+                M.data_ptr<scalar_t>(), pixel_strides(M), out.data_ptr<scalar_t>(), P, Z, lam);
+      });
     });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
@@ -687,10 +702,12 @@ at::Tensor tikhonov_backward_cuda(const at::Tensor& grad, const at::Tensor& M, d
   if (P == 0) return out;
   AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_backward_cuda", [&] {
     with_unit_z(M.stride(2) == 1 && grad.stride(2) == 1, [&](auto unit_z) {
-      tikhonov_backward_kernel<scalar_t, unit_z.value>
-          <<<tik_blocks(P), TIK_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
-              grad.data_ptr<scalar_t>(), pixel_strides(grad), M.data_ptr<scalar_t>(), pixel_strides(M),
-              out.data_ptr<scalar_t>(), P, Z, lam);
+      with_held(Z, [&](auto held) {
+        tikhonov_backward_kernel<scalar_t, unit_z.value, held.value>
+            <<<tik_blocks(P), TIK_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
+                grad.data_ptr<scalar_t>(), pixel_strides(grad), M.data_ptr<scalar_t>(), pixel_strides(M),
+                out.data_ptr<scalar_t>(), P, Z, lam);
+      });
     });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });

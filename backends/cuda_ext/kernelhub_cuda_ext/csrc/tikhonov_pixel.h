@@ -38,7 +38,8 @@ template <typename T>
 C10_HOST_DEVICE inline void store(c10::complex<T>* p, cd z) { *p = c10::complex<T>(T(z.real()), T(z.imag())); }
 C10_HOST_DEVICE inline cd cj(cd z) { return cd(z.real(), -z.imag()); }
 C10_HOST_DEVICE inline double abs2(cd z) { return z.real() * z.real() + z.imag() * z.imag(); }
-C10_HOST_DEVICE inline cd scaled(cd z, int e) { return cd(::ldexp(z.real(), e), ::ldexp(z.imag(), e)); }
+// z 2^e (e = 0 but at extreme magnitudes, where it skips the ldexp calls: they cost the kernels' inner loops)
+C10_HOST_DEVICE inline cd scaled(cd z, int e) { return e == 0 ? z : cd(::ldexp(z.real(), e), ::ldexp(z.imag(), e)); }
 
 // k of the scale above: half the exponent of the largest of a, c, lam (rounded down) where that exponent is 500 or
 // more, or -500 or less; else 0 (kernelhub_triton/tikhonov.py's _scale, the same rule).
@@ -64,6 +65,7 @@ inline PixelStrides pixel_strides(const Tensor& t) {
 // UnitZ: the z stride is known to be 1 at compile time (a contiguous M: no multiply per entry).
 template <typename T, bool UnitZ = false>
 struct PixelRows {
+  using Scalar = T;
   const T* p;
   int64_t row, z;
   C10_HOST_DEVICE PixelRows(const T* base, const PixelStrides& s, int64_t pixel)
@@ -80,19 +82,56 @@ inline void with_unit_z(bool unit_z, F&& f) {
     f(std::false_type());
 }
 
+#if defined(__CUDA_ARCH__)
+#define KERNELHUB_UNROLL _Pragma("unroll")
+#else
+#define KERNELHUB_UNROLL
+#endif
+
+// One worker's entries of a pixel's two rows: its j-th is entry z(j) = first + j * step, for j < count() where
+// has(j). N > 0: at most N of them (Z <= first + N * step), each read once, when this is made, into registers (the
+// CUDA kernel: all of a thread's loads in flight together, none repeated by the later passes; loops over j unroll).
+// N = 0: any number, read from memory each time a pass uses them (the CPU kernel).
+template <typename Rows, int N = 0>
+struct PixelEntries {
+  using Scalar = typename Rows::Scalar;
+  Rows rows;
+  int64_t first, step, Z;
+  cd v[2][N > 0 ? N : 1];
+  C10_HOST_DEVICE PixelEntries(Rows rows_, int64_t Z_, int64_t first_ = 0, int64_t step_ = 1)
+      : rows(rows_), first(first_), step(step_), Z(Z_) {
+    if constexpr (N > 0) {
+      KERNELHUB_UNROLL
+      for (int j = 0; j < N; ++j)
+        for (int r = 0; r < 2; ++r) v[r][j] = has(j) ? rows(r, z(j)) : cd(0, 0);
+    }
+  }
+  C10_HOST_DEVICE int64_t count() const { return N > 0 ? N : (Z > first ? (Z - first + step - 1) / step : 0); }
+  C10_HOST_DEVICE bool has(int64_t j) const { return N == 0 || first + j * step < Z; }
+  C10_HOST_DEVICE int64_t z(int64_t j) const { return first + j * step; }
+  C10_HOST_DEVICE cd operator()(int r, int64_t j) const {
+    if constexpr (N > 0)
+      return v[r][j];
+    else
+      return rows(r, z(j));
+  }
+};
+
 // One worker's part of a pixel: entries first, first + step, ...; sum() completes partial sums in place.
 struct Whole {
   int64_t first = 0, step = 1;
   C10_HOST_DEVICE void sum(double*, int) const {}
 };
 
-// W = (M M^H + lam I)^-1 M for one pixel: rows m in, rows w0, w1 out.
-template <typename T, bool UnitZ, typename Share = Whole>
-C10_HOST_DEVICE inline void tikhonov_pixel_forward(PixelRows<T, UnitZ> m, T* w0, T* w1, int64_t Z, double lam,
-                                                   Share share = Share()) {
+// W = (M M^H + lam I)^-1 M for one pixel: M's entries m (this worker's) in, rows w0, w1 out.
+template <typename Entries, typename Share = Whole>
+C10_HOST_DEVICE inline void tikhonov_pixel_forward(const Entries& m, typename Entries::Scalar* w0,
+                                                   typename Entries::Scalar* w1, double lam, Share share = Share()) {
   double s[4] = {0, 0, 0, 0};  // a, c, b
-  for (int64_t z = share.first; z < Z; z += share.step) {
-    const cd x0 = m(0, z), x1 = m(1, z), bz = x0 * cj(x1);
+  KERNELHUB_UNROLL
+  for (int64_t j = 0; j < m.count(); ++j) {
+    if (!m.has(j)) continue;
+    const cd x0 = m(0, j), x1 = m(1, j), bz = x0 * cj(x1);
     s[0] += abs2(x0);
     s[1] += abs2(x1);
     s[2] += bz.real();
@@ -104,32 +143,39 @@ C10_HOST_DEVICE inline void tikhonov_pixel_forward(PixelRows<T, UnitZ> m, T* w0,
   const cd b(::ldexp(s[2], -2 * k), ::ldexp(s[3], -2 * k));
   const cd kappa = a > 0 ? cj(b) / a : cd(0, 0);
   double rr = 0;
-  for (int64_t z = share.first; z < Z; z += share.step) rr += abs2(m(1, z) - kappa * m(0, z));
+  KERNELHUB_UNROLL
+  for (int64_t j = 0; j < m.count(); ++j)
+    if (m.has(j)) rr += abs2(m(1, j) - kappa * m(0, j));
   share.sum(&rr, 1);
   rr = ::ldexp(rr, -2 * k);
   const double inv = 1.0 / (l * (a + c + l) + a * rr);
-  for (int64_t z = share.first; z < Z; z += share.step) {
-    const cd x0 = m(0, z), x1 = m(1, z);
+  KERNELHUB_UNROLL
+  for (int64_t j = 0; j < m.count(); ++j) {
+    if (!m.has(j)) continue;
+    const cd x0 = m(0, j), x1 = m(1, j);
     const cd r = x1 - kappa * x0;
     // W0 = ((lam + |r|^2) M0 - b r) / det, W1 = (lam M1 + a r) / det, in the scaled terms: / 4^k
-    store(w0 + z, scaled(((l + rr) * x0 - b * r) * inv, -2 * k));
-    store(w1 + z, scaled((l * x1 + a * r) * inv, -2 * k));
+    store(w0 + m.z(j), scaled(((l + rr) * x0 - b * r) * inv, -2 * k));
+    store(w1 + m.z(j), scaled((l * x1 + a * r) * inv, -2 * k));
   }
 }
 
-// dL/dM for one pixel from the upstream gradient's rows g (torch's convention: dL/dRe + i dL/dIm).
-template <typename T, bool UnitZ, typename Share = Whole>
-C10_HOST_DEVICE inline void tikhonov_pixel_backward(PixelRows<T, UnitZ> g, PixelRows<T, UnitZ> m, T* d0, T* d1,
-                                                    int64_t Z, double lam, Share share = Share()) {
+// dL/dM for one pixel from the upstream gradient's entries g (torch's convention: dL/dRe + i dL/dIm) and M's m,
+// both this worker's (the same first and step).
+template <typename Entries, typename Share = Whole>
+C10_HOST_DEVICE inline void tikhonov_pixel_backward(const Entries& g, const Entries& m, typename Entries::Scalar* d0,
+                                                    typename Entries::Scalar* d1, double lam, Share share = Share()) {
   double s[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};  // a, c, then b, p00, p01, p10, p11 (pXY = sum conj(GX) MY)
-  for (int64_t z = share.first; z < Z; z += share.step) {
-    const cd x0 = m(0, z), x1 = m(1, z), y0 = cj(g(0, z)), y1 = cj(g(1, z));
+  KERNELHUB_UNROLL
+  for (int64_t j = 0; j < m.count(); ++j) {
+    if (!m.has(j)) continue;
+    const cd x0 = m(0, j), x1 = m(1, j), y0 = cj(g(0, j)), y1 = cj(g(1, j));
     const cd terms[5] = {x0 * cj(x1), y0 * x0, y0 * x1, y1 * x0, y1 * x1};
     s[0] += abs2(x0);
     s[1] += abs2(x1);
-    for (int k = 0; k < 5; ++k) {
-      s[2 + 2 * k] += terms[k].real();
-      s[3 + 2 * k] += terms[k].imag();
+    for (int t = 0; t < 5; ++t) {
+      s[2 + 2 * t] += terms[t].real();
+      s[3 + 2 * t] += terms[t].imag();
     }
   }
   share.sum(s, 12);
@@ -143,10 +189,12 @@ C10_HOST_DEVICE inline void tikhonov_pixel_backward(PixelRows<T, UnitZ> g, Pixel
   const double t = (C * p00.real() - (b * p01).real() + A * p11.real() - (cj(b) * p10).real()) * inv;
   const double two_alpha_a = 2.0 * (p11.real() - t * C) * inv, two_alpha_c = 2.0 * (p00.real() - t * A) * inv;
   const cd beta = (2.0 * t * cj(b) - p01 - cj(p10)) * inv;
-  for (int64_t z = share.first; z < Z; z += share.step) {
-    const cd x0 = scaled(m(0, z), -k), x1 = scaled(m(1, z), -k), h0 = g(0, z), h1 = g(1, z);
-    store(d0 + z, scaled((C * h0 - b * h1) * inv + two_alpha_a * x0 + cj(beta) * x1, -2 * k));
-    store(d1 + z, scaled((A * h1 - cj(b) * h0) * inv + two_alpha_c * x1 + beta * x0, -2 * k));
+  KERNELHUB_UNROLL
+  for (int64_t j = 0; j < m.count(); ++j) {
+    if (!m.has(j)) continue;
+    const cd x0 = scaled(m(0, j), -k), x1 = scaled(m(1, j), -k), h0 = g(0, j), h1 = g(1, j);
+    store(d0 + m.z(j), scaled((C * h0 - b * h1) * inv + two_alpha_a * x0 + cj(beta) * x1, -2 * k));
+    store(d1 + m.z(j), scaled((A * h1 - cj(b) * h0) * inv + two_alpha_c * x1 + beta * x0, -2 * k));
   }
 }
 

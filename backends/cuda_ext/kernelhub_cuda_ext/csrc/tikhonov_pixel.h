@@ -38,16 +38,38 @@ template <typename T>
 C10_HOST_DEVICE inline void store(c10::complex<T>* p, cd z) { *p = c10::complex<T>(T(z.real()), T(z.imag())); }
 C10_HOST_DEVICE inline cd cj(cd z) { return cd(z.real(), -z.imag()); }
 C10_HOST_DEVICE inline double abs2(cd z) { return z.real() * z.real() + z.imag() * z.imag(); }
-// z 2^e (e = 0 but at extreme magnitudes, where it skips the ldexp calls: they cost the kernels' inner loops)
-C10_HOST_DEVICE inline cd scaled(cd z, int e) { return e == 0 ? z : cd(::ldexp(z.real(), e), ::ldexp(z.imag(), e)); }
+// x 2^e and z 2^e where Scaled (the extreme magnitudes, Scale above), x and z themselves elsewhere: the common case
+// runs no ldexp, which costs the kernels more than their loads (an ldexp is a few dozen instructions on a GPU).
+template <bool Scaled>
+C10_HOST_DEVICE inline double pow2(double x, int e) {
+  if constexpr (Scaled)
+    return ::ldexp(x, e);
+  else
+    return x;
+}
+template <bool Scaled>
+C10_HOST_DEVICE inline cd pow2(cd z, int e) {
+  return cd(pow2<Scaled>(z.real(), e), pow2<Scaled>(z.imag(), e));
+}
+
+// Calls f(std::true_type()) where k != 0 (Scale above), else f(std::false_type()): the per-entry passes compiled
+// without the scaling for the common case. k is the pixel's, the same in every lane that shares it (each holds the
+// same totals), so no lane of a pixel branches apart from the others.
+template <typename F>
+C10_HOST_DEVICE inline void with_scale(int k, F&& f) {
+  if (k != 0)
+    f(std::true_type());
+  else
+    f(std::false_type());
+}
 
 // k of the scale above: half the exponent of the largest of a, c, lam (rounded down) where that exponent is 500 or
 // more, or -500 or less; else 0 (kernelhub_triton/tikhonov.py's _scale, the same rule).
 C10_HOST_DEVICE inline int tikhonov_scale(double a, double c, double lam) {
   const double m = a > c ? (a > lam ? a : lam) : (c > lam ? c : lam);
   if (!(m > 0 && m <= 0x1.fffffffffffffp+1023)) return 0;  // NaN stays NaN whatever the scale
-  const int e = ::ilogb(m);
-  return e >= 500 || e <= -500 ? e >> 1 : 0;
+  if (m < 0x1p500 && m >= 0x1p-499) return 0;  // the exponent within (-500, 500): no ilogb needed
+  return ::ilogb(m) >> 1;
 }
 
 // Element strides of a [P, 2, Z] tensor.
@@ -139,25 +161,31 @@ C10_HOST_DEVICE inline void tikhonov_pixel_forward(const Entries& m, typename En
   }
   share.sum(s, 4);
   const int k = tikhonov_scale(s[0], s[1], lam);  // 0 but at extreme magnitudes (see Scale above)
-  const double a = ::ldexp(s[0], -2 * k), c = ::ldexp(s[1], -2 * k), l = ::ldexp(lam, -2 * k);
-  const cd b(::ldexp(s[2], -2 * k), ::ldexp(s[3], -2 * k));
-  const cd kappa = a > 0 ? cj(b) / a : cd(0, 0);
+  double a = s[0], c = s[1], l = lam;
+  cd b(s[2], s[3]);
+  with_scale(k, [&](auto on) {
+    a = pow2<on.value>(a, -2 * k), c = pow2<on.value>(c, -2 * k), l = pow2<on.value>(l, -2 * k);
+    b = pow2<on.value>(b, -2 * k);
+  });
+  const cd kappa = a > 0 ? cj(b) * (1.0 / a) : cd(0, 0);
   double rr = 0;
   KERNELHUB_UNROLL
   for (int64_t j = 0; j < m.count(); ++j)
     if (m.has(j)) rr += abs2(m(1, j) - kappa * m(0, j));
   share.sum(&rr, 1);
-  rr = ::ldexp(rr, -2 * k);
-  const double inv = 1.0 / (l * (a + c + l) + a * rr);
-  KERNELHUB_UNROLL
-  for (int64_t j = 0; j < m.count(); ++j) {
-    if (!m.has(j)) continue;
-    const cd x0 = m(0, j), x1 = m(1, j);
-    const cd r = x1 - kappa * x0;
-    // W0 = ((lam + |r|^2) M0 - b r) / det, W1 = (lam M1 + a r) / det, in the scaled terms: / 4^k
-    store(w0 + m.z(j), scaled(((l + rr) * x0 - b * r) * inv, -2 * k));
-    store(w1 + m.z(j), scaled((l * x1 + a * r) * inv, -2 * k));
-  }
+  with_scale(k, [&](auto on) {
+    rr = pow2<on.value>(rr, -2 * k);
+    const double inv = 1.0 / (l * (a + c + l) + a * rr);
+    KERNELHUB_UNROLL
+    for (int64_t j = 0; j < m.count(); ++j) {
+      if (!m.has(j)) continue;
+      const cd x0 = m(0, j), x1 = m(1, j);
+      const cd r = x1 - kappa * x0;
+      // W0 = ((lam + |r|^2) M0 - b r) / det, W1 = (lam M1 + a r) / det, in the scaled terms: / 4^k
+      store(w0 + m.z(j), pow2<on.value>(((l + rr) * x0 - b * r) * inv, -2 * k));
+      store(w1 + m.z(j), pow2<on.value>((l * x1 + a * r) * inv, -2 * k));
+    }
+  });
 }
 
 // dL/dM for one pixel from the upstream gradient's entries g (torch's convention: dL/dRe + i dL/dIm) and M's m,
@@ -180,22 +208,24 @@ C10_HOST_DEVICE inline void tikhonov_pixel_backward(const Entries& g, const Entr
   }
   share.sum(s, 12);
   const int k = tikhonov_scale(s[0], s[1], lam);  // 0 but at extreme magnitudes (see Scale above)
-  const double a = ::ldexp(s[0], -2 * k), c = ::ldexp(s[1], -2 * k), l = ::ldexp(lam, -2 * k);
-  const cd b(::ldexp(s[2], -2 * k), ::ldexp(s[3], -2 * k));
-  const cd p00 = scaled(cd(s[4], s[5]), -k), p01 = scaled(cd(s[6], s[7]), -k), p10 = scaled(cd(s[8], s[9]), -k),
-           p11 = scaled(cd(s[10], s[11]), -k);
-  const double A = a + l, C = c + l;
-  const double inv = 1.0 / (A * C - abs2(b));
-  const double t = (C * p00.real() - (b * p01).real() + A * p11.real() - (cj(b) * p10).real()) * inv;
-  const double two_alpha_a = 2.0 * (p11.real() - t * C) * inv, two_alpha_c = 2.0 * (p00.real() - t * A) * inv;
-  const cd beta = (2.0 * t * cj(b) - p01 - cj(p10)) * inv;
-  KERNELHUB_UNROLL
-  for (int64_t j = 0; j < m.count(); ++j) {
-    if (!m.has(j)) continue;
-    const cd x0 = scaled(m(0, j), -k), x1 = scaled(m(1, j), -k), h0 = g(0, j), h1 = g(1, j);
-    store(d0 + m.z(j), scaled((C * h0 - b * h1) * inv + two_alpha_a * x0 + cj(beta) * x1, -2 * k));
-    store(d1 + m.z(j), scaled((A * h1 - cj(b) * h0) * inv + two_alpha_c * x1 + beta * x0, -2 * k));
-  }
+  with_scale(k, [&](auto on) {
+    const double a = pow2<on.value>(s[0], -2 * k), c = pow2<on.value>(s[1], -2 * k), l = pow2<on.value>(lam, -2 * k);
+    const cd b = pow2<on.value>(cd(s[2], s[3]), -2 * k);
+    const cd p00 = pow2<on.value>(cd(s[4], s[5]), -k), p01 = pow2<on.value>(cd(s[6], s[7]), -k),
+             p10 = pow2<on.value>(cd(s[8], s[9]), -k), p11 = pow2<on.value>(cd(s[10], s[11]), -k);
+    const double A = a + l, C = c + l;
+    const double inv = 1.0 / (A * C - abs2(b));
+    const double t = (C * p00.real() - (b * p01).real() + A * p11.real() - (cj(b) * p10).real()) * inv;
+    const double two_alpha_a = 2.0 * (p11.real() - t * C) * inv, two_alpha_c = 2.0 * (p00.real() - t * A) * inv;
+    const cd beta = (2.0 * t * cj(b) - p01 - cj(p10)) * inv;
+    KERNELHUB_UNROLL
+    for (int64_t j = 0; j < m.count(); ++j) {
+      if (!m.has(j)) continue;
+      const cd x0 = pow2<on.value>(m(0, j), -k), x1 = pow2<on.value>(m(1, j), -k), h0 = g(0, j), h1 = g(1, j);
+      store(d0 + m.z(j), pow2<on.value>((C * h0 - b * h1) * inv + two_alpha_a * x0 + cj(beta) * x1, -2 * k));
+      store(d1 + m.z(j), pow2<on.value>((A * h1 - cj(b) * h0) * inv + two_alpha_c * x1 + beta * x0, -2 * k));
+    }
+  });
 }
 
 }  // namespace kernelhub_cuda_ext

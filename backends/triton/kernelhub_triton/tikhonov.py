@@ -124,19 +124,43 @@ def _residual_norm2(m0r, m0i, m1r, m1i, kr, ki):
 
 
 @triton.jit
-def _store_w(w_ptr, p, z, mask, Z, m0r, m0i, m1r, m1i, a, br, bi, kr, ki, rr, inv, lam, f, COMPLEX: tl.constexpr):
+def _any_scaled(f):
+    """Whether any pixel of the block is at an extreme magnitude (``f`` != 1): the per-entry passes then scale their
+    values; else they are compiled without the scaling, which is FP64 work on every entry (the common case)."""
+    return (tl.max(f, axis=0) != 1.0) | (tl.min(f, axis=0) != 1.0)
+
+
+@triton.jit
+def _store_w(w_ptr, p, z, mask, Z, m0r, m0i, m1r, m1i, a, br, bi, kr, ki, rr, inv, lam, f, COMPLEX: tl.constexpr,
+             SCALED: tl.constexpr):
     """W0 = ((lam + |r|^2) M0 - b r) / det (= (C M0 - b M1) / det) and W1 = (lam M1 + a r) / det
-    (= (A M1 - conj(b) M0) / det) at one Z chunk; a, b, |r|^2, lam and det scaled (``f`` = 2^-k: the results
+    (= (A M1 - conj(b) M0) / det) at one Z chunk; a, b, |r|^2, lam and det scaled (SCALED: ``f`` = 2^-k, the results
     times f twice)."""
     r_r, r_i = _residual(m0r, m0i, m1r, m1i, kr[:, None], ki[:, None])
     f0 = (lam + rr)[:, None]
-    b_r, b_i, i_, a_, l_, f_ = br[:, None], bi[:, None], inv[:, None], a[:, None], lam[:, None], f[:, None]
+    b_r, b_i, i_, a_, l_ = br[:, None], bi[:, None], inv[:, None], a[:, None], lam[:, None]
+    w0r = (f0 * m0r - (b_r * r_r - b_i * r_i)) * i_
+    w0i = (f0 * m0i - (b_r * r_i + b_i * r_r)) * i_
+    w1r = (l_ * m1r + a_ * r_r) * i_
+    w1i = (l_ * m1i + a_ * r_i) * i_
+    if SCALED:
+        f_ = f[:, None]
+        w0r, w0i, w1r, w1i = w0r * f_ * f_, w0i * f_ * f_, w1r * f_ * f_, w1i * f_ * f_
     cw: tl.constexpr = 2 if COMPLEX else 1
     out = (p[:, None] * 2 * Z + z[None, :]) * cw
-    _store_c(w_ptr, out, (f0 * m0r - (b_r * r_r - b_i * r_i)) * i_ * f_ * f_,
-             (f0 * m0i - (b_r * r_i + b_i * r_r)) * i_ * f_ * f_, mask, COMPLEX)
-    _store_c(w_ptr, out + Z * cw, (l_ * m1r + a_ * r_r) * i_ * f_ * f_, (l_ * m1i + a_ * r_i) * i_ * f_ * f_, mask,
-             COMPLEX)
+    _store_c(w_ptr, out, w0r, w0i, mask, COMPLEX)
+    _store_c(w_ptr, out + Z * cw, w1r, w1i, mask, COMPLEX)
+
+
+@triton.jit
+def _write_w(w_ptr, m_ptr, p, p_ok, Z, s_p, s_r, s_z, a, br, bi, kr, ki, rr, inv, lam, f, COMPLEX: tl.constexpr,
+             BZ: tl.constexpr, SCALED: tl.constexpr):
+    """W at every Z chunk, M read again per chunk (Z > BZ)."""
+    for z0 in range(0, Z, BZ):
+        z = z0 + tl.arange(0, BZ)
+        mask = p_ok[:, None] & (z < Z)[None, :]
+        m0r, m0i, m1r, m1i = _load_rows(m_ptr, p, z, mask, s_p, s_r, s_z, COMPLEX)
+        _store_w(w_ptr, p, z, mask, Z, m0r, m0i, m1r, m1i, a, br, bi, kr, ki, rr, inv, lam, f, COMPLEX, SCALED)
 
 
 @triton.jit
@@ -177,13 +201,15 @@ def _tikhonov_forward_kernel(
     # det = lam (a + c + lam) + (a c - |b|^2), with a c - |b|^2 = a |r|^2 free of cancellation
     inv = 1.0 / (lam_s * (a + c + lam_s) + a * rr)
     if ONE_CHUNK:
-        _store_w(w_ptr, p, z, mask, Z, m0r, m0i, m1r, m1i, a, br, bi, kr, ki, rr, inv, lam_s, f, COMPLEX)
+        if _any_scaled(f):
+            _store_w(w_ptr, p, z, mask, Z, m0r, m0i, m1r, m1i, a, br, bi, kr, ki, rr, inv, lam_s, f, COMPLEX, True)
+        else:
+            _store_w(w_ptr, p, z, mask, Z, m0r, m0i, m1r, m1i, a, br, bi, kr, ki, rr, inv, lam_s, f, COMPLEX, False)
     else:
-        for z0 in range(0, Z, BZ):
-            z = z0 + tl.arange(0, BZ)
-            mask = p_ok[:, None] & (z < Z)[None, :]
-            m0r, m0i, m1r, m1i = _load_rows(m_ptr, p, z, mask, s_p, s_r, s_z, COMPLEX)
-            _store_w(w_ptr, p, z, mask, Z, m0r, m0i, m1r, m1i, a, br, bi, kr, ki, rr, inv, lam_s, f, COMPLEX)
+        if _any_scaled(f):
+            _write_w(w_ptr, m_ptr, p, p_ok, Z, s_p, s_r, s_z, a, br, bi, kr, ki, rr, inv, lam_s, f, COMPLEX, BZ, True)
+        else:
+            _write_w(w_ptr, m_ptr, p, p_ok, Z, s_p, s_r, s_z, a, br, bi, kr, ki, rr, inv, lam_s, f, COMPLEX, BZ, False)
 
 
 @triton.jit
@@ -231,28 +257,42 @@ def _tikhonov_backward_kernel(
     two_alpha_c = 2.0 * (p00r - s * A) * inv
     beta_r = (2.0 * s * br - p01r - p10r) * inv
     beta_i = (-2.0 * s * bi - p01i + p10i) * inv
+    if _any_scaled(f):
+        _write_grad(d_ptr, g_ptr, m_ptr, p, p_ok, Z, s_p, s_r, s_z, g_p, g_r, g_z, A, C, inv, br, bi, two_alpha_a,
+                    two_alpha_c, beta_r, beta_i, f, COMPLEX, BZ, True)
+    else:
+        _write_grad(d_ptr, g_ptr, m_ptr, p, p_ok, Z, s_p, s_r, s_z, g_p, g_r, g_z, A, C, inv, br, bi, two_alpha_a,
+                    two_alpha_c, beta_r, beta_i, f, COMPLEX, BZ, False)
+
+
+@triton.jit
+def _write_grad(d_ptr, g_ptr, m_ptr, p, p_ok, Z, s_p, s_r, s_z, g_p, g_r, g_z, A, C, inv, br, bi, two_alpha_a,
+                two_alpha_c, beta_r, beta_i, f, COMPLEX: tl.constexpr, BZ: tl.constexpr, SCALED: tl.constexpr):
+    """dM at every Z chunk; SCALED: M scaled by ``f`` and the gradient times f twice."""
     cw: tl.constexpr = 2 if COMPLEX else 1
     for z0 in range(0, Z, BZ):
         z = z0 + tl.arange(0, BZ)
         mask = p_ok[:, None] & (z < Z)[None, :]
         m0r, m0i, m1r, m1i = _load_rows(m_ptr, p, z, mask, s_p, s_r, s_z, COMPLEX)
         g0r, g0i, g1r, g1i = _load_rows(g_ptr, p, z, mask, g_p, g_r, g_z, COMPLEX)
-        f_ = f[:, None]  # M scaled; the gradient times f twice
-        m0r, m0i, m1r, m1i = m0r * f_, m0i * f_, m1r * f_, m1i * f_
+        if SCALED:
+            f_ = f[:, None]
+            m0r, m0i, m1r, m1i = m0r * f_, m0i * f_, m1r * f_, m1i * f_
         C_, A_, i_ = C[:, None], A[:, None], inv[:, None]
         b_r, b_i, aa, ac = br[:, None], bi[:, None], two_alpha_a[:, None], two_alpha_c[:, None]
         e_r, e_i = beta_r[:, None], beta_i[:, None]
         out = (p[:, None] * 2 * Z + z[None, :]) * cw
         # dM0 = (C G0 - b G1) / det + 2 alpha_a M0 + conj(beta) M1
-        _store_c(d_ptr, out,
-                 ((C_ * g0r - (b_r * g1r - b_i * g1i)) * i_ + aa * m0r + (e_r * m1r + e_i * m1i)) * f_ * f_,
-                 ((C_ * g0i - (b_r * g1i + b_i * g1r)) * i_ + aa * m0i + (e_r * m1i - e_i * m1r)) * f_ * f_, mask,
-                 COMPLEX)
+        d0r = (C_ * g0r - (b_r * g1r - b_i * g1i)) * i_ + aa * m0r + (e_r * m1r + e_i * m1i)
+        d0i = (C_ * g0i - (b_r * g1i + b_i * g1r)) * i_ + aa * m0i + (e_r * m1i - e_i * m1r)
         # dM1 = (A G1 - conj(b) G0) / det + 2 alpha_c M1 + beta M0
-        _store_c(d_ptr, out + Z * cw,
-                 ((A_ * g1r - (b_r * g0r + b_i * g0i)) * i_ + ac * m1r + (e_r * m0r - e_i * m0i)) * f_ * f_,
-                 ((A_ * g1i - (b_r * g0i - b_i * g0r)) * i_ + ac * m1i + (e_r * m0i + e_i * m0r)) * f_ * f_, mask,
-                 COMPLEX)
+        d1r = (A_ * g1r - (b_r * g0r + b_i * g0i)) * i_ + ac * m1r + (e_r * m0r - e_i * m0i)
+        d1i = (A_ * g1i - (b_r * g0i - b_i * g0r)) * i_ + ac * m1i + (e_r * m0i + e_i * m0r)
+        if SCALED:
+            f_ = f[:, None]
+            d0r, d0i, d1r, d1i = d0r * f_ * f_, d0i * f_ * f_, d1r * f_ * f_, d1i * f_ * f_
+        _store_c(d_ptr, out, d0r, d0i, mask, COMPLEX)
+        _store_c(d_ptr, out + Z * cw, d1r, d1i, mask, COMPLEX)
 
 
 # -- launchers ---------------------------------------------------------------------------

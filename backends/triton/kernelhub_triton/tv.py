@@ -32,14 +32,14 @@ __all__ = ["l1_forward", "l1_backward", "sq_forward", "sq_backward", "iso_forwar
 
 L1, SQ, ISO = 0, 1, 2
 # Launch configuration by loss: (voxels per tile, warps, programs resident per multiprocessor for the forward and for
-# the backward, the tile's widest row). L1 and squared: 512 voxels, 4 a thread at 4 warps, 32 programs; iso, whose
+# the backward, the tile's widest row). L1 and squared: 512 voxels, 4 a thread at 4 warps, 35 programs; iso, whose
 # kernels hold more values a voxel: 512 voxels, 2 a thread at 8 warps, and the programs its registers let a
 # multiprocessor hold (an H200: 6 of the forward's 40 registers a thread, 3 of the backward's 76). A tile is as wide as
 # the plane up to its widest row (a power of two) and as many rows high as its voxels then fill; D is cut into as many
 # chunks as fill whole waves of the resident programs (`_chunks`). Each is the best, or close to it, of the
 # configurations timed at every benchmark shape on an H200 (benchmarks/kernels.py's sweep;
 # docs/lab/benchmarks-history.md#measurements-behind-the-code).
-LAUNCH = {L1: (512, 4, 32, 32, 256), SQ: (512, 4, 32, 32, 256), ISO: (512, 8, 6, 3, 256)}
+LAUNCH = {L1: (512, 4, 35, 35, 256), SQ: (512, 4, 35, 35, 256), ISO: (512, 8, 6, 3, 256)}
 FINISH = 1024  # partial rows the last program adds per step
 
 
@@ -260,7 +260,7 @@ def _tv_backward_kernel(
 
 def _chunks(D: int, items: int, slots: int) -> tuple[int, int]:
     """(chunks, planes per chunk): D cut so that ``items`` (tiles of all batch items) times the chunks fill whole
-    waves of ``slots`` programs (resident at once): the fewest waves, up to 4, that the programs fill to 90% or more,
+    waves of ``slots`` programs (resident at once): the fewest waves, up to 4, that the programs fill to 87% or more,
     else the best filled. A last wave a third full leaves the machine two thirds idle for a program's whole time (TV
     iso's forward at 256^3 took 1.45 waves before; docs/lab/benchmarks-history.md has the times)."""
     best = (0.0, 1, D)
@@ -270,7 +270,7 @@ def _chunks(D: int, items: int, slots: int) -> tuple[int, int]:
         chunks = cdiv(D, d_chunk)
         programs = items * chunks
         fill = programs / (cdiv(programs, slots) * slots)
-        if fill >= 0.9:
+        if fill >= 0.87:
             return chunks, d_chunk
         best = max(best, (fill, chunks, d_chunk))
     return best[1], best[2]

@@ -177,17 +177,15 @@ def _example_args(op: str, shapes: list[list[int]], values: list[str], dtype: to
             return _example_args(op, shapes, values, dtype, device)
     gen = torch.Generator(device=device).manual_seed(0)
     template = spec.samples("small", dtype, torch.device(device), gen)[0].args
-    tensors = [i for i, a in enumerate(spec.args) if a.kind == "tensor"]
-    if shapes and len(shapes) != len(tensors):
-        raise ValueError(f"{op} takes {len(tensors)} tensor shape(s) "
-                         f"({', '.join(spec.args[i].name for i in tensors)}), got {len(shapes)}")
     kwargs = {a.name: v for a, v in zip(spec.args, template)}
     if shapes:  # a call of the user's: what the op does when an argument is left out
         params = inspect.signature(spec.normalize).parameters
         kwargs.update({a.name: params[a.name].default for a in spec.args if not a.is_tensor and a.name in params
                        and params[a.name].default is not inspect.Parameter.empty})
-    for i, shape in zip(tensors, shapes):
-        kwargs[spec.args[i].name] = torch.randn(shape, generator=gen, device=device).to(template[i].dtype)
+        for i, group in _shapes_by_argument(op, spec, shapes).items():
+            like = template[i][0] if spec.args[i].kind == "tensors" else template[i]
+            made = [torch.randn(shape, generator=gen, device=device).to(like.dtype) for shape in group]
+            kwargs[spec.args[i].name] = made if spec.args[i].kind == "tensors" else made[0]
     for item in values:
         name, _, text = item.partition("=")
         if name not in kwargs:
@@ -197,6 +195,24 @@ def _example_args(op: str, shapes: list[list[int]], values: list[str], dtype: to
         except (ValueError, SyntaxError):
             kwargs[name] = text
     return spec.normalize(**kwargs)
+
+
+def _shapes_by_argument(op: str, spec, shapes: list[list[int]]) -> dict[int, list[list[int]]]:
+    """``--shape``s in the order of the op's tensor arguments: one each, and a list argument ("tensors": the
+    multiscale planes) the ones left over, one per tensor in the list (at least one)."""
+    tensors = [i for i, a in enumerate(spec.args) if a.is_tensor]
+    lists = [i for i in tensors if spec.args[i].kind == "tensors"]
+    names = ", ".join(spec.args[i].name + (" (a list: one --shape per tensor in it)" if i in lists else "")
+                      for i in tensors)
+    singles = len(tensors) - len(lists)
+    if (len(shapes) != singles) if not lists else (len(lists) > 1 or len(shapes) <= singles):
+        want = f"{len(tensors)}" if not lists else f"{singles + 1} or more"
+        raise ValueError(f"{op} takes {want} tensor shape(s), in order: {names}; got {len(shapes)}")
+    grouped, k = {}, 0
+    for i in tensors:
+        n = len(shapes) - singles if i in lists else 1
+        grouped[i], k = shapes[k:k + n], k + n
+    return grouped
 
 
 def cmd_explain(args: argparse.Namespace) -> dict:
@@ -570,7 +586,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "explain":
             p.add_argument("op", help="op name, e.g. tv_loss_l1_3d")
             p.add_argument("--shape", action="append", type=_shape,
-                           help="shape of each tensor argument in order, e.g. --shape 64,64,64 (repeat per tensor)")
+                           help="shape of each tensor argument in order, e.g. --shape 64,64,64 (repeat per tensor; a "
+                                "list argument takes one per tensor in it)")
             p.add_argument("--arg", action="append", metavar="NAME=VALUE",
                            help="a non-tensor argument, e.g. --arg semifield=log:2 --arg groups=1")
             p.add_argument("--dtype", type=_dtype, default=torch.float32)
@@ -581,7 +598,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--dtype", type=_dtype, help="default: float32 (complex64 for complex-only ops)")
             p.add_argument("--shape", action="append", type=_shape,
                            help="tune this call instead of the benchmark shapes: the shape of each tensor "
-                                "argument in order (repeat per tensor; one op only)")
+                                "argument in order (repeat per tensor; a list argument takes one per tensor in it; "
+                                "one op only)")
             p.add_argument("--arg", action="append", metavar="NAME=VALUE",
                            help="a non-tensor argument of --shape's call")
             p.add_argument("--quick", action="store_true",

@@ -2,6 +2,7 @@
 
 import importlib.metadata
 import json
+import os
 import re
 import sys
 import textwrap
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 import kernelhub
-from kernelhub import _state, cli
+from kernelhub import _state, cli, testing
 from kernelhub.errors import ConfigError, NoImplementationError, PluginValidationError, StrictModeError
 
 # A test backend: tv_loss_l1_3d on CPU in float32 for 3-D volumes only; counts its calls.
@@ -453,6 +454,34 @@ def test_cli_refuses_a_device_this_machine_lacks_naming_the_option(capsys, comma
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "argument --device" in err and says in err, err
+
+
+def test_cli_explain_describes_every_op_list_arguments_included(tmp_path):
+    """`kernelhub explain` on the command line, as a user runs it (a subprocess at 80 columns): each op's tensor
+    arguments take one --shape each, in order, and a list argument (the multiscale planes) one per tensor in it,
+    which the call shows; too few shapes is a usage error that names the arguments, not a call with made-up planes."""
+    env = dict(os.environ, COLUMNS="80")
+    base = [sys.executable, "-m", "kernelhub.cli", "explain", "kplanes_interp_tilted_ms", "--shape", "512,3",
+            "--shape", "2,3,3"]
+    done = harness.run([*base, "--shape", "6,8,32,32", "--shape", "6,8,16,16", "--json"], timeout=300, env=env,
+                       cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert "[float32[6, 8, 32, 32]@cpu, float32[6, 8, 16, 16]@cpu]" in data["call"] and data["chosen"]
+    shown = harness.run([*base, "--shape", "6,8,32,32"], timeout=300, env=env, cwd=tmp_path)
+    assert shown.returncode == 0 and max(map(len, shown.stdout.splitlines())) <= 80, shown.stdout
+    short = harness.run(base, timeout=300, env=env, cwd=tmp_path)
+    assert short.returncode == 2
+    assert "planes (a list: one --shape per tensor in it); got 2" in " ".join(short.stderr.split()), short.stderr
+    for op in kernelhub.op_names():  # every op, with its first small sample's shapes
+        sample = testing.samples(op, "small", torch.float32 if torch.float32 in
+                                 kernelhub.get_hub().registry.spec(op).dtypes else torch.complex64, "cpu")[0]
+        shapes = [t.shape for a in sample.args for t in (a if isinstance(a, (list, tuple)) else [a])
+                  if isinstance(t, torch.Tensor)]
+        argv = ["explain", op, "--json"] + [x for s in shapes for x in ("--shape", ",".join(map(str, s)))]
+        if op == "semiconv":
+            argv += ["--arg", f"groups={sample.args[6]}"]
+        assert cli.main(argv) == 0, op
 
 
 def test_cli_explain(capsys, install, tmp_path):

@@ -89,16 +89,29 @@ def cmd_list(args: argparse.Namespace) -> dict:
             "winners": _winners(hub), "wide": args.wide}
 
 
+def _could_serve(hub, op: str, entry: dict) -> list[str]:
+    """What a call of ``entry``'s bucket would rank, as far as the entry tells without the call: the backends it timed
+    that are still installed, and those installed since it was tuned (its "registered") that are available, not
+    disabled, and serve its dtype on its kind of device."""
+    impls = hub.registry.impls(op)
+    device = "cpu" if str(entry.get("device", "")).startswith("cpu") else "cuda"
+    dtype = getattr(torch, str(entry.get("dtype")), None)
+    timed = [n for n in entry.get("candidates", {}) if n in impls]
+    new = [n for n, impl in impls.items() if n not in entry.get("registered", impls) and
+           n not in hub.config.disabled and not hub.registry.unavailable_reason(n) and
+           (impl.devices is None or device in impl.devices) and dtype in impl.dtypes]
+    return timed + new
+
+
 def _winners(hub) -> dict:
-    """The tuned winners per device model; an entry is stale when torch or a timed backend changed since."""
+    """The tuned winners per device model; "stale": why an entry is set aside (`kernelhub.tune.Tuning.set_aside`:
+    torch or a timed backend changed since, or a backend installed since), else empty."""
     tuning = hub.selector.tuning
     tuning.audit()  # the entries it shows: one warning where some name what is not installed here
     rows: dict[str, list] = {}
     for _, e in sorted(tuning.cache.entries().items()):
-        changed = [n for n, c in e["candidates"].items()
-                   if n in hub.registry.backends and c.get("fingerprint") != hub.registry.fingerprint(n)]
-        stale = ("torch changed" if e.get("torch") != torch.__version__ else
-                 f"{', '.join(changed)} changed" if changed else "")
+        op = e.get("op")
+        stale = "" if op not in hub.registry.specs else tuning.set_aside(e, op, _could_serve(hub, op, e)) or ""
         times = {n: c.get("step_ms") for n, c in e["candidates"].items()}
         rows.setdefault(e.get("device", "?"), []).append(
             {"op": e.get("op"), "dtype": e.get("dtype"), "bucket": e.get("bucket"), "winner": e.get("winner"),
@@ -145,8 +158,8 @@ def render_list(data: dict, console: Console) -> None:
             t.add_column(col)
         for r in rows:
             ranked = sorted(((n, ms) for n, ms in r["step_ms"].items() if ms is not None), key=lambda x: x[1])
-            note = "; ".join([f"[red]{n} failed[/]" for n in r["failed"]] + ([f"[yellow]stale: {r['stale']}[/]"]
-                                                                           if r["stale"] else []))
+            note = "; ".join([f"[red]{n} failed[/]" for n in r["failed"]] + (
+                [f"[yellow]set aside: {escape(r['stale'])}[/]"] if r["stale"] else []))
             ms = r["step_ms"].get(r["winner"]) if r["winner"] else None  # a hand edit may leave it without a time
             winner = (f"{r['winner']} {ms:.3g}" if ms is not None else f"{r['winner']} -" if r["winner"] else
                       f"none, tied: {', '.join(r['within_noise'])}" if r["within_noise"] else "-")

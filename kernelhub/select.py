@@ -311,7 +311,13 @@ class Selector:
                     False
             entry = self.tuning.tune_shared(op, args, ordered)
         if entry is None:
-            return ordered, {}, None, "", True
+            aside = self.tuning.set_aside_entry(op, args, ordered)
+            if aside is None:
+                return ordered, {}, None, "", True
+            entry, why = aside
+            return ordered, {}, None, (f" (the tuned {'winner ' + entry['winner'] if entry.get('winner') else 'entry'}"
+                                       f" of bucket {entry.get('bucket', '?')} set aside: {why}; `kernelhub tune` "
+                                       "times every backend again)"), True
         passed, whys, failed_parity, winner = self.tuning.rank(entry, ordered, op, args)
         if passed and not self.tuning.is_verified(op, args, passed[0]) and not may_tune_now(args):
             return ordered, {}, None, (" (the tuned winner is checked in this process first; not while tracing or "

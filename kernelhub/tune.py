@@ -197,13 +197,29 @@ class Tuning:
         self._verified: dict[tuple[str, str], str | None] = {}  # (entry key, backend) -> why it fails parity here
 
     def valid(self, entry: dict, op: str, eligible: Sequence[str]) -> bool:
-        """Same torch, and every eligible backend timed with its current fingerprint. A ``tuned_only``
-        backend left out of the entry (`kernelhub tune --quick` does not compile) is simply not a winner."""
+        """Same torch, and every eligible backend timed with its current fingerprint (`set_aside`)."""
+        return self.set_aside(entry, op, eligible) is None
+
+    def set_aside(self, entry: dict, op: str, eligible: Sequence[str]) -> str | None:
+        """Why ``entry`` no longer orders the calls of its bucket (None: it does): tuned under another torch, an
+        eligible backend not timed then (installed since), or one whose kernels changed since (its fingerprint). A
+        ``tuned_only`` backend left out of the entry (`kernelhub tune --quick` does not compile) is simply not a
+        winner."""
+        if entry.get("torch") != torch.__version__:
+            return f"tuned under torch {entry.get('torch')}, this is {torch.__version__}"
         cands = entry.get("candidates", {})
         impls = self.registry.impls(op)
-        needed = [n for n in eligible if n in cands or not impls[n].tuned_only]
-        return entry.get("torch") == torch.__version__ and all(
-            name in cands and cands[name].get("fingerprint") == self.registry.fingerprint(name) for name in needed)
+        new = [n for n in eligible if n not in cands and not impls[n].tuned_only]
+        changed = [n for n in eligible if n in cands and cands[n].get("fingerprint") != self.registry.fingerprint(n)]
+        why = ([f"{', '.join(new)} not timed then (installed since?)"] if new else []) + (
+            [f"{', '.join(changed)} changed since (the fingerprint of its kernels' sources)"] if changed else [])
+        return "; ".join(why) or None
+
+    def set_aside_entry(self, op: str, args: Sequence[Any], eligible: Sequence[str]) -> tuple[dict, str] | None:
+        """(this call's entry, why it is set aside) where its bucket has an entry that `lookup` does not use."""
+        entry = self.cache.get(entry_key(op, args))
+        why = self.set_aside(entry, op, eligible) if entry is not None else None
+        return (entry, why) if why else None
 
     def stale(self, entries: dict[str, dict] | None = None) -> tuple[set[str], set[str]]:
         """(ops, backends) the winners file names that this process does not have (a plugin removed, say)."""
@@ -346,6 +362,7 @@ class Tuning:
         entry = {"op": op, "device": device_model(first.device), "dtype": str(first.dtype).removeprefix("torch."),
                  "bucket": bucket(args), "call": describe_args(args), "torch": torch.__version__,
                  "tuned": datetime.datetime.now().isoformat(timespec="seconds"), "candidates": cands,
+                 "registered": sorted(self.registry.impls(op)),
                  "winner": close[0] if len(close) == 1 and not unjudged else None}
         if len(close) > 1:
             entry["within_noise"] = close

@@ -606,11 +606,11 @@ def test_the_tuned_winners_table_keeps_every_op_whole_in_80_columns_and_wide_sho
     assert max(map(len, out.splitlines())) <= 80 and "…" not in out[:out.index("tuned winners on")]
     lines = [line for line in table.splitlines() if line.startswith("│")]
     for op in ops:  # the op whole, its winner and its note beside it
-        assert any(f"│ {op} " in line and "triton 0.512" in line and "stale:" in line for line in lines), op
+        assert any(f"│ {op} " in line and "triton 0.512" in line and "set aside:" in line for line in lines), op
     assert len(lines) <= 2 * (len(ops) + 1)  # each entry on at most two lines
     assert "8x1x8x8 'tropical" in table and "False False False" not in table  # the long bucket cut, not wrapped
     assert "cuda_ext 0.7345" not in table
     assert cli.main(["list", "--wide"]) == 0
     wide = capsys.readouterr().out
-    assert "triton 0.5123, cuda_ext 0.7345, torch_ref 12.5" in wide and "stale: cuda_ext changed" in wide
+    assert "triton 0.5123, cuda_ext 0.7345, torch_ref 12.5" in wide and "set aside: cuda_ext changed" in wide
     assert "[1, 1] 8 'conv' False False False" in wide

@@ -243,7 +243,33 @@ def test_a_changed_backend_invalidates_only_the_entries_it_was_timed_in(hub, mon
     assert _tuned(l1)
     stale = {r["op"]: r["stale"] for rows in cli.cmd_list(cli.build_parser().parse_args(["list"]))["winners"]
              ["devices"].values() for r in rows}
-    assert stale == {"tv_loss_sq_3d": "bfast changed", "tv_loss_l1_3d": ""}
+    assert stale == {"tv_loss_sq_3d": "bfast changed since (the fingerprint of its kernels' sources)",
+                     "tv_loss_l1_3d": ""}
+    assert "of bucket 1x8x8x8 set aside: bfast changed since" in sq.candidates[0].reasons[0]
+
+
+def test_a_winner_set_aside_by_a_backend_installed_since_says_so(hub, capsys, monkeypatch):
+    """A backend installed after its op was tuned (here bfast, which the plugin registers only the second time): the
+    entry no longer orders its bucket, and `kernelhub explain` and `kernelhub list` say which winner was set aside,
+    why, and what to do."""
+    h = hub()
+    with monkeypatch.context() as m:  # bfast not installed yet
+        m.setattr(h.registry, "impls", lambda op, real=h.registry.impls: {
+            n: i for n, i in real(op).items() if n != "bfast"})
+        m.setattr(h.registry, "backends", {n: b for n, b in h.registry.backends.items() if n != "bfast"})
+        _tune_cli("tv_loss_sq_3d", "--shape", "1,8,8,8", "--quick")
+    hub()  # bfast installed
+    decision = kernelhub.explain("tv_loss_sq_3d", VOLUME)
+    why = decision.candidates[0].reasons[0]
+    assert why.startswith("priority order")  # back to the priority order
+    assert "of bucket 1x8x8x8 set aside: bfast not timed then (installed since?)" in why
+    assert "`kernelhub tune` times every backend again" in why
+    rows = [r for rows in cli.cmd_list(cli.build_parser().parse_args(["list"]))["winners"]["devices"].values()
+            for r in rows]
+    assert [r["stale"] for r in rows] == ["bfast not timed then (installed since?)"]
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out  # the note wraps in its column
+    assert "set aside:" in out and "installed since?)" in out
 
 
 def _tuned(decision):

@@ -510,7 +510,11 @@ def _outcome(check, allow: list[str]) -> dict:
             raise
         if testing.is_skip(exc):
             return {"status": "skip", "detail": str(exc), "calls": ""}
-        return {"status": "fail", "detail": f"{type(exc).__name__}: {exc}", "calls": ""}
+        full = f"{type(exc).__name__}: {getattr(exc, 'full', exc)}"  # a gradcheck's: both Jacobians
+        first = (f"{type(exc).__name__}: {exc}".splitlines() or [""])[0]
+        short = first if len(first) <= 400 else first[:399] + "…"
+        more = " (--verbose: the whole message)" if short != full and "--verbose" not in short else ""
+        return {"status": "fail", "detail": short + more, "calls": "", "full": full}
     detail = "; ".join(filter(None, (reached.declines(), reached.not_in))) if reached else ""
     return {"status": "pass", "detail": detail, "calls": reached.counts if reached else ""}
 
@@ -544,7 +548,7 @@ def cmd_check(args: argparse.Namespace) -> dict:
             rows.append({"op": op, "check": check.label, **_outcome(check, allow)})
     counts = {k: sum(r["status"] == k for r in rows) for k in STATUSES}
     return {"backend": name, "device": device, "allow_partial": allow, "rows": rows, **counts,
-            "failed": counts["fail"] + counts["not covered"]}
+            "failed": counts["fail"] + counts["not covered"], "verbose": getattr(args, "verbose", False)}
 
 
 def render_check(data: dict, console: Console) -> None:
@@ -558,6 +562,9 @@ def render_check(data: dict, console: Console) -> None:
     for r in data["rows"]:  # escaped by `main` (sample names are in brackets)
         t.add_row(r["op"], r["check"], style[r["status"]], r["calls"], r["detail"])
     console.print(t)
+    for r in data["rows"] if data.get("verbose") else ():
+        if r.get("full"):
+            console.print(f"\n[red]{r['op']} {r['check']}[/]:\n{r['full']}", soft_wrap=True)
 
 
 # -- main -------------------------------------------------------------------
@@ -640,6 +647,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="a part of an op's space the backend declines on purpose, as the 'not covered' "
                                 "rows name it (fnmatch pattern, e.g. 'semifield=log' or 'dims=*'; repeat for "
                                 "several): its checks pass without it")
+            p.add_argument("--verbose", action="store_true",
+                           help="after the table, each failure's whole message (a gradcheck's two Jacobians); the "
+                                "table gives its first line, and --json both")
     return parser
 
 

@@ -484,6 +484,51 @@ def test_cli_explain_describes_every_op_list_arguments_included(tmp_path):
         assert cli.main(argv) == 0, op
 
 
+WRONG_GRAD = """
+import torch
+from kernelhub import hookimpl
+from kernelhub.spec import Backend, Impl
+from kernelhub_torch_ref import tv
+from kernelhub_torch_ref.plugin import vjp_backward
+
+_backward = vjp_backward(tv.tv_loss_sq_3d, (0,))
+
+def backward(grad, volume, needs):  # the planted bug: the gradient 10% too large at one voxel
+    (g,) = _backward(grad, volume, needs=needs)
+    g = g.clone()
+    g.view(-1)[g.numel() // 2] *= 1.1
+    return [g]
+
+@hookimpl
+def kernelhub_register_impls(registry):
+    registry.add_backend(Backend("{name}", "0.1"))
+    registry.add_impl(Impl(op="tv_loss_sq_3d", backend="{name}", forward=tv.tv_loss_sq_3d, backward=backward,
+                           dtypes=(torch.float32, torch.float64), devices=("cpu",)))
+"""
+
+
+def test_cli_check_of_a_wrong_gradient_stays_readable(install, tmp_path):
+    """A plugin author's wrong gradient under `kernelhub check` (a subprocess at 80 columns): each failing check one
+    row of a short line naming the worst Jacobian entry, its index and both values, not gradcheck's whole matrix
+    (907 lines once); --verbose and the JSON give the whole message."""
+    install("wronggrad", WRONG_GRAD)
+    env = dict(os.environ, COLUMNS="80", PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), *sys.path]))
+    argv = [sys.executable, "-m", "kernelhub.cli", "check", "wronggrad", "--op", "tv_loss_sq_3d"]
+    table = harness.run(argv, timeout=600, env=env, cwd=tmp_path)
+    assert table.returncode == 1, table.stderr
+    lines = table.stdout.splitlines()
+    assert len(lines) < 150 and max(map(len, lines)) <= 80, table.stdout
+    text = " ".join(table.stdout.replace("│", " ").split())
+    assert "gradcheck of tv_loss_sq_3d on wronggrad" in text and "analytical" in text and "numerical" in text, text
+    assert "d output[0] / d volume[" in text and "numerical:tensor" not in text
+    data = json.loads(harness.run([*argv, "--json"], timeout=600, env=env, cwd=tmp_path).stdout)
+    failed = [r for r in data["rows"] if r["status"] == "fail"]
+    assert any("gradcheck" in r["check"] for r in failed)
+    assert all("\n" not in r["detail"] for r in failed) and any("numerical:tensor" in r["full"] for r in failed)
+    verbose = harness.run([*argv, "--verbose"], timeout=600, env=env, cwd=tmp_path)
+    assert "numerical:tensor" in verbose.stdout and "analytical:tensor" in verbose.stdout
+
+
 def test_cli_explain(capsys, install, tmp_path):
     fast(install)
     config(tmp_path, 'priority = ["fast", "torch_ref"]\n[compile]\npriority = ["fast"]')

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
+from torch.autograd.gradcheck import GradcheckError
 
 from kernelhub import parity
 from kernelhub.args import map_tensors, tensors_of  # noqa: F401 (kit API)
@@ -370,11 +371,72 @@ def check_gradcheck(op: str, backend: str, device: str = "cpu", fast_mode: bool 
             return fn(*full)
 
         inputs = leaves(op, with_grad(op, args))
-        assert torch.autograd.gradcheck(f, tuple(inputs), eps=1e-6, atol=1e-5, rtol=1e-4, fast_mode=fast_mode,
-                                        nondet_tol=nondet_tol), \
-            f"gradcheck of {op} on {backend} [{checked.name}] failed"
+        try:
+            torch.autograd.gradcheck(f, tuple(inputs), eps=1e-6, atol=1e-5, rtol=1e-4, fast_mode=fast_mode,
+                                     nondet_tol=nondet_tol)
+        except GradcheckError as exc:
+            raise CheckFailed(f"gradcheck of {op} on {backend} [{checked.name}] failed: "
+                              f"{_worst_jacobian_entry(f, inputs, _input_names(spec, args))}",
+                              full=str(exc)) from None
         reached.run += 1
     return _covered(reached, f"gradcheck of {op} on {backend}", allow)
+
+
+def _input_names(spec: OpSpec, args: Sequence[Any]) -> list[str]:
+    """A name per differentiable input tensor, in `leaves` order: the argument's, indexed within a list argument."""
+    return [f"{spec.args[i].name}{f'[{j}]' if isinstance(args[i], list) else ''}" for i in spec.differentiable
+            for j in range(len(args[i]) if isinstance(args[i], list) else 1)]
+
+
+class CheckFailed(AssertionError):
+    """A check's failure: its message one line (what failed, and where most), ``full`` all of it (a gradcheck's
+    whole numerical and analytical Jacobians), which `kernelhub check --verbose` and its JSON show."""
+
+    def __init__(self, message: str, full: str = ""):
+        super().__init__(message)
+        self.full = full or message
+
+
+def _worst_jacobian_entry(f, inputs: Sequence[torch.Tensor], names: Sequence[str], eps: float = 1e-6,
+                          most: int = 4096) -> str:
+    """Where the analytical Jacobian of ``f`` (autograd: the impl's backward) is farthest from the numerical one
+    (central differences of ``eps``), as one line: the output and input elements and both values. Left out (it
+    says so) past ``most`` elements of inputs or outputs."""
+    with torch.enable_grad():
+        xs = [x.detach().clone().requires_grad_() for x in inputs]
+        out = f(*xs)
+        flat = torch.view_as_real(out).reshape(-1) if out.is_complex() else out.reshape(-1)
+        n_in = sum(x.numel() for x in xs)
+        if flat.numel() > most or n_in > most:
+            return f"({flat.numel()} outputs x {n_in} input elements: too many to locate the worst; --verbose)"
+        analytical = torch.stack([torch.cat([(g if g is not None else torch.zeros_like(x)).reshape(-1)
+                                             for g, x in zip(torch.autograd.grad(o, xs, retain_graph=True,
+                                                                                 allow_unused=True), xs)])
+                                  for o in flat]) if flat.numel() else torch.zeros(0, n_in)
+    columns = []
+    with torch.no_grad():
+        for x in xs:
+            for k in range(x.numel()):
+                cols = []
+                for sign in (1, -1):
+                    moved = [y.detach().clone() for y in xs]
+                    moved[xs.index(x)].view(-1)[k] += sign * eps
+                    o = f(*moved)
+                    cols.append(torch.view_as_real(o).reshape(-1) if o.is_complex() else o.reshape(-1))
+                columns.append((cols[0] - cols[1]) / (2 * eps))
+    numerical = torch.stack(columns, dim=1) if columns else torch.zeros(flat.numel(), 0)
+    gap = (analytical - numerical).abs()
+    if gap.numel() == 0:
+        return "(an empty Jacobian)"
+    row, col = divmod(int(gap.argmax()), gap.shape[1])
+    i, k = 0, col
+    while k >= xs[i].numel():
+        k, i = k - xs[i].numel(), i + 1
+    index = list(torch.unravel_index(torch.tensor(k), xs[i].shape)) if xs[i].dim() else []
+    return (f"d output[{row}] / d {names[i] if i < len(names) else f'input {i}'}{[int(j) for j in index]}: "
+            f"analytical {analytical[row, col].item():.6g}, numerical {numerical[row, col].item():.6g} (the largest "
+            f"of {int((gap > 1e-5 + 1e-4 * numerical.abs()).sum())} entries out of tolerance; --verbose: both "
+            "Jacobians)")
 
 
 def check_bad_inputs(op: str, backend: str | None = None) -> None:

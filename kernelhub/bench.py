@@ -9,7 +9,8 @@ For every op and each sample of the chosen size (the spec's "benchmark" shapes; 
   the four: the resource that binds ("binds" in each row);
 - the median time and its spread (`kernelhub.timing.timed`: `triton.testing.do_bench` on CUDA,
   `torch.utils.benchmark` on the CPU; the spread is the repeats' interquartile range over the median) of the
-  reference's forward in eager mode ("torch_ref"), under `torch.compile` ("compiled",
+  reference's forward in eager mode (the row of the op's reference backend, torch_ref for kernelhub's ops), under
+  `torch.compile` ("compiled",
   compiled before any timing, its compile time reported), and each backend through the hub with that
   backend forced. Each one's first call is timed apart ("first_call_s": where the inductor backend
   compiles) and never enters the median;
@@ -192,7 +193,8 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
                 passname = "fwd" if grads_of is None else "fwd+bwd"
                 floor_ms, binds = floor(least_work(spec, args, out, grads_of), measured)
                 times, first, spread, graph = {}, {}, {}, {}
-                for label, fn in [("torch_ref", ref_fn)] + [("compiled", compiled)] * (compiled is not None) + [
+                ref = spec.reference_backend  # torch_ref for kernelhub's ops; a third-party op's own reference
+                for label, fn in [(ref, ref_fn)] + [("compiled", compiled)] * (compiled is not None) + [
                         (b, get_hub().handle(op, b)) for b in names]:
                     try:
                         step = make_step(fn, args, grads_of, grad)
@@ -218,7 +220,7 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
                                  "spread": spread[label], "floor_ms": floor_ms, "binds": binds,
                                  "x_floor": ms / floor_ms, "graph_ms": graph.get(label),
                                  "x_floor_graph": graph[label] / floor_ms if label in graph else None,
-                                 "vs_torch_ref": times.get("torch_ref", math.nan) / ms,
+                                 "vs_torch_ref": times.get(ref, math.nan) / ms, "reference": ref,
                                  "vs_compiled": times.get("compiled", math.nan) / ms, "first_call_s": first[label],
                                  "compile_s": compile_s if label == "compiled" else None})
     if shapes and not matched:
@@ -254,7 +256,8 @@ def figure(data: dict):
     per_op: dict[str, dict[str, dict[str, float]]] = {}
     for r in data["rows"]:
         per_op.setdefault(r["op"], {}).setdefault(f"{r['shape']}\n{r['pass']}", {})[r["impl"]] = r["x_floor"]
-    impls = sorted({r["impl"] for r in data["rows"]}, key=lambda n: ({"torch_ref": 0, "compiled": 1}.get(n, 2), n))
+    refs = {r.get("reference", "torch_ref") for r in data["rows"]}
+    impls = sorted({r["impl"] for r in data["rows"]}, key=lambda n: (0 if n in refs else {"compiled": 1}.get(n, 2), n))
     colors = {name: f"C{k}" for k, name in enumerate(impls)}
     cols = min(3, max(1, len(per_op)))
     rows = math.ceil(len(per_op) / cols)

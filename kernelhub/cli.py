@@ -27,7 +27,7 @@ from kernelhub import testing
 from kernelhub.args import describe_args
 from kernelhub.errors import KernelhubError
 from kernelhub.registry import FIRST_PARTY_BACKENDS
-from kernelhub.tune import versus
+from kernelhub.tune import VERSUS_KEY, versus
 
 __all__ = ["main", "build_parser"]
 
@@ -251,6 +251,8 @@ def render_explain(data: dict, console: Console) -> None:
         t.add_row(c["backend"], f"[{colour[c['status']]}]{c['status']}[/]", why)
     console.print(t)
     console.print(f"in a torch.compile graph (\\[compile] priority): {data['compiled']}")
+    if any(" rounds" in why for c in data["candidates"] for why in c["reasons"]):
+        console.print(f"[dim]{escape(VERSUS_KEY)}[/]")
 
 
 # -- tune -------------------------------------------------------------------
@@ -348,6 +350,8 @@ def render_tune(data: dict, console: Console) -> None:
                       f"{c['forward_ms']:.4g}" if c.get("forward_ms") is not None else "-",
                       f"{c['step_ms']:.4g}" if c.get("step_ms") is not None else "-", outcome)
         console.print(t)
+    if any(c.get("vs_fastest") for e in data["tuned"] for c in e["candidates"].values()):
+        console.print(f"[dim]{escape(VERSUS_KEY)}[/]")
     for skipped in data["skipped"]:
         console.print(f"[dim]not tuned: {skipped['op']}({escape(skipped['call'])}): {escape(skipped['why'])}[/]")
     if data["not_timed"]:
@@ -390,8 +394,9 @@ def render_bench(data: dict, console: Console) -> None:
     wide = data.get("wide", False)
     graphs = any(r.get("graph_ms") is not None for r in data["rows"])  # CUDA: the device's time alone
     console.print(f"kernelhub bench on {data['device']} (copy bandwidth {data['copy_GBps']:.0f} GB/s{rates}); x floor: "
-                  "the time over the op's least work at these rates (docs/ops.md); vs eager, vs compiled: torch_ref's "
-                  "time, eager and under torch.compile, over this one"
+                  "the time over the op's least work at these rates (docs/ops.md); vs eager, vs compiled: the time of "
+                  "the op's reference backend (its row: torch_ref for kernelhub's ops), eager and under torch.compile, "
+                  "over this one"
                   + ("; graphed: x floor of the step replayed as a CUDA graph after an L2 flush, the device's time "
                      "alone (where x floor is well above it, host time binds)" if graphs else ""))
     numbers = (("ms",) + ("spread",) * wide + ("x floor",) + ("graph ms",) * (graphs and wide)

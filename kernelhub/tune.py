@@ -174,6 +174,13 @@ def within_noise(cands: dict[str, dict]) -> list[str]:
     return close
 
 
+# What `versus`'s figures are, for the footnote under every table that prints them (`kernelhub tune`, `explain`).
+VERSUS_KEY = ("1.59x, slower in 9/9 rounds, t 4.1: the median over the timed rounds of this backend's forward+backward "
+              "time over the fastest's in the same round (the rounds interleave the backends), how many rounds it "
+              "was the slower in, and Student's t of the rounds' log ratios (2 or more: a gap the rounds agree on; "
+              "a gap they do not is within noise)")
+
+
 def versus(cand: dict) -> str:
     """How a candidate compared with the fastest, in words ("1.59x, slower in 9/9 rounds, t 4.1"), or '' (an entry
     tuned before the paired rounds)."""

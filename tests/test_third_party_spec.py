@@ -152,3 +152,18 @@ def test_the_kill_switch_runs_a_third_party_ops_own_reference_backend():
         assert any("kill switch" in r and "'cube_ref'" in r for r in fast.reasons)
         kernelhub.op("cube_sum")(x).backward()
         torch.testing.assert_close(x.grad, 3 * x.detach().square())
+
+
+def test_bench_names_a_third_party_ops_reference_backend(capsys):
+    """`kernelhub bench` of a third party's op: its reference row is the backend that served it (cube_ref), not
+    torch_ref, and the ratios against it are filled."""
+    from kernelhub import bench, cli
+
+    kernelhub.reload(extra_plugins=[("cube_plugin", _plugin(SPEC))])
+    data = bench.run(["cube_sum"], device="cpu", quick=True)
+    refs = [r for r in data["rows"] if r["impl"] == "cube_ref"]
+    assert refs and all(r["reference"] == "cube_ref" and r["vs_torch_ref"] == 1.0 for r in refs)
+    assert not any(r["impl"] == "torch_ref" for r in data["rows"])
+    cli.render_bench({**data, "wide": False}, cli.Console(width=80))
+    out = capsys.readouterr().out
+    assert "cube_ref" in out and "the op's reference backend" in " ".join(out.split())

@@ -808,3 +808,15 @@ def test_stale_entries_are_named_with_the_fix_and_pruned(tmp_path):
     (entry,) = entries.values()
     assert set(entry["candidates"]) == {"torch_ref"} and entry["winner"] is None
     assert "unknown here" not in cli_run("list").stderr
+
+
+def test_tune_and_explain_say_what_their_figures_are(hub, capsys):
+    """"1.59x, slower in 9/9 rounds, t 4.1" beside two medians: the table that prints such figures says under it
+    what each is (the median of per-round ratios, the rounds, Student's t), as a user at 80 columns reads it."""
+    hub()
+    assert cli.main(["tune", "tv_loss_sq_3d", "--shape", "1,8,8,8", "--quick", "--device", "cpu"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "slower in" in out and "the median over the timed rounds" in out and "Student's t" in out
+    assert cli.main(["explain", "tv_loss_sq_3d", "--shape", "1,8,8,8", "--device", "cpu"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "rounds" in out and "the median over the timed rounds" in out

@@ -136,12 +136,17 @@ def render_list(data: dict, console: Console) -> None:
     t.add_column("op", no_wrap=True)
     for col in ("backend", "devices", "dtypes"):
         t.add_column(col)
+    behind = False
     for op, impls in data["ops"].items():
         for k, (name, i) in enumerate(impls.items()):
             mark = "" if i["available"] else " [red](unavailable)[/]"
             old = f" [yellow](v{i['version']} of v{i['op_version']})[/]" if i["version"] < i["op_version"] else ""
+            behind = behind or bool(old)
             t.add_row(op if k == 0 else "", name + mark, " ".join(i["devices"]),
                       " ".join(_SHORT.get(d, d) for d in i["dtypes"]) + old, end_section=k == len(impls) - 1)
+    if behind:
+        t.caption = ("(v2 of v3): the impl implements version 2 of the op's contract, which is at version 3 now; "
+                     "it serves the calls version 2 covers (kernelhub doctor: what it declines)")
     console.print(t)
     for e in data["plugin_errors"]:
         console.print(f"[red]plugin {e['plugin']!r} failed at {e['stage']}:[/] {e['error']}")
@@ -154,6 +159,7 @@ def render_list(data: dict, console: Console) -> None:
         t.add_column("op / dtype, bucket", no_wrap=True)
         # the bucket cut to what leaves the other columns room (about 46 characters; a semiconv bucket runs to 90)
         room = None if data["wide"] else max([len(r["op"]) for r in rows] + [console.width - 46])
+        cut = False
         for col in ("winner, fwd+bwd ms",) + ("every candidate, fwd+bwd ms",) * data["wide"] + ("note",):
             t.add_column(col)
         for r in rows:
@@ -166,8 +172,10 @@ def render_list(data: dict, console: Console) -> None:
             times = [", ".join(f"{n} {ms:.4g}" for n, ms in ranked)] * data["wide"]
             call = f"  {_SHORT.get(r['dtype'], r['dtype'])} {r['bucket']}"
             if room is not None and len(call) > room:
-                call = call[:room - 1] + "…"
+                call, cut = call[:room - 1] + "…", True
             t.add_row(f"{r['op']}\n[dim]{call}[/]", winner, *times, note)
+        if cut:
+            t.caption = "…: a bucket cut to this width; kernelhub list --wide shows it whole"
         console.print(t)
 
 
@@ -232,11 +240,7 @@ def cmd_explain(args: argparse.Namespace) -> dict:
     call = _example_args(args.op, args.shape or [], args.arg or [], args.dtype, args.device,
                          fake_above=EXPLAIN_REAL_BYTES)
     selector = kernelhub.get_hub().selector
-    data = selector.peek(args.op, call).as_dict()
-    traced = selector.traced(args.op, call)
-    data["compiled"] = (f"traced into the graph: {traced.backend}" if traced is not None else
-                        "the operator, which selects when it runs, as above")
-    return data
+    return {**selector.peek(args.op, call).as_dict(), "compiled": selector.compiled(args.op, call)}
 
 
 def render_explain(data: dict, console: Console) -> None:
@@ -309,7 +313,7 @@ def cmd_tune(args: argparse.Namespace) -> dict:
         else:
             plan.append((op, call, eligible))
     rows = []
-    with Progress(console=Console(stderr=True), transient=True) as progress:
+    with Progress(console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty()) as progress:
         task = progress.add_task("tuning", total=sum(len(e) for _, _, e in plan))
         for op, call, eligible in plan:
             progress.update(task, description=escape(f"{op} {describe_args(call)}"))
@@ -467,6 +471,19 @@ def _contracts(reg) -> list[dict]:
     return rows
 
 
+def _op_settings(c: dict) -> list[str]:
+    """An op's settings as `kernelhub.toml` reads them, a line each: its priority, pin, size ranges and cases."""
+    lines = [f"priority {json.dumps(c['priority'])}"] if c.get("priority") else []
+    lines += [f"pin {c['pin']!r}"] if c.get("pin") else []
+    for r in c.get("sizes", []):
+        where = f" on {r['device']!r}" if r.get("device") else ""
+        size = f"from {r['min_elements']:,} elements" if r["min_elements"] > 1 else "from the smallest size"
+        lines.append(f"{size}{where}: " + (f"priority {json.dumps(r['priority'])}" if r["priority"] else
+                                           "no range (the op's priority and cases)"))
+    lines += [f"case {name}: priority {json.dumps(v['priority'])}" for name, v in c.get("cases", {}).items()]
+    return lines
+
+
 def render_doctor(data: dict, console: Console) -> None:
     t = Table(title="environment", show_header=False)
     for k, v in data["versions"].items():
@@ -484,8 +501,10 @@ def render_doctor(data: dict, console: Console) -> None:
     console.print(t)
     cfg = data["config"]
     t = Table(title=f"config in force: {cfg['source']}", show_header=False)
-    for k in ("overrides", "kill_switch", "strict", "disabled", "priority", "ops"):
+    for k in ("overrides", "kill_switch", "strict", "disabled", "priority"):
         t.add_row(k, json.dumps(cfg[k]))
+    for op, c in cfg["ops"].items():  # a line per setting of each op: where it differs from the global order
+        t.add_row(f"ops.{op}", "\n".join(_op_settings(c)) or "-")
     console.print(t)
     if data["contracts"]:
         t = Table(title="third-party impls: the op contract each implements")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import re
@@ -72,7 +73,8 @@ class Hub:
         return h
 
     def explain(self, name: str, *args: Any, **kwargs: Any) -> Decision:
-        return self.selector.decide(name, self.registry.spec(name).canonical(*args, **kwargs))
+        call = self.registry.spec(name).canonical(*args, **kwargs)
+        return dataclasses.replace(self.selector.decide(name, call), compiled=self.selector.compiled(name, call))
 
     def _next(self, op: str, args: Sequence[Any], forced: str, decision: Decision, impl: Any,
               exc: BaseException) -> Decision:

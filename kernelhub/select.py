@@ -75,16 +75,20 @@ class Decision:
     candidates: tuple[Candidate, ...]
     call: str = ""
     output: tuple = ()  # the (shape, dtype, device) the spec promises for this call's forward output
+    compiled: str = ""  # what a torch.compile graph runs for the call (`Selector.compiled`), where asked
 
     def as_dict(self) -> dict:
         return {"op": self.op, "call": self.call, "chosen": self.chosen,
-                "candidates": [c.as_dict() for c in self.candidates]}
+                "candidates": [c.as_dict() for c in self.candidates]} | (
+                    {"compiled": self.compiled} if self.compiled else {})
 
     def __str__(self) -> str:
         lines = [f"{self.op}({self.call}) -> {self.chosen or 'no implementation'}"]
         for c in self.candidates:
             why = "; ".join(c.reasons)
             lines.append(f"  {c.backend:12s} {c.status:8s} {why}")
+        if self.compiled:
+            lines.append(f"in a torch.compile graph ([compile] priority): {self.compiled}")
         return "\n".join(lines)
 
 
@@ -152,6 +156,12 @@ class Selector:
     def untuned(self, op: str, args: Sequence[Any]) -> Decision:
         """The decision without tuned winners (what a tuner must time: every eligible backend). Not cached."""
         return self._decide(op, args, "", call_key(op, args, ""), tuned=False)[0]
+
+    def compiled(self, op: str, args: Sequence[Any]) -> str:
+        """What a torch.compile graph runs for this call, in words (`traced`): `kernelhub.explain`'s last line."""
+        traced = self.traced(op, args)
+        return (f"traced into the graph: {traced.backend}" if traced is not None else
+                "the operator, which selects when it runs, as above")
 
     def traced(self, op: str, args: Sequence[Any], forced: str = "") -> Impl | None:
         """The impl that torch.compile traces into its graph for this call (its functions run on the graph's
@@ -231,7 +241,8 @@ class Selector:
         text = self.config.op(op).ranges_on(device)[0]
         on = f" on {text} ({device})" if text else ""
         where = ([f"case {case} of {op}"] if case else []) + (
-            [f"{op} calls of >= {size[0]:,} elements{on}, this one {elements:,}"] if size else [])
+            [(f"{op} calls of >= {size[0]:,} elements{on}, this one {elements:,}" if size[0] > 1 else
+              f"{op} calls from the smallest size{on}, this one {elements:,} elements")] if size else [])
         order = ("priority order " + " > ".join(ordered) + (f" ({'; '.join(where)})" if where else "")
                  if ordered else "")
         ordered, why = self._forced_or_pinned(op, args, ordered, rejected, forced, pin, order + note)

@@ -145,6 +145,12 @@ def test_size_ranges_order_calls_by_their_elements_and_explain_names_the_range(t
                 decision = kernelhub.explain("tv_loss_sq_3d", torch.randn(shape))
                 reason = decision.candidates[0].reasons[0]
                 assert decision.chosen == chosen and ((named in reason) if named else "elements" not in reason)
+    path.write_text("[[ops.tv_loss_sq_3d.sizes]]\nmin_elements = 1\npriority = [\"torch_ref\"]\n")
+    with pytest.MonkeyPatch.context() as m:  # a range from the smallest call: no ">= 1 elements"
+        m.setenv("KERNELHUB_CONFIG", str(path))
+        with kernelhub.scoped():
+            reason = kernelhub.explain("tv_loss_sq_3d", torch.randn(2, 3, 4)).candidates[0].reasons[0]
+            assert "tv_loss_sq_3d calls from the smallest size, this one 24 elements" in reason, reason
 
 
 def test_a_spec_s_size_measure_places_its_calls_in_the_size_ranges(tmp_path):

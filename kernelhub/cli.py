@@ -568,6 +568,12 @@ def cmd_check(args: argparse.Namespace) -> dict:
             rows.append({"op": op, "check": "-", "status": "skip", "detail": f"serves {list(impl.devices)} only",
                          "calls": ""})
             continue
+        unmeasured = hub.registry.spec(op).unmeasured
+        if unmeasured:  # parity then judges each call by its own tolerance: say so, beside the checks
+            rows.append({"op": op, "check": "tolerances", "status": "skip", "calls": "",
+                         "detail": f"none measured for {', '.join(str(d).removeprefix('torch.') for d in unmeasured)}: "
+                                   "parity used per-call tolerances (`python -m kernelhub.testing.tolerances` "
+                                   "measures them; docs/backend-guide.md, section 7)"})
         for check in testing.suite(name, device, ops=[op]):
             rows.append({"op": op, "check": check.label, **_outcome(check, allow)})
     counts = {k: sum(r["status"] == k for r in rows) for k in STATUSES}

@@ -1,5 +1,7 @@
 """A third party adds a new op (spec + reference impl) through kernelhub_register_specs."""
 
+import dataclasses
+import json
 import types
 
 import pytest
@@ -167,3 +169,36 @@ def test_bench_names_a_third_party_ops_reference_backend(capsys):
     cli.render_bench({**data, "wide": False}, cli.Console(width=80))
     out = capsys.readouterr().out
     assert "cube_ref" in out and "the op's reference backend" in " ".join(out.split())
+
+
+def test_check_says_when_an_op_has_no_measured_tolerances(capsys):
+    """`kernelhub check` of a new op whose spec has no measured tolerances yet: a row says parity fell back to
+    per-call tolerances and how to measure them."""
+    from kernelhub import cli
+
+    kernelhub.reload(extra_plugins=[("cube_plugin", _plugin(dataclasses.replace(SPEC, tolerances={})))])
+    assert cli.main(["check", "cube_ref", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    note = [r for r in rows if r["check"] == "tolerances"]
+    assert len(note) == 1 and note[0]["status"] == "skip"
+    assert "none measured for float32, float64: parity used per-call tolerances" in note[0]["detail"]
+    assert "python -m kernelhub.testing.tolerances" in note[0]["detail"]
+    kernelhub.reload(extra_plugins=[("cube_plugin", _plugin(SPEC))])
+    assert cli.main(["check", "cube_ref", "--json"]) == 0
+    assert not [r for r in json.loads(capsys.readouterr().out)["rows"] if r["check"] == "tolerances"]
+
+
+def test_the_backend_guide_names_what_a_new_op_needs():
+    """docs/backend-guide.md is enough to write a new op: it lists every argument kind and sample size the spec
+    takes, the form of bad_inputs, and, among what a backend may import, tolerances_from (section 7 uses it)."""
+    import pathlib
+
+    from kernelhub.spec import ARG_KINDS
+    guide = (pathlib.Path(__file__).parent.parent / "docs" / "backend-guide.md").read_text()
+    section8 = guide[guide.index("## 8. What a backend may import"):guide.index("## 9.")]
+    for kind in ARG_KINDS:
+        assert f'`"{kind}"`' in guide, kind
+    for size in OpSpec.SAMPLE_SIZES:
+        assert f'`"{size}"`' in guide, size
+    assert "`(args, kwargs, exception type, text)`" in guide
+    assert "`kernelhub.ops.tolerances` | `tolerances_from`" in section8

@@ -57,9 +57,9 @@ def _well_formed(entry: Any) -> bool:
     device, dtype, bucket, ...), a "winner" that is None or one of its candidates, candidates of backend
     name -> {"error": None or a
     message, and with no error a finite "step_ms" > 0; any spread or forward time a finite number >= 0, a "vs_fastest"
-    {"ratio": a number, "slower_in" and "rounds": ints, "t": a finite number where recorded}}, a "within_noise" list
-    of names, and text where messages quote it. Anything else in the file (a hand edit, a truncated write from
-    another tool) is ignored, never trusted or executed."""
+    {"ratio": a number, "slower_in" and "rounds": ints, "t": a finite number where recorded}}, "within_noise" and
+    "registered" lists of names, and text where messages quote it. Anything else in the file (a hand edit, a
+    truncated write from another tool) is ignored, never trusted or executed."""
     if not (isinstance(entry, dict) and isinstance(entry.get("candidates"), dict)):
         return False
     if not all(isinstance(entry.get(k, ""), str) for k in ("torch", "call", "tuned", "bucket", "op", "device",
@@ -68,9 +68,9 @@ def _well_formed(entry: Any) -> bool:
     winner = entry.get("winner")  # None, or one of its candidates (a hand edit could name anything)
     if winner is not None and not (isinstance(winner, str) and winner in entry["candidates"]):
         return False
-    close = entry.get("within_noise", [])
-    if not (isinstance(close, list) and all(isinstance(n, str) for n in close)):
-        return False
+    for names in (entry.get("within_noise", []), entry.get("registered", [])):  # lists of backend names
+        if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+            return False
     for cand in entry["candidates"].values():
         if not isinstance(cand, dict) or "error" not in cand or not (cand["error"] is None
                                                                      or isinstance(cand["error"], str)):

@@ -425,6 +425,15 @@ def test_a_tampered_cache_chooses_only_among_registered_impls_that_pass_parity_h
         d = kernelhub.explain("tv_loss_sq_3d", VOLUME)
     assert d.chosen == "aslow" and "priority order" in d.candidates[0].reasons[0]
 
+    def registered_not_names(data, entry):  # the backends registered when tuned: a list of names or nothing
+        entry["candidates"]["bfast"]["step_ms"] = 1.0
+        entry["registered"] = 7
+    _tamper(path, registered_not_names)
+    hub()
+    with pytest.warns(RuntimeWarning, match="1 malformed entries ignored"):
+        rows = cli.cmd_list(cli.build_parser().parse_args(["list"]))["winners"]["devices"].values()
+    assert not [r for rs in rows for r in rs if r["op"] == "tv_loss_sq_3d"]
+
 
 def test_nothing_on_disk_is_unpickled_or_evaluated():
     """The config is TOML and the winners file JSON; no module of kernelhub deserialises code."""

@@ -263,3 +263,31 @@ def test_every_child_process_of_the_tests_has_a_deadline():
                 if not (isinstance(env, ast.Call) and ast.unparse(env.func) == "harness.child_env"):
                     offenders.append(f"{path.name}:{node.lineno} subprocess.Popen without env=harness.child_env(...)")
     assert not offenders, offenders
+
+
+def test_the_built_in_backends_import_only_what_the_backend_guide_lists():
+    """docs/backend-guide.md section 8 is the list of what a backend may import from kernelhub: every name the
+    built-in backends' runtime code imports from a kernelhub module is in that section (for `kernelhub.ops.<family>`:
+    in the module's `__all__`, which the section names), and `kernelhub.testing.__all__` holds every public check."""
+    import importlib
+
+    from kernelhub import testing
+    root = PACKAGE.parent
+    guide = (root / "docs" / "backend-guide.md").read_text()
+    section = guide[guide.index("## 8. What a backend may import"):guide.index("## 9.")]
+    missing = []
+    for path in sorted(root.glob("backends/*/kernelhub_*/*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.module and
+                    (node.module == "kernelhub" or node.module.startswith("kernelhub."))):
+                continue
+            for alias in node.names:
+                if node.module.startswith("kernelhub.ops."):
+                    ok = alias.name in importlib.import_module(node.module).__all__
+                else:
+                    ok = f"`{alias.name}`" in section and f"`{node.module}`" in section
+                if not ok:
+                    missing.append(f"{path.relative_to(root)}: {node.module}.{alias.name}")
+    assert missing == [], missing
+    checks = [n for n in dir(testing) if n.startswith("check_") and callable(getattr(testing, n))]
+    assert set(checks) <= set(testing.__all__), set(checks) - set(testing.__all__)

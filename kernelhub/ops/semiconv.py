@@ -19,8 +19,8 @@ from kernelhub.ops import _checks as c
 from kernelhub.ops.tolerances import MEASURED_ERRORS, tolerances_from
 from kernelhub.spec import Arg, Case, Change, OpSpec, SampleInput, SampleSpace, Work, layout_cache
 
-__all__ = ["SEMICONV", "parse_semifield", "zero_of", "output_size", "Lifted", "lift_3d", "lift_plan",
-           "fold_broadcast", "out_channels"]
+__all__ = ["SEMICONV", "parse_semifield", "zero_of", "semifield_zero", "output_size", "Lifted", "lift_3d",
+           "lift_plan", "fold_broadcast", "out_channels"]
 
 OP = "semiconv"
 SEMIFIELDS = ("tropical_max", "tropical_min", "linear", "root:p", "log:mu")

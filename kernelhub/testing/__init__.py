@@ -40,7 +40,8 @@ __all__ = [
     "check_gradcheck", "check_noncontiguous", "check_bad_inputs", "noncontiguous", "to_dtype", "leaves",
     "with_grad", "fresh_leaves", "supported", "reach", "Reached", "NotCovered", "MINIMUM", "is_skip", "cuda_args",
     "copy_into",
-    "check_no_host_sync", "check_cuda_graph_replay", "check_weighted", "tier", "Check", "CHECK_KINDS", "suite",
+    "check_no_host_sync", "check_cuda_graph_replay", "check_weighted", "check_saved", "CheckFailed", "tier", "Check",
+    "CHECK_KINDS", "suite",
 ]
 
 TIERS = ("fast", "full", "cuda")

@@ -99,7 +99,7 @@ def _could_serve(hub, op: str, entry: dict) -> list[str]:
     timed = [n for n in entry.get("candidates", {}) if n in impls]
     new = [n for n, impl in impls.items() if n not in entry.get("registered", impls) and
            n not in hub.config.disabled and not hub.registry.unavailable_reason(n) and
-           (impl.devices is None or device in impl.devices) and dtype in impl.dtypes]
+           not impl.static_reasons(device, dtype)]
     return timed + new
 
 

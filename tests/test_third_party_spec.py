@@ -202,3 +202,22 @@ def test_the_backend_guide_names_what_a_new_op_needs():
         assert f'`"{size}"`' in guide, size
     assert "`(args, kwargs, exception type, text)`" in guide
     assert "`kernelhub.ops.tolerances` | `tolerances_from`" in section8
+
+
+def test_the_gradcheck_summary_locates_a_wrong_gradient_of_a_later_input():
+    """`kernelhub check`'s one-line gradcheck failure on an op of two inputs: the worst Jacobian entry is found in the
+    second input too (each input perturbed by its position)."""
+    class Mul(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            ctx.save_for_backward(x, y)
+            return x * y
+
+        @staticmethod
+        def backward(ctx, g):
+            x, y = ctx.saved_tensors
+            return g * y, (g * x).sum(0) * 1.5  # y's gradient 50% too large
+
+    x, y = torch.randn(2, 3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    line = testing._worst_jacobian_entry(Mul.apply, [x, y], ["x", "y"])
+    assert "/ d y[" in line and "entries out of tolerance" in line, line

@@ -416,12 +416,12 @@ def _worst_jacobian_entry(f, inputs: Sequence[torch.Tensor], names: Sequence[str
                                   for o in flat]) if flat.numel() else torch.zeros(0, n_in)
     columns = []
     with torch.no_grad():
-        for x in xs:
+        for i, x in enumerate(xs):  # by position: `xs.index(x)` would compare tensors elementwise
             for k in range(x.numel()):
                 cols = []
                 for sign in (1, -1):
                     moved = [y.detach().clone() for y in xs]
-                    moved[xs.index(x)].view(-1)[k] += sign * eps
+                    moved[i].view(-1)[k] += sign * eps
                     o = f(*moved)
                     cols.append(torch.view_as_real(o).reshape(-1) if o.is_complex() else o.reshape(-1))
                 columns.append((cols[0] - cols[1]) / (2 * eps))

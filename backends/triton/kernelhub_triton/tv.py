@@ -31,14 +31,14 @@ __all__ = ["l1_forward", "l1_backward", "sq_forward", "sq_backward", "iso_forwar
            "not_supported_reasons"]
 
 L1, SQ, ISO = 0, 1, 2
-# Launch configuration by loss: (voxels per tile, warps, programs resident per multiprocessor for the forward and for
-# the backward, the tile's widest row). L1 and squared: 512 voxels, 4 a thread at 4 warps, 35 programs; iso, whose
-# kernels hold more values a voxel: 512 voxels, 2 a thread at 8 warps, and the programs its registers let a
-# multiprocessor hold (an H200: 6 of the forward's 40 registers a thread, 3 of the backward's 76). A tile is as wide as
-# the plane up to its widest row (a power of two) and as many rows high as its voxels then fill; D is cut into as many
-# chunks as fill whole waves of the resident programs (`_chunks`). Each is the best, or close to it, of the
-# configurations timed at every benchmark shape on an H200 (benchmarks/kernels.py's sweep;
-# docs/lab/benchmarks-history.md#measurements-behind-the-code).
+# Launch configuration by loss: (voxels per tile, warps, programs per multiprocessor for the forward and for the
+# backward, the tile's widest row). A tile is as wide as the plane up to its widest row (a power of two) and as many
+# rows high as its voxels then fill; D is cut into as many chunks as fill whole waves of that many programs per
+# multiprocessor (`_chunks`). Iso, whose kernels hold more values a voxel: 512 voxels, 2 a thread at 8 warps, and the
+# programs its registers let a multiprocessor hold (an H200: 6 of the forward's 40 registers a thread, 3 of the
+# backward's 76). L1 and squared: 512 voxels, 4 a thread at 4 warps, and 35, a knob rather than a resident count,
+# which keeps the chunks measured best at 256^3 and 512^3. Timed at every benchmark shape on an H200
+# (benchmarks/kernels.py's sweep; docs/lab/benchmarks-history.md#measurements-behind-the-code).
 LAUNCH = {L1: (512, 4, 35, 35, 256), SQ: (512, 4, 35, 35, 256), ISO: (512, 8, 6, 3, 256)}
 FINISH = 1024  # partial rows the last program adds per step
 

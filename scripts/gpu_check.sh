@@ -29,8 +29,9 @@
 #            recorded as $OUT/<card>_defaults.json for docs/results/ (scripts/bench_report.py record-defaults)
 #   tunes  - kernelhub tune --quick three times, each into a winners file of its own, recorded as $OUT/<card>_tune.json for
 #            docs/results/ (scripts/bench_report.py record-tune)
-#   profile - Nsight Compute on the kernels of PROFILE="OP:BACKEND:DTYPE:KERNEL-REGEX ..." (scripts/profile_op.py: the
-#            op's first benchmark sample, forward + backward), the sections that say what binds, as $OUT/profile.txt
+#   profile - Nsight Compute on the kernels of PROFILE="OP:BACKEND:DTYPE:KERNEL-REGEX[:SAMPLE] ..."
+#            (scripts/profile_op.py: the op's first benchmark sample, or the first whose name contains SAMPLE, forward +
+#            backward), the sections that say what binds, as $OUT/profile.txt
 #   ddp    - two GPUs: examples/ddp_step.py under torchrun (NCCL) and the second-GPU tests (with SPLIT: after the
 #            two halves, on both GPUs)
 #   all    - tests and bench (the default)
@@ -191,13 +192,14 @@ if has cases; then  # recorded for docs/results/ as $OUT/<card>_cases.json
   timeout -k 10 "${CASES_TIMEOUT:-240}" python3 scripts/bench_report.py record-cases --out "$OUT/${card}_cases.json" 2>&1 \
     | tee "$OUT/semiconv_cases.txt" || rc=1
 fi
-if has profile; then  # Nsight Compute: PROFILE="OP:BACKEND:DTYPE:KERNEL-REGEX ...", two launches of each kernel matching
+if has profile; then  # Nsight Compute: PROFILE="OP:BACKEND:DTYPE:KERNEL-REGEX[:SAMPLE] ...", two launches of each kernel matching
   # the regex after the first six (scripts/profile_op.py's warm-up), into $OUT/profile.txt
   for p in ${PROFILE:-tikhonov_inverse_2xn:cuda_ext:float32:tikhonov}; do
-    IFS=: read -r op backend dtype regex <<< "$p"
+    IFS=: read -r op backend dtype regex sample <<< "$p"
     timeout -k 10 "${PROFILE_TIMEOUT:-120}" ncu --clock-control none --launch-skip 6 --launch-count 2 -k "regex:$regex" \
       --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
-      --section MemoryWorkloadAnalysis python3 scripts/profile_op.py "$op" "$backend" "$dtype" >> "$OUT/profile.txt" 2>&1 || rc=1
+      --section MemoryWorkloadAnalysis python3 scripts/profile_op.py "$op" "$backend" "$dtype" $sample >> "$OUT/profile.txt" \
+      2>&1 || rc=1
   done
   grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Waves Per" \
     "$OUT/profile.txt" | head -80

@@ -89,6 +89,8 @@ def _check_tiered(check):
         reason = "the Triton interpreter: every small float64 sample, several runs each"
     elif check.kind == "weighted" and interpreted:
         reason = "the Triton interpreter: four runs of each small sample in each dtype (slow on a CPU)"
+    elif check.kind == "saved" and interpreted:  # tests/test_triton_backend.py checks one call of each semifield
+        reason = "the Triton interpreter: four runs of every small, medium and edge sample in each dtype (minutes)"
     elif check.kind == "gradcheck" and FAST:  # one random projection of the Jacobian; the full tier: all of it
         check = dataclasses.replace(check, fast_mode=True)
     return pytest.param(check, marks=_on_device(check.device, [pytest.mark.full(reason)] if reason else []),

@@ -94,7 +94,7 @@ def test_semiconv_row_kernel_gives_an_all_zero_window_s_gradient_to_its_first_ta
     k = torch.randn((1, 1, 3, 3), dtype=torch.float64, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(2))
     args = (semifield, [1, 1], [1, 1, 1, 1], [1, 1], 1, "conv", False)
     assert semiconv._call(x, k, *args).rows is not None  # the row kernel serves it
-    assert semiconv._call(x, k, "log:1", *args[1:]).rows is None  # the smooth semifields walk
+    assert semiconv._call(x, k, "log:1", *args[1:]).rows is None  # the smooth semifields walk and gather
     g = torch.arange(16.0, dtype=torch.float64, device=DEVICE).view(1, 1, 4, 4)
     got, want = [], []
     for backend, into in (("triton", got), ("torch_ref", want)):
@@ -105,6 +105,34 @@ def test_semiconv_row_kernel_gives_an_all_zero_window_s_gradient_to_its_first_ta
     assert got[2].abs().sum() > 0  # the padded first taps' upstream gradients reached the kernel
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("semifield", ["tropical_min", "log:0.5", "root:2", "linear"])
+def test_semiconv_backward_from_the_saving_forward_matches_the_one_that_recomputes(semifield):
+    """`Impl.can` "saves" (the conformance kit's check of it runs every sample: on CUDA, and in the full tier under
+    the interpreter): a strided, dilated, padded, grouped "conv" call in float64, whose saving forward gives the same
+    output and whose backward from the saved winners or statistics gives the recomputing backward's gradients, which
+    match the reference's."""
+    from kernelhub_triton import semiconv
+
+    gen = torch.Generator(DEVICE).manual_seed(4)
+    x = torch.randn((2, 4, 9, 7), dtype=torch.float64, device=DEVICE, generator=gen)
+    k = torch.randn((6, 2, 3, 2), dtype=torch.float64, device=DEVICE, generator=gen)
+    if semifield.startswith("root"):  # root takes inputs >= 0
+        x, k = x.abs(), k.abs()
+    args = (semifield, [2, 1], [1, 0, 2, 1], [1, 2], 2, "conv", False)
+    out = semiconv.forward(x, k, *args)
+    again, saved = semiconv.forward(x, k, *args, saving=True)
+    assert torch.equal(out, again)
+    assert (saved is None) == (semifield == "linear")  # linear's shares need no statistic
+    g = torch.rand(out.shape, dtype=torch.float64, device=DEVICE, generator=gen)
+    recomputed = semiconv.backward(g, x, k, *args, [True, True])
+    from_saved = semiconv.backward(g, x, k, *args, [True, True], saved=saved)
+    xi, ki = x.clone().requires_grad_(), k.clone().requires_grad_()
+    kernelhub.op("semiconv", backend="torch_ref")(xi, ki, *args).backward(g)
+    for got, same, want in zip(from_saved, recomputed, (xi.grad, ki.grad)):
+        torch.testing.assert_close(got, same, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
 # -- past 2^31 elements: 64-bit offsets (GPU with >= 60 GB) --------------------------------
@@ -274,10 +302,9 @@ def test_each_triton_launcher_keeps_one_bound_kernel_per_layout():
     x, k = torch.randn(1, 2, 8, 8), torch.randn(2, 1, 3, 3)
     args = ("tropical_max", [1, 1], [1, 1, 1, 1], [1, 1], 2, "conv", False)
     call, again = semiconv._call(x, k, *args), semiconv._call(x.clone(), k.clone(), *args)
-    assert call.rows[1] is again.rows[1] and call.rows[2][1] is again.rows[2][1] and call.grad[1] is again.grad[1]
-    assert call.walk is None  # max/min never walk
+    assert call.rows is again.rows and call.smooth is None  # max/min never walk
     smooth, again = (semiconv._call(x, k, "log:1", *args[1:]), semiconv._call(x.clone(), k.clone(), "log:1", *args[1:]))
-    assert smooth.walk[1] is again.walk[1] and smooth.walk[2][True, True] is again.walk[2][True, True]
+    assert smooth.smooth is again.smooth and smooth.rows is None
 
 
 def test_launch_takes_tritons_path_while_a_launch_hook_is_set():

@@ -26,6 +26,8 @@ SINGLE_AND_DOUBLE = (torch.float32, torch.float64)
 #   with wrap_triton there); all but K-Planes': compiling a graph that traced them failed on torch 2.11 + triton
 #   3.6 with "a leaf Variable that requires grad is being used in an in-place operation" (inductor took one of
 #   their kernels for one that writes its inputs), so their calls keep the operator.
+# - can "saves": semiconv's forward saves what its backward would recompute (max/min: each output's winner; root,
+#   log: each window's statistic), where a backward follows.
 # - can "weighted": the TV functions take a weighted handle's weights (the weighted sum in the kernels).
 # - deterministic False: the planes gradient (semiconv: img and kernel gradients) is added with atomics, its sums
 #   may differ in the last bits from run to run.
@@ -50,7 +52,7 @@ IMPLS = {
                              (torch.complex64, torch.complex128, torch.float32, torch.float64), None,
                              {"can": {"traceable"}}),
     "semiconv": ("semiconv", "forward", "backward", HALF_AND_UP, "not_supported_reasons",
-                 {"can": {"traceable"}, "deterministic": False, "version": 2}),
+                 {"can": {"traceable", "saves"}, "deterministic": False, "version": 2}),
 }
 
 

@@ -4,24 +4,24 @@ The call is lifted to 3 spatial dims (``kernelhub.ops.semiconv.lift_plan``: 1-D 
 for "conv" window tap t reads kernel tap taps-1-t, FLIP). The kernel's spatial sizes are compile-time constants
 (the taps unroll); offsets within one image channel are 32-bit (larger channels are rejected and fall back).
 
-max/min (`_tropical_kernel`): a program serves rows of output segments, one output column per lane, and each tap
-is one load of the segment shifted by the tap (no per-output index arithmetic per tap), the semifield's zero in
-the padding. The backward recomputes each output's first winner (a strict comparison in (c, tap) order), adds
-the upstream gradient at the winner into the image's gradient (atomics: windows overlap) and writes the winner;
-`_tropical_kernel_grad` then sums the kernel's gradient from those winners. It is faster forward + backward
-than the walk below, which served max/min before, at every kernel size measured
-(docs/lab/benchmarks-history.md#measurements-behind-the-code).
+max/min (`_tropical_kernel`): a program serves rows of output segments, RB rows by BW columns at a time (about 256
+outputs, so a narrow image, 64 wide say, still fills every lane), and each tap is one load of the segments shifted by
+the tap (no per-output index arithmetic per tap), the semifield's zero in the padding. Each output's first winner
+(a strict comparison in (c, tap) order) is what the backward needs: a forward whose backward follows saves it (one
+byte an output where the window has fewer than 128 taps; `Impl.can` "saves"), else the backward searches again.
+The backward adds the upstream gradient at the winner into the image's gradient (atomics: windows overlap), and
+`_tropical_kernel_grad` sums the kernel's gradient from the winners.
 
-linear, root, log (the walk): a program serves BLOCK outputs of one (b, oc); each lane walks its window in
-(c, tap) row-major order, reading the image through the cache. One loop nest, ``_walk``, does every walk:
+linear, root, log: the forward walks (`_walk`): a program serves BLOCK outputs of one (b, oc); each lane walks its
+window in (c, tap) row-major order, reading the image through the cache, for the window's sums (linear, root), or
+log's max of mu*a (the shift) and whether a NaN was seen, then log's sum of exp(mu*a - shift) in a second walk. The
+backward gathers (`_semiconv_gather_kernel`): a program serves BLOCK image positions of one (b, c) channel (the
+image and its padding) and sums, over every output window that reads each one, that tap's share of the upstream
+gradient: the image's gradient is written once, no atomics. A tap's share needs its output's statistic (root's sum,
+log's log-sum-exp; linear's needs none): a forward whose backward follows saves it, else the backward computes it
+first (the forward kernel, writing the statistic only). The kernel's gradient is one atomic per program and tap.
 
-- STATS: the window's sums (linear, root), or log's max of mu*a (the shift) and whether a NaN was seen;
-- LOGSUM: log's sum of exp(mu*a - shift), a second walk;
-- GRAD: every tap's share of the upstream gradient.
-
-The backward recomputes the statistics (the forward saves nothing) and adds each tap's share to img's gradient
-with atomics and to the kernel's with one atomic per program and tap. The atomics make the gradients' last bits
-vary run to run (max/min's too).
+The atomics make the gradients' last bits vary run to run.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ __all__ = ["forward", "backward", "not_supported_reasons"]
 BLOCK = 512
 NUM_WARPS = 4
 MAX, MIN, LINEAR, ROOT, LOG = 0, 1, 2, 3, 4  # SEMIFIELD_CODES
-STATS, LOGSUM, GRAD = 0, 1, 2
+STATS, LOGSUM = 0, 1  # _walk's passes
 
 
 @triton.jit
@@ -74,20 +74,19 @@ def _lse(acc, best, nan):
 
 @triton.jit
 def _tap(x_c, row_in, zz, yy, ow, s2, p2, d2, H, W, kw, zero):
-    """The image value a tap reads (the semifield's zero in the padding), its in-image mask and offset."""
+    """The image value a tap reads (the semifield's zero in the padding)."""
     xx = ow * s2 - p2 + kw * d2
     inb = row_in & (xx >= 0) & (xx < W)
     off = (zz * H + yy) * W + xx  # within one channel: 32-bit (larger images are rejected)
     xv = tl.load(x_c + off, mask=inb, other=0.0)
-    return tl.where(inb, xv.to(zero.dtype), zero), inb, off
+    return tl.where(inb, xv.to(zero.dtype), zero)
 
 
 @triton.jit
-def _walk(x_ptr, k_ptr, gx_ptr, gk_ptr, b, oc, od, oh, ow, mask,
-          C, D, H, W, Cg, Og, s0, s1, s2, p0, p1, p2, d0, d1, d2,
-          zero, prm, best, acc, nan, g, lse,
-          SF: tl.constexpr, PASS: tl.constexpr, NEED_IMG: tl.constexpr, NEED_KERNEL: tl.constexpr,
+def _walk(x_ptr, k_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og, s0, s1, s2, p0, p1, p2, d0, d1, d2,
+          zero, prm, best, acc, nan, SF: tl.constexpr, PASS: tl.constexpr,
           KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, FLIP: tl.constexpr):
+    """One walk over every window's taps: STATS (the sums, or log's max of mu*a and NaN flag) or LOGSUM."""
     taps = KD * KH * KW
     kbase = oc * Cg * taps
     grp = oc // Og
@@ -106,7 +105,7 @@ def _walk(x_ptr, k_ptr, gx_ptr, gk_ptr, b, oc, od, oh, ow, mask,
                         kt = c * taps + (taps - 1 - tap)  # the kernel's index for this tap
                     else:
                         kt = c * taps + tap
-                    xv, inb, off = _tap(x_c, row_in, zz, yy, ow, s2, p2, d2, H, W, kw, zero)
+                    xv = _tap(x_c, row_in, zz, yy, ow, s2, p2, d2, H, W, kw, zero)
                     kv = tl.load(k_ptr + kbase + kt).to(best.dtype)
                     a = _product(xv, kv, SF)
                     if PASS == 0:
@@ -118,42 +117,8 @@ def _walk(x_ptr, k_ptr, gx_ptr, gk_ptr, b, oc, od, oh, ow, mask,
                             v = prm * a
                             nan = nan | (v != v)
                             best = tl.maximum(best, v)
-                    elif PASS == 1:
+                    else:
                         acc += tl.exp(prm * a - shift)
-                    else:  # the smooth semifields' gradient: every tap its share
-                        if SF == 2:
-                            w = g
-                        elif SF == 3:
-                            w = g * (prm * _pow(a, prm - 1.0))
-                        else:
-                            w = g * tl.exp(prm * a - lse)
-                        if SF == 4:
-                            dx = w
-                            dk = w
-                        else:
-                            dx = w * kv
-                            dk = w * xv
-                        if NEED_IMG:
-                            tl.atomic_add(gx_ptr + chan + off, dx, mask=inb, sem="relaxed")
-                        if NEED_KERNEL:
-                            tl.atomic_add(gk_ptr + kbase + kt, tl.sum(tl.where(mask, dk, 0.0), axis=0), sem="relaxed")
-    return best, acc, nan
-
-
-@triton.jit
-def _stats(x_ptr, k_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og, s0, s1, s2, p0, p1, p2, d0, d1,
-           d2, zero, prm, SF: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr,
-           KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, FLIP: tl.constexpr):
-    best = tl.full([BLOCK], float("-inf"), ACC)  # log's max of mu * a (its shift)
-    acc = tl.zeros([BLOCK], ACC)
-    nan = tl.zeros([BLOCK], tl.int1)
-    best, acc, nan = _walk(x_ptr, k_ptr, x_ptr, x_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og,
-                           s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, best, acc, nan, acc, acc,
-                           SF, 0, False, False, KD, KH, KW, FLIP)
-    if SF == 4:
-        best, acc, nan = _walk(x_ptr, k_ptr, x_ptr, x_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og,
-                               s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, best, acc, nan, acc, acc,
-                               SF, 1, False, False, KD, KH, KW, FLIP)
     return best, acc, nan
 
 
@@ -168,84 +133,147 @@ def _position(O, per, OH, OW, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _prologue(x_ptr, k_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW, s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_, prm_,
-              SF: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr, KD: tl.constexpr, KH: tl.constexpr,
-              KW: tl.constexpr, FLIP: tl.constexpr):
-    """What both kernels start with: the program's outputs and their windows' statistics."""
+def _semiconv_forward_kernel(x_ptr, k_ptr, o_ptr, s_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW,
+                             s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_: tl.float64, prm_: tl.float64,
+                             SF: tl.constexpr, STORE_OUT: tl.constexpr, STORE_STAT: tl.constexpr, BLOCK: tl.constexpr,
+                             ACC: tl.constexpr, KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+                             FLIP: tl.constexpr):
+    """The output (STORE_OUT) and/or the statistic a tap's share of the gradient needs (STORE_STAT: root's sum of
+    a^p, log's log-sum-exp, in the accumulation type)."""
     zero, prm = tl.cast(zero_, ACC), tl.cast(prm_, ACC)
     b, oc, out, od, oh, ow, mask = _position(O, OD * OH * OW, OH, OW, BLOCK)
-    best, acc, nan = _stats(x_ptr, k_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og,
-                            s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, SF, BLOCK, ACC, KD, KH, KW, FLIP)
-    return b, oc, out, od, oh, ow, mask, zero, prm, best, acc, nan
-
-
-@triton.jit
-def _semiconv_forward_kernel(x_ptr, k_ptr, o_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW,
-                             s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_: tl.float64, prm_: tl.float64,
-                             SF: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr,
-                             KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, FLIP: tl.constexpr):
-    b, oc, out, od, oh, ow, mask, zero, prm, best, acc, nan = _prologue(
-        x_ptr, k_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW, s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_, prm_,
-        SF, BLOCK, ACC, KD, KH, KW, FLIP)
-    if SF == 2:
-        val = acc
-    elif SF == 3:
-        val = _pow(acc, 1.0 / prm)
-    else:
-        val = _lse(acc, best, nan) / prm
-    tl.store(o_ptr + out, val.to(o_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _semiconv_backward_kernel(g_ptr, x_ptr, k_ptr, gx_ptr, gk_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW,
-                              s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_: tl.float64, prm_: tl.float64,
-                              SF: tl.constexpr, NEED_IMG: tl.constexpr, NEED_KERNEL: tl.constexpr,
-                              BLOCK: tl.constexpr, ACC: tl.constexpr, KD: tl.constexpr, KH: tl.constexpr,
-                              KW: tl.constexpr, FLIP: tl.constexpr):
-    b, oc, out, od, oh, ow, mask, zero, prm, best, acc, nan = _prologue(
-        x_ptr, k_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW, s0, s1, s2, p0, p1, p2, d0, d1, d2, zero_, prm_,
-        SF, BLOCK, ACC, KD, KH, KW, FLIP)
-    g = tl.load(g_ptr + out, mask=mask, other=0.0).to(ACC)
-    lse = acc
-    if SF == 3:  # d out / d sum of a^p, times the upstream gradient
-        g = g * ((1.0 / prm) * _pow(acc, 1.0 / prm - 1.0))
+    best = tl.full([BLOCK], float("-inf"), ACC)  # log's max of mu * a (its shift)
+    acc = tl.zeros([BLOCK], ACC)
+    nan = tl.zeros([BLOCK], tl.int1)
+    best, acc, nan = _walk(x_ptr, k_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og, s0, s1, s2, p0, p1, p2,
+                           d0, d1, d2, zero, prm, best, acc, nan, SF, 0, KD, KH, KW, FLIP)
     if SF == 4:
-        lse = _lse(acc, best, nan)
-    _walk(x_ptr, k_ptr, gx_ptr, gk_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og,
-          s0, s1, s2, p0, p1, p2, d0, d1, d2, zero, prm, best, acc, nan, g, lse,
-          SF, 2, NEED_IMG, NEED_KERNEL, KD, KH, KW, FLIP)
+        best, acc, nan = _walk(x_ptr, k_ptr, b, oc, od, oh, ow, mask, C, D, H, W, Cg, Og, s0, s1, s2, p0, p1, p2,
+                               d0, d1, d2, zero, prm, best, acc, nan, SF, 1, KD, KH, KW, FLIP)
+    if SF == 4:
+        stat = _lse(acc, best, nan)
+    else:
+        stat = acc
+    if STORE_OUT:
+        if SF == 2:
+            val = acc
+        elif SF == 3:
+            val = _pow(acc, 1.0 / prm)
+        else:
+            val = stat / prm
+        tl.store(o_ptr + out, val.to(o_ptr.dtype.element_ty), mask=mask)
+    if STORE_STAT:
+        tl.store(s_ptr + out, stat, mask=mask)
+
+
+@triton.jit
+def _semiconv_gather_kernel(g_ptr, s_ptr, x_ptr, k_ptr, gx_ptr, gk_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW,
+                            s0, s1, s2, p0, p1, p2, d0, d1, d2, ZD, ZH, ZW, zero_: tl.float64, prm_: tl.float64,
+                            SF: tl.constexpr, NEED_IMG: tl.constexpr, NEED_KERNEL: tl.constexpr, BLOCK: tl.constexpr,
+                            ACC: tl.constexpr, KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+                            FLIP: tl.constexpr):
+    """The smooth semifields' backward: BLOCK positions of one (b, c) channel's ZD x ZH x ZW span (the image and
+    the padding its windows read, from (-p0, -p1, -p2)), each summing its taps' shares over every output window that
+    reads it: output o = (position + padding - tap * dilation) / stride where that divides and lies in the output.
+    Padding positions take the semifield's zero and add only to the kernel's gradient, as the windows read them."""
+    zero, prm = tl.cast(zero_, ACC), tl.cast(prm_, ACC)
+    per = ZD * ZH * ZW
+    chunks = tl.cdiv(per, BLOCK)
+    pid = tl.program_id(0)
+    bc = pid // chunks
+    r = (pid % chunks) * BLOCK + tl.arange(0, BLOCK)
+    mask = r < per
+    z = r // (ZH * ZW) - p0
+    y = (r // ZW) % ZH - p1
+    xx = r % ZW - p2
+    b = bc // C
+    ic = bc % C
+    grp = ic // Cg
+    c = ic % Cg
+    inimg = mask & (z >= 0) & (z < D) & (y >= 0) & (y < H) & (xx >= 0) & (xx < W)
+    chan = bc.to(tl.int64) * D * H * W
+    off = (z * H + y) * W + xx  # within one channel: 32-bit (larger images are rejected)
+    xv = tl.load(x_ptr + chan + off, mask=inimg, other=0.0)
+    xv = tl.where(inimg, xv.to(ACC), zero)
+    gx = tl.zeros([BLOCK], ACC)
+    taps = KD * KH * KW
+    for j in range(0, Og):
+        oc = grp * Og + j
+        obase = (b * O + oc).to(tl.int64) * OD * OH * OW
+        kbase = (oc * Cg + c) * taps
+        for kd in tl.static_range(KD):
+            nz = z + p0 - kd * d0
+            oz = nz // s0
+            vz = mask & (nz >= 0) & (oz * s0 == nz) & (oz < OD)
+            for kh in tl.static_range(KH):
+                ny = y + p1 - kh * d1
+                oy = ny // s1
+                vzy = vz & (ny >= 0) & (oy * s1 == ny) & (oy < OH)
+                for kw in tl.static_range(KW):
+                    nx = xx + p2 - kw * d2
+                    ox = nx // s2
+                    valid = vzy & (nx >= 0) & (ox * s2 == nx) & (ox < OW)
+                    tap = (kd * KH + kh) * KW + kw
+                    if FLIP:
+                        kt = kbase + (taps - 1 - tap)  # the kernel's index for this tap
+                    else:
+                        kt = kbase + tap
+                    kv = tl.load(k_ptr + kt).to(ACC)
+                    o = obase + (oz * OH + oy) * OW + ox
+                    gv = tl.load(g_ptr + o, mask=valid, other=0.0).to(ACC)
+                    a = _product(xv, kv, SF)
+                    if SF == 2:
+                        w = gv
+                    elif SF == 3:  # d out / d sum of a^p, times d a^p / d a
+                        sv = tl.load(s_ptr + o, mask=valid, other=1.0)
+                        w = gv * ((1.0 / prm) * _pow(sv, 1.0 / prm - 1.0)) * (prm * _pow(a, prm - 1.0))
+                    else:
+                        sv = tl.load(s_ptr + o, mask=valid, other=0.0)
+                        w = gv * tl.exp(prm * a - sv)
+                    if SF == 4:
+                        dx = w
+                        dk = w
+                    else:
+                        dx = w * kv
+                        dk = w * xv
+                    if NEED_IMG:
+                        gx += tl.where(valid, dx, 0.0)
+                    if NEED_KERNEL:
+                        tl.atomic_add(gk_ptr + kt, tl.sum(tl.where(valid, dk, 0.0), axis=0), sem="relaxed")
+    if NEED_IMG:
+        tl.store(gx_ptr + chan + off, gx.to(gx_ptr.dtype.element_ty), mask=inimg)
 
 
 # -- max/min: output rows ---------------------------------------------------------------------
-# A program serves ROWS rows of BW outputs of one (b, oc, od) output plane, one output column per lane: each tap is one
-# load of a row segment shifted by the tap (neighbouring taps hit L1; a warp's load is 32 adjacent elements), one
-# add and one max or min. The backward recomputes each output's first winner the same way, adds the upstream
-# gradient at the winner into the image's gradient (an atomic add) and writes the winner's index; the kernel's
-# gradient is then one pass over those indices (`_tropical_kernel_grad`: per program, a one-hot sum per window
-# index, one atomic each).
+# A program serves ROWS rows of BW outputs of one (b, oc, od) output plane, RB rows at a time with one output column
+# per lane: each tap is one load of the row segments shifted by the tap (neighbouring taps hit L1; a warp's load is 32
+# adjacent elements), one add and one max or min. MODE: FORWARD stores the output; SAVING the output and each
+# output's first winner ``c * taps + tap`` (-1 where the window holds a NaN); SEARCH (the backward without saved
+# winners) the winner, and with NEED_IMG adds the upstream gradient at it into the image's gradient (an atomic add);
+# SAVED (the backward with them) reads the winners and adds. The kernel's gradient is then one pass over the winners
+# (`_tropical_kernel_grad`: per program, a one-hot sum per window index, one atomic each).
+FORWARD, SAVING, SEARCH, SAVED = 0, 1, 2, 3
 ROWS, ROW_WIDTH, ROW_WARPS = 8, 256, 4
+ROW_BLOCK = 256  # outputs a program computes at a time (RB x BW)
 MAX_BINS = 32  # window indices the kernel-gradient pass sums at a time, at most
 GRAD_BLOCK = 256  # outputs per program of that pass
 
 
 @triton.jit
-def _tropical_kernel(x_ptr, k_ptr, o_ptr, g_ptr, gx_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW, s0, s1, s2, p0, p1, p2,
-                     d0, d1, d2, SF: tl.constexpr, BACKWARD: tl.constexpr, NEED_IMG: tl.constexpr,
-                     ROWS: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr, KD: tl.constexpr, KH: tl.constexpr,
-                     KW: tl.constexpr, FLIP: tl.constexpr):
-    """The forward (the output into ``o_ptr``) or, with BACKWARD, each output's first winner ``c * taps + tap``
-    into ``o_ptr`` (-1 where the window holds a NaN) and ``g_ptr``'s upstream gradient at the winners into the
-    zeroed ``gx_ptr`` (NEED_IMG)."""
+def _tropical_kernel(x_ptr, k_ptr, o_ptr, w_ptr, g_ptr, gx_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW, s0, s1, s2, p0, p1,
+                     p2, d0, d1, d2, SF: tl.constexpr, MODE: tl.constexpr, NEED_IMG: tl.constexpr,
+                     ROWS: tl.constexpr, RB: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr, KD: tl.constexpr,
+                     KH: tl.constexpr, KW: tl.constexpr, FLIP: tl.constexpr):
     pid = tl.program_id(0)
     n_w = tl.cdiv(OW, BW)
     n_h = tl.cdiv(OH, ROWS)
     per = OD * n_h * n_w
     bo = pid // per
     rest = pid % per
-    zero = tl.zeros([BW], tl.int32)  # scalar conditions join masks as tensors: the interpreter makes bool & bool ints
-    od = zero + rest // (n_h * n_w)
+    # scalar conditions join masks as tensors: the interpreter makes bool & bool ints
+    od = tl.zeros([1, 1], tl.int32) + rest // (n_h * n_w)
     oh0 = ((rest // n_w) % n_h) * ROWS
-    ow = (rest % n_w) * BW + tl.arange(0, BW)
+    ow = (rest % n_w) * BW + tl.arange(0, BW)[None, :]
     b = bo // O
     oc = bo % O
     taps = KD * KH * KW
@@ -254,57 +282,60 @@ def _tropical_kernel(x_ptr, k_ptr, o_ptr, g_ptr, gx_ptr, C, D, H, W, O, Cg, Og, 
         start = float("-inf")
     else:
         start = float("inf")
-    for r in range(0, ROWS):
-        oh = zero + oh0 + r
-        best = tl.full([BW], start, ACC)
-        win = tl.full([BW], -1, tl.int32)
-        for c in range(0, Cg):
-            x_c = x_ptr + chan0 + c * D * H * W
-            for kd in tl.static_range(KD):
-                iz = od * s0 - p0 + kd * d0
-                for kh in tl.static_range(KH):
-                    iy = oh * s1 - p1 + kh * d1
-                    row = x_c + (iz * H + iy) * W
-                    row_in = (iz >= 0) & (iz < D) & (iy >= 0) & (iy < H)
-                    for kw in tl.static_range(KW):
-                        ix = ow * s2 - p2 + kw * d2
-                        tap = (kd * KH + kh) * KW + kw
-                        if FLIP:
-                            kv = tl.load(k_ptr + (oc * Cg + c) * taps + (taps - 1 - tap)).to(ACC)
-                        else:
-                            kv = tl.load(k_ptr + (oc * Cg + c) * taps + tap).to(ACC)
-                        # padding reads the semifield's zero
-                        xv = tl.load(row + ix, mask=row_in & (ix >= 0) & (ix < W), other=start).to(ACC)
-                        if SF == 0:
-                            a = xv + kv
-                        else:
-                            a = xv - kv
-                        # the backward's winner: a strict comparison in (c, tap) order keeps the first; once a
-                        # NaN made best NaN no later tap wins, and the window gets no gradient
-                        if SF == 0:
-                            if BACKWARD:
-                                win = tl.where(a > best, c * taps + tap, win)
-                            best = tl.maximum(best, a, propagate_nan=tl.PropagateNan.ALL)
-                        else:
-                            if BACKWARD:
-                                win = tl.where(a < best, c * taps + tap, win)
-                            best = tl.minimum(best, a, propagate_nan=tl.PropagateNan.ALL)
+    for r0 in range(0, ROWS, RB):
+        oh = oh0 + r0 + tl.arange(0, RB)[:, None]
         live = (ow < OW) & (oh < OH)
         out = bo.to(tl.int64) * OD * OH * OW + (od * OH + oh) * OW + ow
-        if not BACKWARD:
-            tl.store(o_ptr + out, best.to(o_ptr.dtype.element_ty), mask=live)
+        if MODE == 3:
+            win = tl.load(w_ptr + out, mask=live, other=-1).to(tl.int32)
         else:
-            win = tl.where(best != best, -1, tl.maximum(win, 0))  # no strict win: all were the zero, tap 0 wins
-            tl.store(o_ptr + out, win.to(o_ptr.dtype.element_ty), mask=live)
-            if NEED_IMG:
-                t = win % taps
-                iz = od * s0 - p0 + (t // (KH * KW)) * d0
-                iy = oh * s1 - p1 + ((t // KW) % KH) * d1
-                ix = ow * s2 - p2 + (t % KW) * d2
-                hit = live & (win >= 0) & (iz >= 0) & (iz < D) & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
-                g = tl.load(g_ptr + out, mask=hit, other=0.0).to(ACC)
-                tl.atomic_add(gx_ptr + chan0 + (win // taps) * D * H * W + (iz * H + iy) * W + ix, g, mask=hit,
-                              sem="relaxed")
+            best = tl.full([RB, BW], start, ACC)
+            win = tl.full([RB, BW], -1, tl.int32)
+            for c in range(0, Cg):
+                x_c = x_ptr + chan0 + c * D * H * W
+                for kd in tl.static_range(KD):
+                    iz = od * s0 - p0 + kd * d0
+                    for kh in tl.static_range(KH):
+                        iy = oh * s1 - p1 + kh * d1
+                        row = x_c + (iz * H + iy) * W
+                        row_in = (iz >= 0) & (iz < D) & (iy >= 0) & (iy < H)
+                        for kw in tl.static_range(KW):
+                            ix = ow * s2 - p2 + kw * d2
+                            tap = (kd * KH + kh) * KW + kw
+                            if FLIP:
+                                kv = tl.load(k_ptr + (oc * Cg + c) * taps + (taps - 1 - tap)).to(ACC)
+                            else:
+                                kv = tl.load(k_ptr + (oc * Cg + c) * taps + tap).to(ACC)
+                            # padding reads the semifield's zero
+                            xv = tl.load(row + ix, mask=row_in & (ix >= 0) & (ix < W), other=start).to(ACC)
+                            if SF == 0:
+                                a = xv + kv
+                            else:
+                                a = xv - kv
+                            # the first winner: a strict comparison in (c, tap) order keeps the first; once a NaN
+                            # made best NaN no later tap wins, and the window gets no gradient
+                            if SF == 0:
+                                if MODE != 0:
+                                    win = tl.where(a > best, c * taps + tap, win)
+                                best = tl.maximum(best, a, propagate_nan=tl.PropagateNan.ALL)
+                            else:
+                                if MODE != 0:
+                                    win = tl.where(a < best, c * taps + tap, win)
+                                best = tl.minimum(best, a, propagate_nan=tl.PropagateNan.ALL)
+            if MODE != 0:
+                win = tl.where(best != best, -1, tl.maximum(win, 0))  # no strict win: all were the zero, tap 0 wins
+                tl.store(w_ptr + out, win.to(w_ptr.dtype.element_ty), mask=live)
+            if MODE < 2:
+                tl.store(o_ptr + out, best.to(o_ptr.dtype.element_ty), mask=live)
+        if NEED_IMG:
+            t = win % taps
+            iz = od * s0 - p0 + (t // (KH * KW)) * d0
+            iy = oh * s1 - p1 + ((t // KW) % KH) * d1
+            ix = ow * s2 - p2 + (t % KW) * d2
+            hit = live & (win >= 0) & (iz >= 0) & (iz < D) & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
+            g = tl.load(g_ptr + out, mask=hit, other=0.0).to(ACC)
+            tl.atomic_add(gx_ptr + chan0 + (win // taps) * D * H * W + (iz * H + iy) * W + ix, g, mask=hit,
+                          sem="relaxed")
 
 
 @triton.jit
@@ -335,14 +366,37 @@ def _tropical_kernel_grad(w_ptr, g_ptr, gk_ptr, O, Cg, per, split, SF: tl.conste
         tl.atomic_add(gk_ptr + (bo % O) * Cg * TAPS + kt, s, mask=idx < Cg * TAPS, sem="relaxed")
 
 
+class _Rows(NamedTuple):
+    """max/min's row kernel for one call: its grid and a Bound per MODE (the backwards' by NEED_IMG where it has
+    the choice), the kernel-gradient pass's grid and Bound, and the winners' dtype."""
+    grid: tuple
+    forward: Bound
+    saving: Bound
+    search: tuple  # by NEED_IMG
+    saved: Bound  # NEED_IMG (without the image's gradient the saved winners need no row kernel)
+    grad_grid: tuple
+    grad: Bound
+    winner: torch.dtype
+
+
+class _Smooth(NamedTuple):
+    """linear, root and log for one call: the forward's grid and Bounds (the output; the output and the statistic;
+    the statistic alone, None for linear, which needs none), and the gather's grid and Bounds by (NEED_IMG,
+    NEED_KERNEL)."""
+    grid: tuple
+    forward: Bound
+    saving: Bound | None
+    stats: Bound | None
+    gather_grid: tuple
+    gather: dict
+
+
 class _Call(NamedTuple):
     """What the launchers need of a call, fixed by its shapes, arguments and dtype and the GPU's multiprocessors
     (`_call`): the kernels bound to the lifted call's sizes (`lift_plan`)."""
     output_shape: tuple
-    rows: tuple | None  # max/min: the row kernel's grid, forward and backwards (without, with the image's gradient)
-    walk: tuple | None  # smooth semifields: the window walk's grid, forward and backwards by (NEED_IMG, NEED_KERNEL)
-    grad: tuple | None  # max/min: the kernel-gradient pass's grid and kernel
-    winner: torch.dtype | None  # max/min: the winners' dtype
+    rows: _Rows | None  # max/min
+    smooth: _Smooth | None  # linear, root, log
 
 
 def _call(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting) -> _Call:
@@ -358,17 +412,9 @@ def _call_of(img_shape, kernel_shape, semifield, stride, padding, dilation, grou
              sms) -> _Call:
     plan = lift_plan(img_shape, kernel_shape, semifield, stride, padding, dilation, groups, kind, group_broadcasting)
     a, img5, kernel5 = Lifted(None, None, *plan[2:]), plan[0], plan[1]
-    rows, grad, winner = _row_layout(a, img5, kernel5, dtype), None, None
-    if rows is not None:
-        window, planes, per = math.prod(kernel5[1:]), img5[0] * kernel5[0], math.prod(a.out_size)
-        split = max(1, min(cdiv(per, GRAD_BLOCK), cdiv(4 * sms, max(planes, 1))))  # no planes: an empty batch
-        grad = (planes * split,), Bound(
-            _tropical_kernel_grad, O=kernel5[0], Cg=kernel5[1], per=per, split=split, SF=a.code, BLOCK=GRAD_BLOCK,
-            BINS=min(MAX_BINS, next_power_of_2(window)), ACC=acc_type(dtype), TAPS=math.prod(kernel5[2:]),
-            FLIP=a.flip, num_warps=ROW_WARPS)
-        winner = _winner_dtype(window)
-    walk = None if rows is not None else _walk_layout(a, img5, kernel5, dtype)  # max/min never walk
-    return _Call(a.output_shape, rows, walk, grad, winner)
+    if a.code in (MAX, MIN):
+        return _Call(a.output_shape, _row_layout(a, img5, kernel5, dtype, sms), None)
+    return _Call(a.output_shape, None, _smooth_layout(a, img5, kernel5, dtype))
 
 
 def _sizes(a, img_shape, kernel_shape) -> dict:
@@ -380,30 +426,52 @@ def _sizes(a, img_shape, kernel_shape) -> dict:
                 p1=p1, p2=p2, d0=d0, d1=d1, d2=d2, KD=KD, KH=KH, KW=KW, FLIP=a.flip, SF=a.code)
 
 
-def _row_layout(a, img_shape, kernel_shape, dtype) -> tuple | None:
-    """max/min: the row kernel's grid, forward and backwards; else (the smooth semifields) None."""
-    if a.code not in (MAX, MIN):
-        return None
+def _row_layout(a, img_shape, kernel_shape, dtype, sms) -> _Rows:
+    """max/min's kernels for a lifted call: RB rows of BW columns at a time (BW a power of two up to ROW_WIDTH, RB
+    up to ROW_BLOCK / BW), ROWS rows a program (a multiple of RB)."""
     B, O = img_shape[0], kernel_shape[0]
     OD, OH, OW = a.out_size
     bw = min(next_power_of_2(OW), ROW_WIDTH)
-    rows = min(OH, ROWS)
-    fixed = dict(_sizes(a, img_shape, kernel_shape), ACC=acc_type(dtype), ROWS=rows, BW=bw,
+    rb = min(next_power_of_2(OH), max(1, ROW_BLOCK // bw))
+    rows = max(rb, ROWS // rb * rb)
+    fixed = dict(_sizes(a, img_shape, kernel_shape), ACC=acc_type(dtype), ROWS=rows, RB=rb, BW=bw,
                  num_warps=ROW_WARPS)
-    return (B * O * OD * cdiv(OH, rows) * cdiv(OW, bw),), Bound(_tropical_kernel, BACKWARD=False, NEED_IMG=False,
-                                                               **fixed), \
-        tuple(Bound(_tropical_kernel, BACKWARD=True, NEED_IMG=need, **fixed) for need in (False, True))
+    window, planes, per = math.prod(kernel_shape[1:]), B * O, OD * OH * OW
+    split = max(1, min(cdiv(per, GRAD_BLOCK), cdiv(4 * sms, max(planes, 1))))  # no planes: an empty batch
+    grad = Bound(_tropical_kernel_grad, O=O, Cg=kernel_shape[1], per=per, split=split, SF=a.code, BLOCK=GRAD_BLOCK,
+                 BINS=min(MAX_BINS, next_power_of_2(window)), ACC=acc_type(dtype),
+                 TAPS=math.prod(kernel_shape[2:]), FLIP=a.flip, num_warps=ROW_WARPS)
+    return _Rows((B * O * OD * cdiv(OH, rows) * cdiv(OW, bw),),
+                 Bound(_tropical_kernel, MODE=FORWARD, NEED_IMG=False, **fixed),
+                 Bound(_tropical_kernel, MODE=SAVING, NEED_IMG=False, **fixed),
+                 tuple(Bound(_tropical_kernel, MODE=SEARCH, NEED_IMG=need, **fixed) for need in (False, True)),
+                 Bound(_tropical_kernel, MODE=SAVED, NEED_IMG=True, **fixed),
+                 (planes * split,), grad, _winner_dtype(window))
 
 
-def _walk_layout(a, img_shape, kernel_shape, dtype) -> tuple:
-    """The window walk's grid, forward and backwards (by NEED_IMG, NEED_KERNEL) for a lifted call."""
-    B, O = img_shape[0], kernel_shape[0]
+def _span(a, img_shape, kernel_shape) -> tuple[int, int, int]:
+    """Per spatial dim, the positions the gather serves from -padding: the image and every padding position a
+    window reads."""
+    return tuple(max(n + p, (o - 1) * s + (k - 1) * d + 1) for n, p, o, s, k, d in
+                 zip(img_shape[2:], a.pad_begin, a.out_size, a.stride, kernel_shape[2:], a.dilation))
+
+
+def _smooth_layout(a, img_shape, kernel_shape, dtype) -> _Smooth:
+    """linear's, root's and log's kernels for a lifted call."""
+    B, C, O = img_shape[0], img_shape[1], kernel_shape[0]
     OD, OH, OW = a.out_size
     fixed = dict(_sizes(a, img_shape, kernel_shape), zero_=zero_of(a.semifield, a.param),
                  prm_=a.param, BLOCK=BLOCK, ACC=acc_type(dtype), num_warps=NUM_WARPS)
-    return (B * O * cdiv(OD * OH * OW, BLOCK),), Bound(_semiconv_forward_kernel, **fixed), \
-        {(img, ker): Bound(_semiconv_backward_kernel, NEED_IMG=img, NEED_KERNEL=ker, **fixed)
-         for img in (False, True) for ker in (False, True)}
+    stat = a.code != LINEAR
+    ZD, ZH, ZW = _span(a, img_shape, kernel_shape)
+    return _Smooth((B * O * cdiv(OD * OH * OW, BLOCK),),
+                   Bound(_semiconv_forward_kernel, STORE_OUT=True, STORE_STAT=False, **fixed),
+                   Bound(_semiconv_forward_kernel, STORE_OUT=True, STORE_STAT=True, **fixed) if stat else None,
+                   Bound(_semiconv_forward_kernel, STORE_OUT=False, STORE_STAT=True, **fixed) if stat else None,
+                   (B * C * cdiv(ZD * ZH * ZW, BLOCK),),
+                   {(img, ker): Bound(_semiconv_gather_kernel, NEED_IMG=img, NEED_KERNEL=ker, ZD=ZD, ZH=ZH, ZW=ZW,
+                                      **fixed)
+                    for img in (False, True) for ker in (False, True)})
 
 
 def _winner_dtype(window: int) -> torch.dtype:
@@ -412,40 +480,69 @@ def _winner_dtype(window: int) -> torch.dtype:
 
 
 def not_supported_reasons(args) -> list[str]:
-    if math.prod(args[0].shape[2:]) >= 2**31:
+    img, kernel, semifield, stride, padding, dilation, groups, kind, *broadcast = args
+    if math.prod(img.shape[2:]) >= 2**31:
         return ["an image channel of 2^31 elements or more (offsets within a channel are 32-bit here)"]
+    smooth = _call_of(tuple(img.shape), tuple(kernel.shape), semifield, tuple(stride), tuple(padding),
+                      tuple(dilation), groups, kind, bool(broadcast and broadcast[0]), img.dtype, 1).smooth
+    if smooth is not None and math.prod(smooth.gather[True, True].kwargs[z] for z in ("ZD", "ZH", "ZW")) >= 2**31:
+        return ["an image channel with the padding its windows read of 2^31 positions or more (positions are 32-bit "
+                "here)"]
     return []
 
 
-def forward(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting=False):
+def forward(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting=False, saving=False):
+    """The output; with ``saving`` (`Impl.can` "saves": a forward whose backward follows) ``(output, saved)``:
+    max/min's first winners, root's and log's statistics, None for linear."""
     call = _call(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting)
     out = torch.empty(call.output_shape, dtype=img.dtype, device=img.device)
+    saved = None
     if out.numel() == 0:
-        return out
+        return (out, saved) if saving else out
     x, k = img.contiguous(), kernel.contiguous()
     if call.rows is not None:
-        grid, kernel_fwd, _ = call.rows
-        launch(kernel_fwd, grid, x, k, out, x, x)
+        if saving:
+            saved = torch.empty(out.shape, dtype=call.rows.winner, device=img.device)
+            launch(call.rows.saving, call.rows.grid, x, k, out, saved, x, x)
+        else:
+            launch(call.rows.forward, call.rows.grid, x, k, out, x, x, x)
+    elif saving and call.smooth.saving is not None:
+        saved = torch.empty(out.shape, dtype=_acc_dtype(img), device=img.device)
+        launch(call.smooth.saving, call.smooth.grid, x, k, out, saved)
     else:
-        grid, kernel_fwd, _ = call.walk
-        launch(kernel_fwd, grid, x, k, out)
-    return out
+        launch(call.smooth.forward, call.smooth.grid, x, k, out, x)
+    return (out, saved) if saving else out
 
 
-def backward(grad, img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting, needs):
+def _acc_dtype(img) -> torch.dtype:
+    return torch.float64 if img.dtype == torch.float64 else torch.float32
+
+
+def backward(grad, img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting, needs,
+             saved=None):
+    """The gradients; ``saved``: the saving forward's winners or statistics of this call (the backward then does no
+    search and computes no statistic)."""
     call = _call(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting)
     x, k, g = img.contiguous(), kernel.contiguous(), grad.contiguous()
-    acc = torch.float64 if img.dtype == torch.float64 else torch.float32
-    gx = torch.zeros_like(img, dtype=acc, memory_format=torch.contiguous_format)
+    acc = _acc_dtype(img)
     gk = torch.zeros_like(kernel, dtype=acc, memory_format=torch.contiguous_format)
-    if g.numel() and (needs[0] or needs[1]) and call.rows is not None:
-        grid, _, kernels_bwd = call.rows
-        win = torch.empty(g.shape, dtype=call.winner, device=img.device)  # each output's winner, (c, tap) index
-        launch(kernels_bwd[1 if needs[0] else 0], grid, x, k, win, g, gx)  # dynamo indexes by int, not bool
+    if not g.numel() or not (needs[0] or needs[1]):
+        return [torch.zeros_like(img) if needs[0] else None, gk.to(kernel.dtype) if needs[1] else None]
+    rows, smooth = call.rows, call.smooth
+    if rows is not None:
+        gx = torch.zeros_like(img, dtype=acc, memory_format=torch.contiguous_format)
+        if saved is None:
+            saved = torch.empty(g.shape, dtype=rows.winner, device=img.device)  # each output's (c, tap) winner
+            launch(rows.search[1 if needs[0] else 0], rows.grid, x, k, saved, saved, g, gx)  # dynamo indexes by int
+        elif needs[0]:
+            launch(rows.saved, rows.grid, x, k, saved, saved, g, gx)
         if needs[1]:
-            grid, kernel_grad = call.grad
-            launch(kernel_grad, grid, win, g, gk)
-    elif g.numel() and (needs[0] or needs[1]):
-        grid, _, kernels_bwd = call.walk
-        launch(kernels_bwd[bool(needs[0]), bool(needs[1])], grid, g, x, k, gx, gk)
-    return [gx.to(img.dtype) if needs[0] else None, gk.to(kernel.dtype) if needs[1] else None]
+            launch(rows.grad, rows.grad_grid, saved, g, gk)
+        return [gx.to(img.dtype) if needs[0] else None, gk.to(kernel.dtype) if needs[1] else None]
+    if saved is None and smooth.stats is not None:
+        saved = torch.empty(g.shape, dtype=acc, device=img.device)
+        launch(smooth.stats, smooth.grid, x, k, saved, saved)
+    gx = torch.empty_like(img, memory_format=torch.contiguous_format) if needs[0] else x  # every element written
+    launch(smooth.gather[bool(needs[0]), bool(needs[1])], smooth.gather_grid, g, g if saved is None else saved, x, k,
+           gx, gk)
+    return [gx if needs[0] else None, gk.to(kernel.dtype) if needs[1] else None]

@@ -1,7 +1,9 @@
 """The ``kernelhub`` command: each subcommand builds a dict, then prints it as a rich table or ``--json``.
 
-To add a command: write ``cmd_<name>(args) -> dict`` and ``render_<name>(data, console)``,
-and add its parser in ``build_parser``.
+To add a command: write ``cmd_<name>(args) -> dict`` (the data; a true ``"failed"`` in it exits 1),
+``render_<name>(data, console)`` (the tables) and, where it takes arguments, ``args_<name>(parser)``, and register
+them with one `Command` record in ``COMMANDS``: ``build_parser`` and ``main`` read nothing else
+(tests/test_cli.py follows this recipe).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 import platform
 import shutil
 import sys
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import torch
 from rich.console import Console
@@ -29,7 +31,7 @@ from kernelhub.errors import KernelhubError
 from kernelhub.registry import FIRST_PARTY_BACKENDS
 from kernelhub.tune import VERSUS_KEY, versus
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "Command", "COMMANDS"]
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -597,21 +599,6 @@ def render_check(data: dict, console: Console) -> None:
             console.print(f"\n[red]{r['op']} {r['check']}[/]:\n{r['full']}", soft_wrap=True)
 
 
-# -- main -------------------------------------------------------------------
-COMMANDS = {
-    "list": (cmd_list, render_list, "ops x backends: available or why not, devices, dtypes"),
-    "explain": (cmd_explain, render_explain, "which backend serves a call, and why the others do not"),
-    "doctor": (cmd_doctor, render_doctor, "versions, devices, compilers, plugin errors, config in force"),
-    "tune": (cmd_tune, render_tune,
-             "time every eligible backend per op and shape bucket; keep the fastest correct one"),
-    "bench": (cmd_bench, render_bench, "each backend against torch_ref, torch.compile of it, and the memory floor"),
-    "check": (cmd_check, render_check, "a backend's conformance: parity, non-contiguous inputs, opcheck, gradcheck, "
-                                       "bad inputs, fused weights and saved tensors where declared, and on CUDA no "
-                                       "host sync and graph replay; exits 1 on a failure "
-                                       "or a part of an op's space no accepted call reached ('not covered')"),
-}
-
-
 def _shape(text: str) -> list[int]:
     """``--shape 4,64,64``: sizes >= 0 whose product is below 2**63 (the largest element count torch indexes)."""
     try:
@@ -624,78 +611,119 @@ def _shape(text: str) -> list[int]:
     return dims
 
 
+def args_explain(p: argparse.ArgumentParser) -> None:
+    p.add_argument("op", help="op name, e.g. tv_loss_l1_3d")
+    p.add_argument("--shape", action="append", type=_shape,
+                   help="shape of each tensor argument in order, e.g. --shape 64,64,64 (repeat per tensor; a "
+                        "list argument takes one per tensor in it)")
+    p.add_argument("--arg", action="append", metavar="NAME=VALUE",
+                   help="a non-tensor argument, e.g. --arg semifield=log:2 --arg groups=1")
+    p.add_argument("--dtype", type=_dtype, default=torch.float32)
+    p.add_argument("--device", type=_device, default="cpu")
+
+
+def args_tune(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ops", nargs="*", help="ops to tune (default: all)")
+    p.add_argument("--device", type=_device, help="cpu or cuda[:N] (default: cuda if present, else cpu)")
+    p.add_argument("--dtype", type=_dtype, help="default: float32 (complex64 for complex-only ops)")
+    p.add_argument("--shape", action="append", type=_shape,
+                   help="tune this call instead of the benchmark shapes: the shape of each tensor "
+                        "argument in order (repeat per tensor; a list argument takes one per tensor in it; "
+                        "one op only)")
+    p.add_argument("--arg", action="append", metavar="NAME=VALUE",
+                   help="a non-tensor argument of --shape's call")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run: each op's first medium sample, short timings, and no backend that "
+                        "compiles on first use (inductor)")
+    p.add_argument("--prune", action="store_true",
+                   help="tune nothing: remove from the winners file the entries of ops and the candidates of "
+                        "backends not installed here (a plugin removed)")
+    p.add_argument("--dry-run", action="store_true", help="with --prune: list what it would remove")
+
+
+def args_bench(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ops", nargs="*", help="ops to time (default: all)")
+    p.add_argument("--backends", nargs="+",
+                   help="backends to time besides the reference (default: all that serve the device)")
+    p.add_argument("--device", type=_device, help="cpu or cuda[:N] (default: cuda if present, else cpu)")
+    p.add_argument("--quick", action="store_true", help="the spec's medium samples and short timings")
+    p.add_argument("--shapes", nargs="+", metavar="SUBSTRING",
+                   help="only the samples whose name contains one of these, e.g. B614400_T4")
+    p.add_argument("--plot", metavar="FILE.png", help="also draw the table (needs matplotlib: kernelhub[plot])")
+
+
+def args_check(p: argparse.ArgumentParser) -> None:
+    p.add_argument("backend", help="a backend name, e.g. cuda_ext or your plugin's")
+    p.add_argument("--device", type=_device, choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--op", action="append", metavar="OP",
+                   help="check only this op (repeat for several; default: every op the backend serves)")
+    p.add_argument("--allow-partial", action="append", metavar="TAG",
+                   help="a part of an op's space the backend declines on purpose, as the 'not covered' "
+                        "rows name it (fnmatch pattern, e.g. 'semifield=log' or 'dims=*'; repeat for "
+                        "several): its checks pass without it")
+    p.add_argument("--verbose", action="store_true",
+                   help="after the table, each failure's whole message (a gradcheck's two Jacobians); the "
+                        "table gives its first line, and --json both")
+
+
+def _no_arguments(p: argparse.ArgumentParser) -> None:
+    """A command with only the common options (--json, --wide)."""
+
+
+# -- main -------------------------------------------------------------------
+class Command(NamedTuple):
+    """One ``kernelhub`` subcommand, all that registers it: ``run`` builds its data from the parsed arguments (a
+    true ``"failed"`` in it exits 1), ``render`` prints that data as tables (``--json`` prints it instead),
+    ``help`` is its line in ``kernelhub --help`` and its description, ``arguments`` adds its own arguments to its
+    parser (every command also takes --json and --wide)."""
+    run: Callable[[argparse.Namespace], dict]
+    render: Callable[[dict, Console], None]
+    help: str
+    arguments: Callable[[argparse.ArgumentParser], None] = _no_arguments
+
+
+COMMANDS: dict[str, Command] = {
+    "list": Command(cmd_list, render_list, "ops x backends: available or why not, devices, dtypes"),
+    "explain": Command(cmd_explain, render_explain, "which backend serves a call, and why the others do not",
+                       args_explain),
+    "doctor": Command(cmd_doctor, render_doctor, "versions, devices, compilers, plugin errors, config in force"),
+    "tune": Command(cmd_tune, render_tune,
+                    "time every eligible backend per op and shape bucket; keep the fastest correct one", args_tune),
+    "bench": Command(cmd_bench, render_bench,
+                     "each backend against torch_ref, torch.compile of it, and the memory floor", args_bench),
+    "check": Command(cmd_check, render_check,
+                     "a backend's conformance: parity, non-contiguous inputs, opcheck, gradcheck, bad inputs, fused "
+                     "weights and saved tensors where declared, and on CUDA no host sync and graph replay; exits 1 on "
+                     "a failure or a part of an op's space no accepted call reached ('not covered')", args_check),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kernelhub", description="kernelhub: fused kernels chosen per call")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (_, _, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+    for name, command in COMMANDS.items():
+        p = sub.add_parser(name, help=command.help, description=command.help)
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         p.add_argument("--wide", action="store_true",
                        help="print the tables at full width, with every column (default: the terminal's width, "
                             "80 columns in a pipe)")
-        if name == "explain":
-            p.add_argument("op", help="op name, e.g. tv_loss_l1_3d")
-            p.add_argument("--shape", action="append", type=_shape,
-                           help="shape of each tensor argument in order, e.g. --shape 64,64,64 (repeat per tensor; a "
-                                "list argument takes one per tensor in it)")
-            p.add_argument("--arg", action="append", metavar="NAME=VALUE",
-                           help="a non-tensor argument, e.g. --arg semifield=log:2 --arg groups=1")
-            p.add_argument("--dtype", type=_dtype, default=torch.float32)
-            p.add_argument("--device", type=_device, default="cpu")
-        if name == "tune":
-            p.add_argument("ops", nargs="*", help="ops to tune (default: all)")
-            p.add_argument("--device", type=_device, help="cpu or cuda[:N] (default: cuda if present, else cpu)")
-            p.add_argument("--dtype", type=_dtype, help="default: float32 (complex64 for complex-only ops)")
-            p.add_argument("--shape", action="append", type=_shape,
-                           help="tune this call instead of the benchmark shapes: the shape of each tensor "
-                                "argument in order (repeat per tensor; a list argument takes one per tensor in it; "
-                                "one op only)")
-            p.add_argument("--arg", action="append", metavar="NAME=VALUE",
-                           help="a non-tensor argument of --shape's call")
-            p.add_argument("--quick", action="store_true",
-                           help="a smoke run: each op's first medium sample, short timings, and no backend that "
-                                "compiles on first use (inductor)")
-            p.add_argument("--prune", action="store_true",
-                           help="tune nothing: remove from the winners file the entries of ops and the candidates of "
-                                "backends not installed here (a plugin removed)")
-            p.add_argument("--dry-run", action="store_true", help="with --prune: list what it would remove")
-        if name == "bench":
-            p.add_argument("ops", nargs="*", help="ops to time (default: all)")
-            p.add_argument("--backends", nargs="+",
-                           help="backends to time besides the reference (default: all that serve the device)")
-            p.add_argument("--device", type=_device, help="cpu or cuda[:N] (default: cuda if present, else cpu)")
-            p.add_argument("--quick", action="store_true", help="the spec's medium samples and short timings")
-            p.add_argument("--shapes", nargs="+", metavar="SUBSTRING",
-                           help="only the samples whose name contains one of these, e.g. B614400_T4")
-            p.add_argument("--plot", metavar="FILE.png", help="also draw the table (needs matplotlib: kernelhub[plot])")
-        if name == "check":
-            p.add_argument("backend", help="a backend name, e.g. cuda_ext or your plugin's")
-            p.add_argument("--device", type=_device, choices=("cpu", "cuda"), default="cpu")
-            p.add_argument("--op", action="append", metavar="OP",
-                           help="check only this op (repeat for several; default: every op the backend serves)")
-            p.add_argument("--allow-partial", action="append", metavar="TAG",
-                           help="a part of an op's space the backend declines on purpose, as the 'not covered' "
-                                "rows name it (fnmatch pattern, e.g. 'semifield=log' or 'dims=*'; repeat for "
-                                "several): its checks pass without it")
-            p.add_argument("--verbose", action="store_true",
-                           help="after the table, each failure's whole message (a gradcheck's two Jacobians); the "
-                                "table gives its first line, and --json both")
+        command.arguments(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    cmd, render, _ = COMMANDS[args.command]
+    command = COMMANDS[args.command]
     console = Console(width=400) if args.wide else Console()
     try:
-        data = cmd(args)
+        data = command.run(args)
     except (KernelhubError, KeyError, ValueError, TypeError, RuntimeError) as exc:
         Console(stderr=True).print(f"[red]kernelhub {args.command}: {escape(str(exc))}[/]")
         return 2
     if args.json:
         print(json.dumps(data, indent=2, default=str))
     else:
-        render(_escaped(data), console)
+        command.render(_escaped(data), console)
     return 1 if data.get("failed") else 0  # `check`: a failed or not covered check
 
 

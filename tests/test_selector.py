@@ -644,7 +644,8 @@ def test_the_tuned_winners_table_keeps_every_op_whole_in_80_columns_and_wide_sho
                                               "False False False"}  # a real one, from the README's main job
     data["winners"] = {"cache": "/home/user/.cache/kernelhub/tuning.json", "mode": "cached",
                        "devices": {"NVIDIA H200": [row(op) for op in ops] + [semiconv]}}
-    monkeypatch.setitem(cli.COMMANDS, "list", (lambda args: {**data, "wide": args.wide}, *cli.COMMANDS["list"][1:]))
+    monkeypatch.setitem(cli.COMMANDS, "list",
+                        cli.COMMANDS["list"]._replace(run=lambda args: {**data, "wide": args.wide}))
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
     table = out[out.index("tuned winners on"):]

@@ -125,6 +125,53 @@ def test_every_op_of_kernelhub_s_own_follows_the_add_an_op_checklist():
     assert set(TRITON) <= names and set(CUDA_EXT) <= names
 
 
+def test_every_op_of_kernelhub_s_own_has_the_checklist_s_test_entries_and_cuda_ext_operators():
+    """docs/backend-guide.md, "A new op", steps 3 and 6: each op has a `DRAW` entry in tests/test_properties.py;
+    each cuda_ext row names functions of `kernelhub_cuda_ext.ops`; each operator the C++ library defines (`m.def`
+    in csrc/cpu.cpp) is registered for a device (`m.impl`) and has a fake in `_lib._register_fakes()`, but the
+    saving pair, which runs on the eager path alone and is never traced."""
+    import kernelhub_cuda_ext
+    from kernelhub_cuda_ext import ops as cuda_ops
+    from kernelhub_cuda_ext.plugin import IMPLS as CUDA_EXT
+    from test_properties import DRAW
+
+    from kernelhub.ops import SPECS
+
+    assert set(DRAW) == {spec.name for spec in SPECS}
+    for op, (forward, backward, *_) in CUDA_EXT.items():
+        assert callable(getattr(cuda_ops, forward, None)) and callable(getattr(cuda_ops, backward, None)), op
+    package = Path(kernelhub_cuda_ext.__file__).parent
+    csrc = package / "csrc"
+    defined = re.findall(r'm\.def\("(\w+)\(', (csrc / "cpu.cpp").read_text())
+    registered = {name for path in csrc.glob("*.c*") for name in re.findall(r'm\.impl\("(\w+)"', path.read_text())}
+    faked = set(re.findall(r'register_fake\(f"\{NAME\}::(\w+)"\)', (package / "_lib.py").read_text()))
+    assert defined and set(defined) <= registered, set(defined) - registered
+    assert set(defined) - faked == {"semiconv_forward_saving", "semiconv_backward_saved"}, set(defined) - faked
+
+
+def test_every_built_in_backend_follows_the_backends_readme():
+    """backends/README.md, "Adding a built-in backend", steps 1-3: each folder of backends/ is a distribution named
+    in `FIRST_PARTY_DISTRIBUTIONS` whose entry points register backends named in `FIRST_PARTY_BACKENDS`, installed
+    by both commands of the README's set-up block, and named in backends/README.md's table."""
+    import tomllib
+
+    from kernelhub.registry import FIRST_PARTY_BACKENDS, FIRST_PARTY_DISTRIBUTIONS
+
+    root = PACKAGE.parent
+    setup = root.joinpath("README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    table = root.joinpath("backends", "README.md").read_text()
+    folders = sorted(p.parent for p in root.glob("backends/*/pyproject.toml"))
+    assert len(folders) == len(set(FIRST_PARTY_DISTRIBUTIONS.values()))
+    for folder in folders:
+        project = tomllib.loads((folder / "pyproject.toml").read_text())["project"]
+        assert project["name"] in FIRST_PARTY_DISTRIBUTIONS.values(), folder.name
+        names = project["entry-points"]["kernelhub.backends"]
+        assert {b for b, d in FIRST_PARTY_DISTRIBUTIONS.items() if d == project["name"]} >= set(names), folder.name
+        assert set(names) <= set(FIRST_PARTY_BACKENDS), folder.name
+        assert len(setup) == 2 and all(f"-e ./backends/{folder.name}" in line for line in setup), folder.name
+        assert f"| `{folder.name}/` | `{project['name']}` |" in table, folder.name
+
+
 def test_every_benchmark_is_a_suite_of_the_one_entry_point():
     """benchmarks/run.py is the benchmarks' one entry point: every script of benchmarks/ is one of its suites and
     takes its arguments as ``main(argv)``; ``run.py`` lists the suites, refuses an unknown one, and runs one."""

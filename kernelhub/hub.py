@@ -44,7 +44,7 @@ class Hub:
         known = self.registry.config_names()
         self.config = check_config(config, known) if config is not None else load_config(known)
         self.config.check_ops(self.registry.specs)
-        self.selector = Selector(self.registry, self.config, self.handle)
+        self.selector = Selector(self.registry, self.config, self.handle, lambda: self.key)
         self._handles: dict[tuple[str, str], OpHandle] = {}
         for spec in self.registry.specs.values():
             define_ops(spec, _run_forward, _run_backward, _trace)

@@ -67,30 +67,31 @@ def upstream_grad(out: torch.Tensor, seed: int = 1) -> torch.Tensor:
         if not out.is_complex() else torch.randn(out.shape, generator=gen, device=out.device, dtype=out.dtype)
 
 
-def run(spec: OpSpec, backend: str, args: Sequence[Any], grad: torch.Tensor | None = None,
+def run(spec: OpSpec, backend: str, args: Sequence[Any], grad: torch.Tensor | None = None, hub: int = 0,
         ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Forward (and backward with ``grad``) of the op on ``backend`` through its operator (canonical args)."""
+    """Forward (and backward with ``grad``) of the op on ``backend`` through its operator (canonical args), on the
+    hub whose key is ``hub`` (`kernelhub.hub.Hub.key`; 0, the global hub's: the tuner passes its own hub's)."""
     args = with_grad(spec, args) if grad is not None else args
-    out = getattr(torch.ops.kernelhub, spec.name).default(*args, backend, 0)
+    out = getattr(torch.ops.kernelhub, spec.name).default(*args, backend, hub)
     if grad is None:
         return out, []
     out.backward(grad.to(out.dtype))
     return out, [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves(spec, args)]
 
 
-def float64_reference(spec: OpSpec, args: Sequence[Any], grad: torch.Tensor | None = None,
+def float64_reference(spec: OpSpec, args: Sequence[Any], grad: torch.Tensor | None = None, hub: int = 0,
                       ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The float64 (complex128) reference: the spec's reference backend on upcast inputs."""
     return run(spec, spec.reference_backend, to_dtype(args, torch.float64),
-               None if grad is None else grad.to(torch.complex128 if grad.is_complex() else torch.float64))
+               None if grad is None else grad.to(torch.complex128 if grad.is_complex() else torch.float64), hub)
 
 
-def reference_with_upstream(spec: OpSpec, args: Sequence[Any], seed: int = 1,
+def reference_with_upstream(spec: OpSpec, args: Sequence[Any], seed: int = 1, hub: int = 0,
                             ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """The float64 reference's output, a random upstream gradient drawn for it (`upstream_grad`), and the
     inputs' gradients under that upstream gradient: forward once, then backward."""
     wide = with_grad(spec, to_dtype(args, torch.float64))
-    out = getattr(torch.ops.kernelhub, spec.name).default(*wide, spec.reference_backend, 0)
+    out = getattr(torch.ops.kernelhub, spec.name).default(*wide, spec.reference_backend, hub)
     grad = upstream_grad(out, seed)
     out.backward(grad)
     return out.detach(), grad, [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves(spec, wide)]
@@ -117,11 +118,12 @@ def parity_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def measure(spec: OpSpec, backend: str, args: Sequence[Any], seed: int = 1,
-            reference: tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]] | None = None) -> tuple[float, float]:
+            reference: tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]] | None = None,
+            hub: int = 0) -> tuple[float, float]:
     """(forward error, backward error) of ``backend`` in the args' dtype against the float64 reference
     (``reference``: `reference_with_upstream(spec, args, seed)` where the caller has it already)."""
-    ref_out, grad, ref_grads = reference if reference is not None else reference_with_upstream(spec, args, seed)
-    out, grads = run(spec, backend, args, grad)  # through the hub, which raises WrongOutputError on a wrong output
+    ref_out, grad, ref_grads = reference if reference is not None else reference_with_upstream(spec, args, seed, hub)
+    out, grads = run(spec, backend, args, grad, hub)  # through the hub, which raises WrongOutputError on a wrong output
     bwd = max([parity_error(g, r) for g, r in zip(grads, ref_grads)], default=0.0)
     return parity_error(out, ref_out), bwd
 
@@ -140,21 +142,21 @@ def perturbed(args: Sequence[Any], dtype: torch.dtype, gen: torch.Generator) -> 
 
 
 def sensitivity(spec: OpSpec, args: Sequence[Any], gen: torch.Generator, reference=None,
-                times: int = 1) -> tuple[float, float]:
+                times: int = 1, hub: int = 0) -> tuple[float, float]:
     """How far the float64 reference moves when its inputs move by one rounding (step 2): the most over
     ``times`` random roundings, forward and, given ``reference`` = (out, upstream grad, grads), backward
     (else 0). The rounding is float64's: the step applies to float64 and complex128 calls."""
     wide = to_dtype(args, torch.float64)
-    out, grad, grads = reference if reference is not None else (float64_reference(spec, wide)[0], None, [])
+    out, grad, grads = reference if reference is not None else (float64_reference(spec, wide, hub=hub)[0], None, [])
     fwd = bwd = 0.0
     for _ in range(times):
-        moved, moved_grads = float64_reference(spec, perturbed(wide, torch.float64, gen), grad)
+        moved, moved_grads = float64_reference(spec, perturbed(wide, torch.float64, gen), grad, hub)
         fwd = max(fwd, parity_error(moved, out))
         bwd = max([bwd] + [parity_error(m, g) for m, g in zip(moved_grads, grads)])
     return fwd, bwd
 
 
-def call_tolerance(spec: OpSpec, args: Sequence[Any], seed: int = 1, reference=None) -> Tolerance:
+def call_tolerance(spec: OpSpec, args: Sequence[Any], seed: int = 1, reference=None, hub: int = 0) -> Tolerance:
     """The tolerance for one call's inputs (docs/reliability.md's method applied to them): 4 x eager torch's
     error in the args' dtype against float64 (forward and backward, upstream gradient from ``seed``); in float64,
     where that compares the reference with itself, 4 x how far the reference's forward and gradients move when its
@@ -163,15 +165,16 @@ def call_tolerance(spec: OpSpec, args: Sequence[Any], seed: int = 1, reference=N
 
     The spec's tolerances are measured on its small samples; error grows with size (a K-Planes coordinate is
     rounded relative to the plane's resolution), so the tuner and the property tests judge a call of another
-    size by this. ``reference``: `reference_with_upstream(spec, args, seed)`, where the caller has it."""
+    size by this. ``reference``: `reference_with_upstream(spec, args, seed)`, where the caller has it; ``hub``: the
+    key of the hub whose reference backend runs (`run`)."""
     first = first_tensor(args)
     dtype = first.dtype
-    reference = reference if reference is not None else reference_with_upstream(spec, args, seed)
-    fwd, bwd = measure(spec, spec.reference_backend, args, seed=seed, reference=reference)
+    reference = reference if reference is not None else reference_with_upstream(spec, args, seed, hub)
+    fwd, bwd = measure(spec, spec.reference_backend, args, seed=seed, reference=reference, hub=hub)
     if accumulation_dtype(dtype).to_real() == torch.float64:
         gen = torch.Generator(device=first.device).manual_seed(seed)
         # one random direction can miss most of the sensitivity (seen: 10x)
-        moved = sensitivity(spec, args, gen, reference, times=PERTURBATIONS)
+        moved = sensitivity(spec, args, gen, reference, times=PERTURBATIONS, hub=hub)
         fwd, bwd = max(fwd, moved[0]), max(bwd, moved[1])
     tol = spec_tolerance(spec, dtype)
     return Tolerance(max(tol.forward, tolerance_for(dtype, fwd)), max(tol.backward, tolerance_for(dtype, bwd)))

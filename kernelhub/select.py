@@ -100,7 +100,8 @@ def call_key(op: str, args: Sequence[Any], forced: str) -> tuple:
 
 
 class Selector:
-    def __init__(self, registry: Registry, config: Config, handle: Callable[[str, str], Any]) -> None:
+    def __init__(self, registry: Registry, config: Config, handle: Callable[[str, str], Any],
+                 hub_key: Callable[[], int] = lambda: 0) -> None:
         self.registry = registry
         self.config = config
         # What a selector keeps (a hub's, so a new hub starts empty); each line: key -> value, who fills it, what
@@ -119,7 +120,7 @@ class Selector:
         # call_key -> the impl torch.compile traces (None: the operator): `traced`; `not_traceable` (that key),
         # `mark_failed` (that key, where it named the failed backend), full (all of it)
         self._traced: dict[tuple, Impl | None] = {}
-        self.tuning = Tuning(registry, config, handle)
+        self.tuning = Tuning(registry, config, handle, hub_key)  # hub_key: the hub's `key`, for parity checks
 
     def decide(self, op: str, args: Sequence[Any], forced: str = "") -> Decision:
         key = call_key(op, args, forced)

@@ -194,10 +194,14 @@ def versus(cand: dict) -> str:
 class Tuning:
     """The selector's view of the winners: look a call up, tune a call, rank its eligible backends."""
 
-    def __init__(self, registry, config, handle: Callable[[str, str], Callable]) -> None:
+    def __init__(self, registry, config, handle: Callable[[str, str], Callable],
+                 hub_key: Callable[[], int] = lambda: 0) -> None:
         self.registry = registry
         self.config = config
         self.handle = handle  # (op, backend) -> the hub's handle with that backend forced: what is timed
+        # the hub's key (`kernelhub.hub.Hub.key`, which changes when the hub becomes the global one): parity is
+        # checked through that hub's operators, the hub whose handles are timed
+        self.hub_key = hub_key
         self.cache = WinnerCache(config.tune.cache_path())  # read once per process (and at kernelhub.reload())
         self._audited = False
         self.tuned_here: list[str] = []  # the entries this process timed (a distributed job's ranks share the rest)
@@ -317,9 +321,9 @@ class Tuning:
         with torch.inference_mode(False), torch.enable_grad():
             fresh = _fresh(args)
             spec = self.registry.spec(op)
-            ref_out, grad, ref_grads = reference = reference_with_upstream(spec, fresh)
+            ref_out, grad, ref_grads = reference = reference_with_upstream(spec, fresh, hub=self.hub_key())
             try:
-                tol, unjudged = call_tolerance(spec, fresh, reference=reference), None
+                tol, unjudged = call_tolerance(spec, fresh, reference=reference, hub=self.hub_key()), None
             except Exception as exc:  # inputs the op's dtype cannot carry (float32 overflowing): no candidate can
                 # be judged, so none wins; the calls are served by the priority order
                 tol, unjudged = None, f"could not be judged: {type(exc).__name__}: {exc}"
@@ -389,7 +393,7 @@ class Tuning:
         ``tol``: `call_tolerance`), or None. The spec's reference backend is the judge: it only has to run."""
         first = first_tensor(fresh)
         try:
-            out, grads = run(self.registry.spec(op), name, fresh, grad)
+            out, grads = run(self.registry.spec(op), name, fresh, grad, self.hub_key())
             if first.is_cuda:
                 torch.cuda.synchronize(first.device)
         except Exception as exc:
@@ -417,9 +421,10 @@ class Tuning:
                 try:
                     fresh = _fresh(args)
                     spec = self.registry.spec(op)
-                    ref_out, grad, ref_grads = reference = reference_with_upstream(spec, fresh)
+                    ref_out, grad, ref_grads = reference = reference_with_upstream(spec, fresh, hub=self.hub_key())
                     self._verified[key] = self._parity(op, name, fresh, ref_out, grad, ref_grads,
-                                                       call_tolerance(spec, fresh, reference=reference))
+                                                       call_tolerance(spec, fresh, reference=reference,
+                                                                      hub=self.hub_key()))
                 except Exception as exc:  # the check itself could not run (the reference out of memory): not used
                     self._verified[key] = f"could not be checked: {type(exc).__name__}: {exc}"
             if self._verified[key] is not None and recorded_passing:

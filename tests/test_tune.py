@@ -829,3 +829,33 @@ def test_tune_and_explain_say_what_their_figures_are(hub, capsys):
     assert cli.main(["explain", "tv_loss_sq_3d", "--shape", "1,8,8,8", "--device", "cpu"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "rounds" in out and "the median over the timed rounds" in out
+
+
+def test_a_hub_built_directly_checks_parity_through_its_own_operators():
+    """The tuner of a `Hub(...)` built directly times candidates on that hub's handles and checks their parity
+    through that hub's operators (its key), not the global hub's: a backend only that hub has passes parity and can
+    win there; the global hub, which lacks it, is never asked to run it."""
+    import dataclasses
+    import types
+
+    from kernelhub import hookimpl
+    from kernelhub.config import Config
+    from kernelhub.hub import Hub
+    from kernelhub.spec import Backend, Impl
+
+    ref = kernelhub.get_hub().registry.impls("tv_loss_l1_3d")["torch_ref"]
+
+    @hookimpl
+    def kernelhub_register_impls(registry):
+        registry.add_backend(Backend("its_own", "1.0"))
+        registry.add_impl(Impl(op="tv_loss_l1_3d", backend="its_own", dtypes=ref.dtypes, devices=ref.devices,
+                               forward=ref.forward, backward=ref.backward))
+
+    hub = Hub(extra_plugins=[("its_own", types.SimpleNamespace(kernelhub_register_impls=kernelhub_register_impls))],
+              config=dataclasses.replace(Config(), priority=("its_own", "torch_ref")))
+    assert "its_own" not in kernelhub.get_hub().registry.backends
+    spec = hub.registry.spec("tv_loss_l1_3d")
+    args = spec.normalize(torch.randn(2, 5, 6, 7, dtype=torch.float64))
+    entry = hub.selector.tuning.tune("tv_loss_l1_3d", args, ["its_own", "torch_ref"], save=False)
+    assert entry["candidates"]["its_own"]["error"] is None, entry["candidates"]["its_own"]
+    assert hub.selector.tuning.verify("tv_loss_l1_3d", args, "its_own") is None

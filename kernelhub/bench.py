@@ -50,7 +50,7 @@ def copy_bandwidth(device: torch.device) -> float:
     return 2 * nbytes(x) / (time_ms(lambda: y.copy_(x), device) * 1e-3)
 
 
-def rates(device: torch.device) -> dict[str, float]:
+def rates(device: torch.device) -> dict[str, float | None]:
     """The device's rates for `floor`, each measured by a plain kernel of its kind (so each is what a good kernel
     reaches at least, not the hardware's peak: a floor from them is a little generous):
 
@@ -76,8 +76,8 @@ def rates(device: torch.device) -> dict[str, float]:
         mm_ms = time_ms(lambda: a @ b, device)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
-    measured = {"dram_Bps": copy_bandwidth(device), "gather_Bps": None, "atomics_per_s": None,
-                "flops_per_s": 2 * m**3 / (mm_ms * 1e-3)}
+    measured: dict[str, float | None] = {"dram_Bps": copy_bandwidth(device), "gather_Bps": None,
+                                         "atomics_per_s": None, "flops_per_s": 2 * m**3 / (mm_ms * 1e-3)}
     if not cuda:
         return measured
     n = 2**22
@@ -87,8 +87,8 @@ def rates(device: torch.device) -> dict[str, float]:
     acc = torch.zeros(2**15, 32, device=device)
     src = torch.randn(n, 32, device=device, generator=g)
     rows = idx % acc.shape[0]
-    gathers = [lambda: torch.nn.functional.embedding_bag(idx, table, offsets, mode="sum")]
-    scatters = [lambda: acc.scatter_add_(0, rows[:, None].expand(n, 32), src)]
+    gathers: list[Callable[[], Any]] = [lambda: torch.nn.functional.embedding_bag(idx, table, offsets, mode="sum")]
+    scatters: list[Callable[[], Any]] = [lambda: acc.scatter_add_(0, rows[:, None].expand(n, 32), src)]
     try:
         from kernelhub import _probes
     except ImportError:  # no triton: torch's kernels alone
@@ -226,7 +226,9 @@ def run(ops: Sequence[str], backends: Sequence[str] | None = None, device: str =
     if shapes and not matched:
         raise ValueError(f"--shapes {' '.join(shapes)}: no {'medium' if quick else 'benchmark'} sample of "
                          f"{', '.join(ops)} has a name containing it; their names: {', '.join(seen)}")
-    return {"device": device_model(dev), "copy_GBps": measured["dram_Bps"] / 1e9, "rates": measured, "rows": rows}
+    dram = measured["dram_Bps"]
+    assert dram is not None, "the copy bandwidth is measured on every device"
+    return {"device": device_model(dev), "copy_GBps": dram / 1e9, "rates": measured, "rows": rows}
 
 
 def require_plot() -> None:

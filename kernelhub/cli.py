@@ -78,7 +78,7 @@ def cmd_list(args: argparse.Namespace) -> dict:
         reason = reg.unavailable_reason(name)
         backends[name] = {"version": b.version if b else None, "available": reason is None, "reason": reason,
                           "disabled": name in hub.config.disabled, "plugin": reg.plugin_of(name)}
-    ops = {}
+    ops: dict[str, dict] = {}
     for op in sorted(reg.specs):
         ops[op] = {}
         for bname, impl in sorted(reg.impls(op).items()):
@@ -467,7 +467,8 @@ def _contracts(reg) -> list[dict]:
         spec = reg.spec(op)
         for name, impl in sorted(reg.impls(op).items()):
             if name not in FIRST_PARTY_BACKENDS:
-                later = [f"v{c.version}: {c.doc}" for c in spec.changes if c.version > impl.version]
+                later = [f"v{c.version}: {c.doc}" for c in spec.changes
+                         if impl.version is not None and c.version > impl.version]
                 rows.append({"op": op, "backend": name, "implements": impl.version, "current": spec.version,
                              "missing": later})
     return rows

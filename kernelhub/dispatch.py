@@ -232,7 +232,7 @@ def _placeholders(spec: OpSpec, args: Sequence[Any], needs: Sequence[bool]) -> l
     """Fake gradients: the shape of each needed differentiable input, else an empty tensor."""
     out = []
     for i, need in zip(spec.differentiable, needs):
-        for t in tensors_of(args[i]):
+        for t in tensors_of(args[i]) or ():
             out.append(torch.empty_like(t, memory_format=torch.contiguous_format) if need else t.new_empty((0,)))
     return out
 
@@ -241,7 +241,7 @@ def flatten_grads(spec: OpSpec, args: Sequence[Any], needs: Sequence[bool], grad
     """An impl's per-argument gradients -> the backward operator's flat Tensor[] output."""
     flat = []
     for i, need, g in zip(spec.differentiable, needs, grads):
-        ts = tensors_of(args[i])
+        ts = tensors_of(args[i]) or []
         gs = (tensors_of(g) or ()) if need else ts
         flat += [x.contiguous() if need else t.new_empty((0,)) for x, t in zip(gs, ts)]
     return flat
@@ -348,7 +348,7 @@ def define_ops(spec: OpSpec, run_forward: Callable, run_backward: Callable, trac
         ctx.plan, ctx.requires = plan_call(spec, args, 0), [t.requires_grad for t in flat]
         ctx.save_for_backward(*flat)
 
-    def autograd_backward(ctx, grad):
+    def autograd_backward(ctx: Any, grad: torch.Tensor) -> tuple:
         args, needs = put_back(ctx.plan, ctx.saved_tensors, ctx.requires)
 
         def run(g):
@@ -436,7 +436,8 @@ class KernelhubFunction(torch.autograd.Function):
         extra = (*saved, grad) if weights is None else (*saved, grad, weights)
         err = torch._C._functions.DelayedError(
             f"double backward is not supported by kernelhub.{handle.spec.name}".encode(), len(out) + len(extra))
-        return err(*[g if g is None else g.detach().requires_grad_() for g in out], *extra)[:len(out)]
+        # a None (no gradient for that input) passes through DelayedError as it is
+        return err(*[g if g is None else g.detach().requires_grad_() for g in out], *extra)[:len(out)]  # type: ignore[arg-type]
 
 
 def _check_weights(op: str, weights: torch.Tensor, output: tuple) -> None:
@@ -566,9 +567,10 @@ class OpHandle:
             for t in tensors:
                 if t.requires_grad:
                     out = _apply((self, hub, decision, plan, args, inner, trusted), *tensors)
-                    return out if inner is weights else weighted_sum(out, weights)
+                    # inner is weights unless the weights are set and autograd weighs them
+                    return out if inner is weights else weighted_sum(out, weights)  # type: ignore[arg-type]
         out = hub.forward(self.spec.name, args, self.backend, decision, inner, None, trusted)[1]
-        return out if inner is weights else weighted_sum(out, weights)
+        return out if inner is weights else weighted_sum(out, weights)  # type: ignore[arg-type]
 
     def __reduce__(self) -> tuple:
         """Serialised (``torch.save`` of a model holding `kernelhub.nn` modules, ``copy.deepcopy``, multiprocessing)

@@ -129,8 +129,8 @@ class Hub:
                     _check_output(self.registry.spec(op), impl.backend, out,
                                   (_SCALAR, *decision.output[1:]) if fused else decision.output, args)
                     _trust(trusted, way)
-                if saved is not None:
-                    keep.append((impl, saved))
+                if saved is not None:  # set only where keep is a list
+                    keep.append((impl, saved))  # type: ignore[union-attr]
                 if weights is not None and not fused:
                     return decision, weighted_sum(out, weights)
                 # outputs are contiguous, as the fake implementations promise torch.compile
@@ -260,7 +260,7 @@ def _check_grads(spec: OpSpec, backend: str, grads: Sequence[Any], args: Sequenc
                 raise WrongOutputError(f"kernelhub: {spec.name}: backend {backend!r} returned "
                                        f"{len(g) if isinstance(g, (list, tuple)) else type(g).__name__} gradients "
                                        f"for {spec.args[i].name!r}, which holds {len(arg)} tensors")
-            pairs = zip(arg, g, range(len(arg)))
+            pairs: Iterable[tuple[Any, Any, int | None]] = zip(arg, g, range(len(arg)))
         else:
             pairs = ((arg, g, None),)
         for t, gt, j in pairs:
@@ -324,7 +324,7 @@ def _check_result(spec: OpSpec, backend: str, what: str | tuple, out: Any, expec
                                "with the upstream gradient; an op returns new tensors")
 
 
-_is_alias_of = torch._C._is_alias_of  # whether two tensors share a storage
+_is_alias_of = torch._C._is_alias_of  # type: ignore[attr-defined]  # whether two tensors share a storage
 
 
 def _words(what: str | tuple) -> str:
@@ -404,7 +404,9 @@ def _build_global_now() -> None:
 def reload(extra_plugins: Iterable[tuple[str, object]] = (), config: Config | None = None) -> Hub:
     """Rebuild the hub: re-read the config, reload plugins, drop cached decisions."""
     with _state.lock:
-        return _global(Hub(extra_plugins, config))
+        hub = Hub(extra_plugins, config)
+        _global(hub)
+        return hub
 
 
 @contextlib.contextmanager
@@ -425,7 +427,8 @@ def scoped(extra_plugins: Iterable[tuple[str, object]] = (), config: Config | No
                 "kernelhub.hub.Hub(extra_plugins, config) in a thread that needs its own config, and its "
                 "handle(op) for the calls (docs/user-guide.md, section 4)")
         before, fingerprint = _state.hub, _state.fingerprints.get(GLOBAL)
-        hub = _global(Hub(extra_plugins, config))
+        hub = Hub(extra_plugins, config)
+        _global(hub)
         _state.scopes.append(me)
     try:
         yield hub

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -70,12 +71,11 @@ class TVLoss3d(nn.Module):
 
         def number(x: object) -> bool:
             return isinstance(x, (int, float)) and not isinstance(x, bool)
-        if number(given):
+        w: tuple[float, ...] = ()
+        if isinstance(given, (int, float)) and not isinstance(given, bool):
             w = (float(given),) * 3
         elif isinstance(given, (list, tuple)) and all(number(x) for x in given):  # a string is neither
             w = tuple(float(x) for x in given)
-        else:
-            w = ()
         if len(w) != 3 or any(x < 0 or not math.isfinite(x) for x in w):
             raise ValueError("TVLoss3d: weights must be a number or three (wz, wy, wx), finite and >= 0, "
                              f"got {weights!r}")
@@ -225,6 +225,8 @@ class _Kernel2D(nn.Module):
     pytorch_nd_semiconv's (``[1, 1, 2, K*K]``, or ``[K*K, 2]`` for the spectral kernel), so its state dicts load
     into these modules unchanged."""
 
+    _pos_grid: torch.Tensor  # buffers, declared for type checkers (nn.Module's attributes are Tensor | Module)
+
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, grid_last: bool = True) -> None:
         super().__init__()
         for name, value in (("in_channels", in_channels), ("out_channels", out_channels),
@@ -249,6 +251,8 @@ class QuadraticKernelIso2D(_Kernel2D):
     variance), ``"uniform"`` (variances uniform in [1, 16]), ``"ss"`` (scale-space: evenly spaced in
     [1, 2 (K//2)^2], shuffled; the default), ``"log-ss"`` (log-spaced likewise) or ``"normal"`` (truncated normal
     around 8 in [1, 16]): pytorch_nd_semiconv's parameterisation, initialisations and state dict."""
+
+    _neg_r2: torch.Tensor
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, init: dict | None = None) -> None:
         _init_dict("QuadraticKernelIso2D", init)
@@ -460,6 +464,7 @@ def _semifield(semifield: object) -> str:
     a pytorch_nd_semiconv semifield object is refused with the string that names it."""
     if not isinstance(semifield, str):
         parse_semifield(semifield)  # its TypeError, with the string that names a pytorch_nd_semiconv semifield
+        raise AssertionError("parse_semifield takes strings only")
     name = SEMIFIELD_ALIASES.get(semifield, semifield)
     try:
         parse_semifield(name)
@@ -473,6 +478,9 @@ class _KernelConv(nn.Module):
     """What `SemiConv` and `GenericClosing` share: the kernel from a module (called each forward: a learnable
     kernel) or a fixed tensor (a buffer, ``fixed_kernel``), and the geometry the op takes, with
     ``padding="same"`` resolved for each call's kernel (`_same_padding`)."""
+
+    kernel: nn.Module | None
+    fixed_kernel: torch.Tensor
 
     def __init__(self, kernel: nn.Module | torch.Tensor, stride, padding, dilation, groups: int,
                  group_broadcasting: bool) -> None:
@@ -627,9 +635,10 @@ def _pnds_semifield(conv: nn.Module, where: str) -> tuple[str, dict]:
     """(the op's semifield string, SemiConv's tropical options) of a pytorch_nd_semiconv convolution module
     (``BroadcastSemifield.log(2.0).dynamic()``, ``SelectSemifield.tropical_max().lazy_fixed()``, ...), read from the
     constructor its semifield's functions were made in; ValueError naming ``where`` for any other."""
-    sf = getattr(conv, "semifield", None)
+    sf: Any = getattr(conv, "semifield", None)  # pytorch_nd_semiconv's, untyped
     fields = [getattr(sf, f) for f in getattr(sf, "_fields", ()) if callable(getattr(sf, f))]
-    family = param = None
+    family: str | None = None
+    param: float | None = None
     for fn in fields:
         parts = getattr(fn, "__qualname__", "").split(".")
         if len(parts) > 2 and parts[0].endswith("Semifield") and parts[1] in _PNDS_FAMILIES:
@@ -640,7 +649,7 @@ def _pnds_semifield(conv: nn.Module, where: str) -> tuple[str, dict]:
         raise ValueError(f"kernelhub.nn.from_pytorch_nd_semiconv: {where}: cannot read the semifield of "
                          f"{type(conv).__name__} (a semifield made by hand, not by one of pytorch_nd_semiconv's "
                          "constructors); replace it by kernelhub.nn.SemiConv with the semifield's name")
-    name = _PNDS_FAMILIES[family] + (f":{float(param)!r}" if family in ("log", "root") else "")
+    name = _PNDS_FAMILIES[family] + (f":{float(param or 0.0)!r}" if family in ("log", "root") else "")
     options = {}
     if family.startswith("tropical") and type(sf).__name__ == "BroadcastSemifield":
         options["channels_add"] = sf.add_reduce_channels is not None
@@ -657,7 +666,7 @@ def _pnds_kernel(kernel: nn.Module, where: str) -> nn.Module:
     if name in _PNDS_KERNELS:
         ours = globals()[name](kernel.in_channels, kernel.out_channels, kernel.kernel_size)
     elif name == "LearnedKernel2D":
-        k = kernel.kernel
+        k: torch.Tensor = kernel.kernel  # type: ignore[assignment]  # pytorch_nd_semiconv's parameter
         ours = LearnedKernel2D(k.shape[1], k.shape[0], k.shape[2])
     else:
         raise ValueError(f"kernelhub.nn.from_pytorch_nd_semiconv: {where}: no kernelhub equivalent of {name}")
@@ -685,7 +694,7 @@ def from_pytorch_nd_semiconv(model: nn.Module, inplace: bool = False) -> nn.Modu
                              "replaced in place by another class; convert the module holding it, or inplace=False")
         holder = nn.Module()
         holder.model = model
-        return from_pytorch_nd_semiconv(holder).model
+        return from_pytorch_nd_semiconv(holder).get_submodule("model")
     work = copy.deepcopy(model)
     _convert_children(work, pnds, "")  # raises before the caller's model is touched
     if inplace:
@@ -698,9 +707,10 @@ def _convert_children(module: nn.Module, pnds, prefix: str) -> None:
     for name, child in list(module.named_children()):
         where = f"{prefix}{name}"
         args = ("stride", "padding", "dilation", "groups", "group_broadcasting")
+        new: nn.Module
         if isinstance(child, pnds.GenericConv):
             semifield, options = _pnds_semifield(child.conv, where)
-            new = SemiConv(_pnds_kernel(child.kernel, where), semifield, *(getattr(child, a) for a in args),
+            new = SemiConv(_pnds_kernel(child.kernel, where), semifield, **{a: getattr(child, a) for a in args},
                            kind=child.kind, **{k: v for k, v in options.items() if v})
         elif isinstance(child, pnds.GenericClosing):
             (first, o1), (second, o2) = (_pnds_semifield(c, where) for c in (child.conv_dilation, child.conv_erosion))

@@ -43,7 +43,8 @@ def to_dtype(args: Sequence[Any], dtype: torch.dtype) -> tuple:
 def fresh_leaves(args: Sequence[Any], indices: Iterable[int]) -> tuple[tuple, list[torch.Tensor]]:
     """``args`` with detached copies that require grad of the tensors at ``indices`` (a list argument: each of
     its tensors), and those new autograd leaves in order."""
-    out, new = list(args), []
+    out: list[Any] = list(args)
+    new: list[torch.Tensor] = []
     for i in indices:
         a = args[i]
         out[i] = [t.detach().requires_grad_() for t in a] if isinstance(a, list) else a.detach().requires_grad_()
@@ -53,7 +54,7 @@ def fresh_leaves(args: Sequence[Any], indices: Iterable[int]) -> tuple[tuple, li
 
 def leaves(spec: OpSpec, args: Sequence[Any]) -> list[torch.Tensor]:
     """The tensors of the op's differentiable arguments in order (a list argument gives each element)."""
-    return [t for i in spec.differentiable for t in tensors_of(args[i])]
+    return [t for i in spec.differentiable for t in tensors_of(args[i]) or ()]
 
 
 def with_grad(spec: OpSpec, args: Sequence[Any]) -> tuple:

@@ -17,6 +17,7 @@ import traceback
 import types
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pluggy
 
@@ -88,7 +89,8 @@ class Registry:
         first-party backend's name are the ones skipped, with an error naming them (`plugin_errors`). A plugin
         failure of any kind (``SystemExit`` included, ``KeyboardInterrupt`` not) is contained the same way."""
         plugins: list[tuple[str, object]] = [(OPS_PLUGIN, importlib.import_module(OPS_PLUGIN))]
-        first, third = [], []
+        first: list[importlib.metadata.EntryPoint] = []
+        third: list[importlib.metadata.EntryPoint] = []
         for ep in _entry_points():
             dist = ep.dist.name if ep.dist is not None else "?"
             if ep.name in FIRST_PARTY_BACKENDS and dist != FIRST_PARTY_DISTRIBUTIONS[ep.name]:
@@ -133,15 +135,16 @@ class Registry:
         impls = [h for h in hook.get_hookimpls() if h.plugin is plugin]
         if not impls:
             return True
-        snapshot = (dict(self._specs), dict(self._backends), dict(self._backend_plugin),
-                    {k: dict(v) for k, v in self._impls.items()})
+        snapshot: tuple[dict[str, Any], ...] = (dict(self._specs), dict(self._backends), dict(self._backend_plugin),
+                                      {k: dict(v) for k, v in self._impls.items()})
         self._current_plugin = name
         try:
             for h in impls:
                 h.function(registry=self)
         except CONTAINED as exc:
             # roll back whatever this plugin added before failing
-            for table, before in zip((self._specs, self._backends, self._backend_plugin, self._impls), snapshot):
+            tables: tuple[dict[str, Any], ...] = (self._specs, self._backends, self._backend_plugin, self._impls)
+            for table, before in zip(tables, snapshot):
                 table.clear()
                 table.update(before)
             self._record(name, hook_name.removeprefix("kernelhub_"), exc, strict)
@@ -238,7 +241,8 @@ class Registry:
             if file:  # a package's module: the whole package; a top-level module: that file
                 root = Path(file).parent
                 files = sorted(f for f in root.rglob("*") if f.suffix in _SOURCE_SUFFIXES
-                               and "__pycache__" not in f.parts) if "." in module.__name__ else [Path(file)]
+                               and "__pycache__" not in f.parts) if "." in getattr(module, "__name__", "") \
+                    else [Path(file)]
             h = hashlib.sha256()
             for f in files:
                 h.update(f.name.encode() + b"\0" + f.read_bytes())
@@ -250,6 +254,7 @@ class Registry:
         """None if the backend can run here, else why not (cached; never raises)."""
         if backend not in self._availability:
             b = self._backends.get(backend)
+            reason: str | None
             if b is None:
                 reason = "not installed" if not any(e.plugin == backend for e in self._errors) else \
                     "plugin failed to load: " + next(e.error for e in self._errors if e.plugin == backend)

@@ -173,7 +173,7 @@ class OpSpec:
     normalize: Callable[..., tuple]
     output: Callable[..., torch.Tensor]
     samples: Callable[[str, torch.dtype, torch.device, torch.Generator], list[SampleInput]]
-    bad_inputs: Callable[[], list[tuple[tuple, dict, type, str]]]
+    bad_inputs: Callable[[], list[tuple[tuple, dict, type[Exception], str]]]
     reference_backend: str = "torch_ref"
     space: SampleSpace | None = None
     cases: tuple[Case, ...] = ()
@@ -424,6 +424,10 @@ def layout_cache(maxsize: int | None = 1024) -> Callable[[Callable], Callable]:
 
 # the older spellings read as views of `can` (the InitVars' defaults stay in __init__'s signature; as class
 # attributes they would read False whatever `can` holds, and dataclasses.replace passes what they read on)
+def _can(name: str) -> property:
+    return property(lambda self: name in self.can)
+
+
 for _name in ("weighted", "saves", "traceable"):
-    setattr(Impl, _name, property(lambda self, _name=_name: _name in self.can))
+    setattr(Impl, _name, _can(_name))
 del _name

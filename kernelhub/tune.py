@@ -230,7 +230,7 @@ class Tuning:
         """(this call's entry, why it is set aside) where its bucket has an entry that `lookup` does not use."""
         entry = self.cache.get(entry_key(op, args))
         why = self.set_aside(entry, op, eligible) if entry is not None else None
-        return (entry, why) if why else None
+        return (entry, why) if entry is not None and why else None
 
     def stale(self, entries: dict[str, dict] | None = None) -> tuple[set[str], set[str]]:
         """(ops, backends) the winners file names that this process does not have (a plugin removed, say)."""

@@ -104,7 +104,7 @@ class WinnerCache:
         self.path = Path(path)
         self._entries: dict[str, dict] | None = None
         self._warned = False
-        self._lock = None
+        self._lock: Any = None  # a filelock.FileLock, made at the first `lock` (filelock is imported there)
         self.not_ours: str | None = None  # why the path is left alone (it holds something that is not ours)
         self.write_error: str | None = None  # why the last write failed, if it did
         self._unsaved: dict[str, dict] = {}  # entries of this process that the file could not take
@@ -148,12 +148,11 @@ class WinnerCache:
             self._warn(f"tuning cache {self.path} is {self.not_ours}: left untouched, tuning results stay in memory "
                        "(set [tune].cache to another path)")
             return {}
+        error: str | None = None
         try:
             data = json.loads(text)
         except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             data, error = None, f"{type(exc).__name__}: {str(exc)[:200]}"
-        else:
-            error = None
         fmt = data.get("format") if isinstance(data, dict) else None
         if not (isinstance(fmt, str) and fmt.startswith(FORMAT.split("/")[0] + "/")):
             self.not_ours = f"not a {FORMAT} file" + (f" ({error})" if error else "")
@@ -205,7 +204,8 @@ class WinnerCache:
         self._entries = {**self.entries(), **new}
         if to_disk:
             self.write_error = self.write_error or self.not_ours
-            if self.write_error not in self._write_warned and self.write_error != self.not_ours:  # warned at read
+            if self.write_error is not None and self.write_error not in self._write_warned \
+                    and self.write_error != self.not_ours:  # warned at read
                 self._write_warned.add(self.write_error)
                 warnings.warn(f"kernelhub: tuning cache {self.path} not written ({self.write_error}); tuning results "
                               "stay in memory", RuntimeWarning, stacklevel=3)

@@ -172,6 +172,18 @@ def test_every_built_in_backend_follows_the_backends_readme():
         assert f"| `{folder.name}/` | `{project['name']}` |" in table, folder.name
 
 
+def test_kernelhub_ships_its_types_and_the_readme_s_tests_check_them():
+    """kernelhub/py.typed ships with the package (a plugin's type checker reads kernelhub's annotations), and the
+    README's test command runs mypy, configured in pyproject.toml over kernelhub/ (CI runs that command)."""
+    import tomllib
+
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    assert (PACKAGE / "py.typed").is_file() and "py.typed" in project["tool"]["setuptools"]["package-data"]["kernelhub"]
+    assert project["tool"]["mypy"]["files"] == ["kernelhub"]
+    test_command = (PACKAGE.parent / "README.md").read_text().split("```bash\n", 1)[1].splitlines()[1]
+    assert "&& mypy &&" in test_command and "mypy==" in test_command
+
+
 def test_every_benchmark_is_a_suite_of_the_one_entry_point():
     """benchmarks/run.py is the benchmarks' one entry point: every script of benchmarks/ is one of its suites and
     takes its arguments as ``main(argv)``; ``run.py`` lists the suites, refuses an unknown one, and runs one."""

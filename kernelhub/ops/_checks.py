@@ -51,9 +51,9 @@ def _as_float(op: str, name: str, value: object) -> float:
         raise TypeError(f"{op}: argument {name!r} must be a float, got {type(value).__name__}")
     try:
         return float(value)
-    except OverflowError:
+    except OverflowError:  # only an int overflows a float
         raise ValueError(f"{op}: argument {name!r} must be a finite number, got an int of "
-                         f"{value.bit_length()} bits (too large for a float)") from None
+                         f"{int(value).bit_length()} bits (too large for a float)") from None
 
 
 def positive_float(op: str, name: str, value: object) -> float:
@@ -82,6 +82,7 @@ def randn(shape: Sequence[int], dtype: torch.dtype, device: torch.device, gen: t
     """Random values from ``gen`` (a generator on ``device``): normal, or uniform in [low, high)."""
     base = accumulation_dtype(dtype)
     if low is not None:
+        assert high is not None, "randn: low without high"
         x = torch.rand(tuple(shape), generator=gen, dtype=base, device=device) * (high - low) + low
     else:
         x = torch.randn(tuple(shape), generator=gen, dtype=base, device=device)

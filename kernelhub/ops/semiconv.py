@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -34,8 +34,9 @@ def pnds_class(obj: object) -> str | None:
     return kind.__name__ if kind.__module__.split(".")[0] == "pytorch_nd_semiconv" else None
 
 
-def parse_semifield(semifield: str) -> tuple[str, float]:
-    """``"root:2"`` -> ("root", 2.0); ``"tropical_max"`` -> ("tropical_max", 0.0)."""
+def parse_semifield(semifield: object) -> tuple[str, float]:
+    """``"root:2"`` -> ("root", 2.0); ``"tropical_max"`` -> ("tropical_max", 0.0); a TypeError for anything but a
+    string."""
     if not isinstance(semifield, str):
         hint = ""
         if pnds_class(semifield) is not None:
@@ -167,7 +168,8 @@ def _padding(padding, nd: int, spatial, ksize, stride, dilation) -> list[int]:
     if padding == "valid":
         return [0] * (2 * nd)
     if padding in ("same", "same_strided"):
-        flat, changed = [], False
+        flat: list[int] = []
+        changed = False
         for n, k, s, d in zip(spatial, ksize, stride, dilation):
             plain = same_padding([k], [d])
             total = max((math.ceil(n / s) - 1) * s + d * (k - 1) + 1 - n, 0)
@@ -318,7 +320,7 @@ def _output(img, kernel, semifield, stride, padding, dilation, groups, kind, gro
     return img.new_empty((img.shape[0], out_channels(kernel, groups, group_broadcasting), *sizes))
 
 
-_CASES = {
+_CASES: dict[str, list[tuple]] = {
     # name: (img shape, kernel shape, semifield, stride, padding, dilation, groups, kind)
     "small": [
         ((2, 3, 9, 8), (3, 1, 3, 3), "tropical_max", 1, 1, 1, 3, "conv"),
@@ -448,6 +450,7 @@ def _draw(size: str, tag: str, i: int, dtype: torch.dtype, device: torch.device,
     spatial = [reach[d] + pick((0, 1, 2, 3)) for d in range(nd)]
     # padding below each dim's reach: every window holds an image pixel (the edge samples have padding-only ones;
     # here a window of -inf would make gradcheck's finite differences NaN)
+    padding: Any  # pairs, an int or a string, as users pass it
     if tag == "padding=asymmetric" or chance(0.15):
         padding = [(lambda b, e: (b, e) if pick((0, 1)) else (e, b))(0, pick(range(1, r))) if r > 1 else (0, 0)
                    for r in reach]

@@ -20,9 +20,12 @@ def _normalize(M, lam) -> tuple:
     return (M, c.positive_float(OP, "lam", lam))
 
 
+_SHAPES: dict[str, list[tuple[int, ...]]] = {"small": [(3, 2, 5)], "medium": [(40, 30, 2, 21)],
+                                              "edge": [(2, 0), (0, 2, 3), (4, 2, 1)], "benchmark": [(115000, 2, 21)]}
+
+
 def _samples(size: str, dtype: torch.dtype, device: torch.device, gen: torch.Generator) -> list[SampleInput]:
-    shapes = {"small": [(3, 2, 5)], "medium": [(40, 30, 2, 21)], "edge": [(2, 0), (0, 2, 3), (4, 2, 1)],
-              "benchmark": [(115000, 2, 21)]}[size]
+    shapes = _SHAPES[size]
     out = [SampleInput("x".join(map(str, s)), (c.randn(s, dtype, device, gen), 0.3)) for s in shapes]
     if size == "edge":
         # pixels trailing, as a phase-microscopy stack [2, Z, Y, X] viewed as [Y, X, 2, Z] (no copy)

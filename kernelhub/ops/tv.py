@@ -18,14 +18,17 @@ def _volume(op: str, volume: object) -> torch.Tensor:
     return c.tensor(op, "volume", volume, c.FLOATS, min_ndim=3)
 
 
+_SHAPES: dict[str, list[tuple[int, ...]]] = {
+    "small": [(5, 6, 7), (2, 3, 4, 5, 6)],
+    "medium": [(2, 24, 40, 33)],
+    "edge": [(1, 5, 6), (4, 1, 6), (4, 5, 1), (1, 1, 1), (2, 2, 2), (0, 4, 4), (3, 0, 2, 3, 4)],
+    "benchmark": [(256, 256, 256), (512, 512, 512), (16, 1024, 1024)],
+}
+
+
 def _samples(with_eps: bool):
     def samples(size: str, dtype: torch.dtype, device: torch.device, gen: torch.Generator) -> list[SampleInput]:
-        shapes = {
-            "small": [(5, 6, 7), (2, 3, 4, 5, 6)],
-            "medium": [(2, 24, 40, 33)],
-            "edge": [(1, 5, 6), (4, 1, 6), (4, 5, 1), (1, 1, 1), (2, 2, 2), (0, 4, 4), (3, 0, 2, 3, 4)],
-            "benchmark": [(256, 256, 256), (512, 512, 512), (16, 1024, 1024)],
-        }[size]
+        shapes = _SHAPES[size]
         extra = (1e-8,) if with_eps else ()
         out = [SampleInput("x".join(map(str, shape)), (c.randn(shape, dtype, device, gen), *extra))
                for shape in shapes]
@@ -50,9 +53,9 @@ def _work(args, out: torch.Tensor, grads_of) -> Work:
 
 
 def _bad_inputs(with_eps: bool):
-    def bad() -> list[tuple[tuple, dict, type, str]]:
+    def bad() -> list[tuple[tuple, dict, type[Exception], str]]:
         eps = (1e-8,) if with_eps else ()
-        cases = [
+        cases: list[tuple[tuple, dict, type[Exception], str]] = [
             ((torch.zeros(4, 4), *eps), {}, ValueError, "volume"),
             ((torch.zeros(3, 3, 3, dtype=torch.int64), *eps), {}, TypeError, "volume"),
             (([[[1.0]]], *eps), {}, TypeError, "volume"),

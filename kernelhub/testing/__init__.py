@@ -258,7 +258,8 @@ def reach(op: str, backend: str, size: str, dtype: torch.dtype, device: str = "c
         return True
 
     space = spec.space if sample is None else None
-    later = {t: c.version for c in spec.changes if impl is not None and c.version > impl.version for t in c.tags}
+    later = {t: c.version for c in spec.changes
+             if impl is not None and impl.version is not None and c.version > impl.version for t in c.tags}
     required = space.required.get(size, ()) if space else ()
     out.tags = {t: 0 for t in required if t not in later}
     if impl is not None and any(t in later for t in required):
@@ -474,9 +475,9 @@ class Check:
     @property
     def label(self) -> str:
         """What `kernelhub check` shows in its "check" column."""
-        if self.kind == "parity":
+        if self.case is not None and self.kind == "parity":
             return f"parity {str(self.case.dtype).removeprefix('torch.')} {self.case.size}"
-        if self.kind == "non-contiguous":
+        if self.case is not None and self.kind == "non-contiguous":
             return f"non-contiguous {str(self.case.dtype).removeprefix('torch.')}"
         return f"{self.kind} float64" if self.kind in ("opcheck", "gradcheck") else self.kind
 
@@ -484,10 +485,10 @@ class Check:
         """Run the check: an AssertionError on a failure, `NotCovered` where a tag its size requires (and
         ``allow``'s fnmatch patterns do not name) was reached by no call the impl accepts; returns what it
         reached (None for the checks that run one fixed call: bad inputs and the CUDA ones)."""
-        if self.kind == "parity":
-            return check_parity(self.case, allow=allow)
-        if self.kind == "non-contiguous":
-            return check_noncontiguous(self.case, allow=allow)
+        if self.kind in ("parity", "non-contiguous"):
+            assert self.case is not None, f"a {self.kind} check without its case"
+            check = check_parity if self.kind == "parity" else check_noncontiguous
+            return check(self.case, allow=allow)
         if self.kind == "opcheck":
             return check_opcheck(self.op, self.backend, "small", self.device, allow=allow)
         if self.kind == "gradcheck":

@@ -350,3 +350,14 @@ def test_the_built_in_backends_import_only_what_the_backend_guide_lists():
     assert missing == [], missing
     checks = [n for n in dir(testing) if n.startswith("check_") and callable(getattr(testing, n))]
     assert set(checks) <= set(testing.__all__), set(checks) - set(testing.__all__)
+
+
+def test_the_kit_s_parity_case_is_not_named_like_kernelhub_case():
+    """kernelhub.Case is an op's kind of call; the kit's parity case is `testing.ParityCase`. Its old name
+    `testing.Case` still imports, with a DeprecationWarning, and is not in `testing.__all__`."""
+    import kernelhub
+    from kernelhub import testing
+
+    assert "Case" not in testing.__all__ and "ParityCase" in testing.__all__
+    with pytest.warns(DeprecationWarning, match="ParityCase"):
+        assert testing.Case is testing.ParityCase is not kernelhub.Case

@@ -36,7 +36,7 @@ from kernelhub.parity import fresh_leaves, parity_error, to_dtype, upstream_grad
 from kernelhub.spec import OpSpec, SampleInput
 
 __all__ = [
-    "Case", "cases", "samples", "parity_error", "reference", "run", "check_parity", "check_opcheck",
+    "ParityCase", "cases", "samples", "parity_error", "reference", "run", "check_parity", "check_opcheck",
     "check_gradcheck", "check_noncontiguous", "check_bad_inputs", "noncontiguous", "to_dtype", "leaves",
     "with_grad", "fresh_leaves", "supported", "reach", "Reached", "NotCovered", "MINIMUM", "is_skip", "cuda_args",
     "copy_into",
@@ -58,9 +58,11 @@ def tier() -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class Case:
+class ParityCase:
     """One parity case: an op, a backend, a dtype, a device and a sample size (``sample``: only the sample of
-    that size with this name, e.g. one shape bucket where each costs a compile; None: every sample)."""
+    that size with this name, e.g. one shape bucket where each costs a compile; None: every sample). Named
+    ``Case`` before 2026-11-29 (kernelhub.Case is an op's kind of call); the old name still imports, with a
+    DeprecationWarning."""
 
     op: str
     backend: str
@@ -90,7 +92,7 @@ def _spec(op: str) -> OpSpec:
 
 
 def cases(backend: str | None = None, device: str = "cpu", sizes: Sequence[str] = ("small", "edge", "medium"),
-          ops: Iterable[str] | None = None) -> list[Case]:
+          ops: Iterable[str] | None = None) -> list[ParityCase]:
     """Every (op, backend, dtype, size) the registry declares for ``device``: the generated test matrix."""
     hub = get_hub()
     out = []
@@ -102,7 +104,7 @@ def cases(backend: str | None = None, device: str = "cpu", sizes: Sequence[str] 
                 continue
             for dtype in impl.dtypes:
                 for size in sizes:
-                    out.append(Case(name, bname, dtype, device, size))
+                    out.append(ParityCase(name, bname, dtype, device, size))
     return out
 
 
@@ -264,7 +266,7 @@ def reach(op: str, backend: str, size: str, dtype: torch.dtype, device: str = "c
     out.tags = {t: 0 for t in required if t not in later}
     if impl is not None and any(t in later for t in required):
         out.not_in = f"not in v{impl.version}: " + ", ".join(f"{t} (v{later[t]})" for t in required if t in later)
-    for candidate in Case(op, backend, dtype, str(device), size, sample).samples(seed):
+    for candidate in ParityCase(op, backend, dtype, str(device), size, sample).samples(seed):
         offer(candidate)
     if space is not None:
         gen = torch.Generator(device=device).manual_seed(seed + 1)
@@ -295,7 +297,7 @@ def is_skip(exc: BaseException) -> bool:
     return isinstance(exc, pytest.skip.Exception)
 
 
-def check_parity(case: Case, seed: int = 0, allow: Iterable[str] = ()) -> Reached:
+def check_parity(case: ParityCase, seed: int = 0, allow: Iterable[str] = ()) -> Reached:
     """Forward and backward of every call `reach` finds for ``case`` within the spec's tolerance (the drawn calls
     are no larger than its samples; not the per-call `kernelhub.parity.call_tolerance`, which in float64 a tie
     widens to anything: one rounding moves the winner), or in a dtype the spec has not measured yet
@@ -312,7 +314,7 @@ def check_parity(case: Case, seed: int = 0, allow: Iterable[str] = ()) -> Reache
     return _covered(reached, f"parity of {case}", allow)
 
 
-def check_noncontiguous(case: Case, seed: int = 0, allow: Iterable[str] = ()) -> Reached:
+def check_noncontiguous(case: ParityCase, seed: int = 0, allow: Iterable[str] = ()) -> Reached:
     """Non-contiguous inputs give the result of their contiguous copies, within the dtype's tolerance
     (forward and gradients), on every call `reach` finds."""
     spec = _spec(case.op)
@@ -465,7 +467,7 @@ class Check:
     op: str
     backend: str
     device: str
-    case: Case | None = None
+    case: ParityCase | None = None
     fast_mode: bool = False
 
     def __str__(self) -> str:
@@ -661,3 +663,13 @@ def check_cuda_graph_replay(op: str, backend: str) -> None:
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(static_out, fn(*args, backend, 0), rtol=0, atol=0)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Case":  # the name of ParityCase before 2026-11-29
+        import warnings
+
+        warnings.warn("kernelhub.testing.Case is now kernelhub.testing.ParityCase (kernelhub.Case is an op's kind of "
+                      "call)", DeprecationWarning, stacklevel=2)
+        return ParityCase
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -221,3 +221,218 @@ def install(tmp_path, monkeypatch):
     yield _install
     for m in [m for m in sys.modules if m.startswith("khtest_")]:
         del sys.modules[m]
+
+
+# -- test backends: plugin distributions the tests install (`plugin`) -------------------------------------------
+# Each template is a plugin module: "{name}" becomes the backend's name where the template takes one, and
+# "{key!r}" the repr of a value given to `plugin` (TEMPLATE_DEFAULTS: the values a template takes by default).
+
+# A test backend: tv_loss_l1_3d on CPU in float32 for 3-D volumes only; counts its calls.
+FAST = '''
+import torch
+from kernelhub import hookimpl
+from kernelhub.spec import Backend, Impl
+from kernelhub_torch_ref import tv
+
+CALLS = {"forward": 0, "backward": 0}
+
+def forward(volume):
+    CALLS["forward"] += 1
+    return tv.tv_loss_l1_3d(volume)
+
+def backward(grad, volume, needs):
+    CALLS["backward"] += 1
+    d = volume.float()
+    g = torch.zeros_like(d)
+    for axis, w in zip((0, 1, 2), grad):
+        s = torch.sign(d.diff(dim=axis)) * w
+        g.narrow(axis, 1, d.shape[axis] - 1).add_(s)
+        g.narrow(axis, 0, d.shape[axis] - 1).sub_(s)
+    return [g.to(volume.dtype)]
+
+@hookimpl
+def kernelhub_register_impls(registry):
+    registry.add_backend(Backend("{name}", "9.9", unavailable_reason=lambda: {unavailable!r}))
+    registry.add_impl(Impl(op="tv_loss_l1_3d", backend="{name}", forward=forward, backward=backward,
+                           dtypes=(torch.float32,), devices={devices!r},
+                           not_supported_reasons=lambda a: ["needs a 3-D volume"] if a[0].ndim != 3 else []))
+'''
+
+FLAKY = '''
+import torch
+from kernelhub import hookimpl
+from kernelhub.spec import Backend, Impl
+
+def forward(volume):
+    raise RuntimeError("kernel exploded")
+
+def backward(grad, volume, needs):
+    raise RuntimeError("kernel exploded")
+
+@hookimpl
+def kernelhub_register_impls(registry):
+    registry.add_backend(Backend("flaky", "0.1"))
+    registry.add_impl(Impl(op="tv_loss_l1_3d", backend="flaky", forward=forward, backward=backward,
+                           dtypes=(torch.float32,)))
+'''
+
+ATOMIC = '''
+import torch
+from kernelhub import hookimpl
+from kernelhub.spec import Backend, Impl
+from kernelhub_torch_ref import plugin
+
+@hookimpl
+def kernelhub_register_impls(registry):
+    registry.add_backend(Backend("atomic", "0.1"))
+    backward = plugin.vjp_backward(plugin.FORWARDS["tv_loss_l1_3d"], (0,))
+    registry.add_impl(Impl(op="tv_loss_l1_3d", backend="atomic", forward=plugin.FORWARDS["tv_loss_l1_3d"],
+                           backward=backward, dtypes=(torch.float32,), deterministic=False))
+'''
+
+# Returns a float64 [3] for a float32 call (the spec says float32), with shape=True a float32 [4], with double=False
+# the right output (its gradient has the wrong shape still).
+BADSHAPE = '''
+import torch
+from kernelhub import hookimpl
+from kernelhub.spec import Backend, Impl
+from kernelhub_torch_ref import tv
+
+def forward(volume):
+    out = tv.tv_loss_l1_3d(volume)
+    return torch.cat([out, out[:1]]) if {shape!r} else out.double() if {double!r} else out
+
+def backward(grad, volume, needs):
+    return [torch.zeros(volume.shape[:-1])]  # the wrong shape
+
+@hookimpl
+def kernelhub_register_impls(registry):
+    registry.add_backend(Backend("{name}", "0.1"))
+    registry.add_impl(Impl(op="tv_loss_l1_3d", backend="{name}", forward=forward, backward=backward,
+                           dtypes=(torch.float32,)))
+'''
+
+INVALID = '''
+import torch
+from kernelhub import hookimpl
+from kernelhub.spec import Backend, Impl
+
+@hookimpl
+def kernelhub_register_impls(registry):
+    registry.add_backend(Backend("invalid", "0.1"))
+    registry.add_impl(Impl(op="tv_loss_l1_3d", backend="invalid", forward=abs, backward=abs,
+                           dtypes=(torch.int32,)))
+'''
+
+# A test backend for semiconv: torch_ref's functions, counting its calls.
+MORPH = '''
+import torch
+from kernelhub import hookimpl
+from kernelhub.spec import Backend, Impl
+from kernelhub_torch_ref import plugin
+
+CALLS = {"forward": 0, "backward": 0}
+_backward = plugin.vjp_backward(plugin.FORWARDS["semiconv"], (0, 1))
+
+def forward(*args):
+    CALLS["forward"] += 1
+    return plugin.FORWARDS["semiconv"](*args)
+
+def backward(*args, **kwargs):
+    CALLS["backward"] += 1
+    return _backward(*args, **kwargs)
+
+@hookimpl
+def kernelhub_register_impls(registry):
+    registry.add_backend(Backend("morph", "0.1"))
+    registry.add_impl(Impl(op="semiconv", backend="morph", forward=forward, backward=backward,
+                           dtypes=(torch.float32,)))
+'''
+
+WRONG = '''
+import torch
+from kernelhub import hookimpl
+from kernelhub.spec import Backend, Impl
+from kernelhub_torch_ref import plugin
+
+def forward(volume):
+    return plugin.FORWARDS["tv_loss_l1_3d"](volume) * 1.01  # 1% off: far outside float32's tolerance
+
+@hookimpl
+def kernelhub_register_impls(registry):
+    registry.add_backend(Backend("wrong", "0.1"))
+    registry.add_impl(Impl(op="tv_loss_l1_3d", backend="wrong", forward=forward,
+                           backward=plugin.vjp_backward(plugin.FORWARDS["tv_loss_l1_3d"], (0,)),
+                           dtypes=(torch.float32,)))
+'''
+
+WRONG_GRAD = """
+import torch
+from kernelhub import hookimpl
+from kernelhub.spec import Backend, Impl
+from kernelhub_torch_ref import tv
+from kernelhub_torch_ref.plugin import vjp_backward
+
+_backward = vjp_backward(tv.tv_loss_sq_3d, (0,))
+
+def backward(grad, volume, needs):  # the planted bug: the gradient 10% too large at one voxel
+    (g,) = _backward(grad, volume, needs=needs)
+    g = g.clone()
+    g.view(-1)[g.numel() // 2] *= 1.1
+    return [g]
+
+@hookimpl
+def kernelhub_register_impls(registry):
+    registry.add_backend(Backend("{name}", "0.1"))
+    registry.add_impl(Impl(op="tv_loss_sq_3d", backend="{name}", forward=tv.tv_loss_sq_3d, backward=backward,
+                           dtypes=(torch.float32, torch.float64), devices=("cpu",)))
+"""
+
+
+PLUGIN_TEMPLATES = {"fast": FAST, "flaky": FLAKY, "atomic": ATOMIC, "badshape": BADSHAPE, "invalid": INVALID,
+                    "morph": MORPH, "wrong": WRONG, "wrong_grad": WRONG_GRAD}
+TEMPLATE_DEFAULTS = {"fast": {"devices": ("cpu",), "unavailable": None}, "badshape": {"double": True}}
+
+
+@pytest.fixture
+def plugin(install):
+    """Install a test backend of `PLUGIN_TEMPLATES` as a plugin distribution, through the real entry-point path:
+    ``plugin("fast", "gpuonly", devices=("cuda",))`` (the name defaults to the template's); returns its module's
+    name (``khtest_<name>``)."""
+    def _plugin(template, name=None, **fmt):
+        return install(name or template, PLUGIN_TEMPLATES[template], **{**TEMPLATE_DEFAULTS.get(template, {}), **fmt})
+    return _plugin
+
+
+@pytest.fixture
+def only_test_backends(monkeypatch):
+    """Installed kernel backends that serve CPU calls (cuda_ext's C++ kernels) disabled: the tests' own backends
+    and torch_ref compete."""
+    monkeypatch.setenv("KERNELHUB_DISABLE", "cuda_ext")
+
+
+@pytest.fixture
+def tv_backend_hub():
+    """A `kernelhub.hub.Hub` built directly (not the global hub) whose backend ``name``, first in its priority before
+    torch_ref, serves tv_loss_l1_3d with ``forward`` and ``backward`` (torch_ref's dtypes and devices), its Impl
+    declaring ``flags``: ``tv_backend_hub(name, forward, backward, **flags)``."""
+    import dataclasses
+    import types
+
+    import kernelhub
+    from kernelhub import hookimpl
+    from kernelhub.config import Config
+    from kernelhub.hub import Hub
+    from kernelhub.spec import Backend, Impl
+
+    def make(name, forward, backward, **flags):
+        ref = kernelhub.get_hub().registry.impls("tv_loss_l1_3d")["torch_ref"]
+
+        @hookimpl
+        def kernelhub_register_impls(registry):
+            registry.add_backend(Backend(name, "1.0"))
+            registry.add_impl(Impl(op="tv_loss_l1_3d", backend=name, dtypes=ref.dtypes, devices=ref.devices,
+                                   forward=forward, backward=backward, **flags))
+        return Hub(extra_plugins=[(name, types.SimpleNamespace(kernelhub_register_impls=kernelhub_register_impls))],
+                   config=dataclasses.replace(Config(), priority=(name, "torch_ref")))
+    return make

@@ -80,3 +80,14 @@ def run(args: Sequence[str], timeout: float, *, env: dict[str, str] | None = Non
     if check and done.returncode != 0:
         pytest.fail(f"{' '.join(map(str, args))[:300]} exited {done.returncode}:\n{err[-4000:]}", pytrace=False)
     return done
+
+
+def write_config(tmp_path, text: str):
+    """``text`` (dedented) as the kernelhub.toml of ``tmp_path`` (the tests' working directory: `fresh_hub`), and
+    the hub reloaded to read it."""
+    import textwrap
+
+    import kernelhub
+
+    (tmp_path / "kernelhub.toml").write_text(textwrap.dedent(text))
+    return kernelhub.reload()

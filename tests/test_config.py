@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import kernelhub
-from kernelhub.config import DEFAULT_PRIORITY, SHIPPED, Config, OpConfig, load_config
+from kernelhub.config import DEFAULT_PRIORITY, SHIPPED, Config, OpConfig, TuneConfig, load_config
 from kernelhub.errors import ConfigError
 from kernelhub.registry import declared_backend_names
 
@@ -459,4 +459,29 @@ def test_settings_name_each_backend_a_plugin_registers(install, tmp_path, monkey
     (tmp_path / "kernelhub.toml").write_text('disabled = ["tv2d"]\n')
     with pytest.raises(ConfigError, match=r"disabled: unknown backend 'tv2d' \('tv2d' is a plugin; settings name its "
                                           r"backends: tv2d_ref, tv2d_fast\)"):
+        kernelhub.reload()
+
+
+def test_config_objects_are_validated_like_files():
+    with pytest.raises(ConfigError, match="kill_switch"):
+        kernelhub.reload(config=Config(kill_switch="no"))
+    with pytest.raises(ConfigError, match="mode"):
+        kernelhub.reload(config=Config(tune=TuneConfig(mode="bogus")))
+    with pytest.raises(ConfigError, match="nope"):
+        kernelhub.reload(config=Config(priority=("nope",)))
+    from kernelhub.config import OpConfig
+    for device_sizes, says in (({"": ((5, ("triton",)),)}, "device_sizes: expected device text"),
+                               ({"H100": ((5, ("nope",)),)}, r"device_sizes\['H100'\]\[5\].*nope"),
+                               ({"H100": ((9, ()), (5, ()))}, r"device_sizes\['H100'\]: expected .* ascending")):
+        with pytest.raises(ConfigError, match=says):
+            kernelhub.reload(config=Config(ops={"tv_loss_l1_3d": OpConfig(device_sizes=device_sizes)}))
+
+
+
+def test_a_deeply_nested_toml_and_a_nul_byte_are_config_errors(tmp_path):
+    (tmp_path / "kernelhub.toml").write_text("x = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ConfigError, match="kernelhub.toml"):
+        kernelhub.reload()
+    (tmp_path / "kernelhub.toml").write_text('[tune]\ncache = "a\\u0000b"\n')
+    with pytest.raises(ConfigError, match="cache"):
         kernelhub.reload()

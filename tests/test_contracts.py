@@ -218,3 +218,8 @@ def test_the_v1_plugin_is_a_distribution_whose_entry_point_is_the_module():
                          config=kernelhub.config.parse_config({"strict": True}, "test",
                                                               kernelhub.registry.declared_backend_names()))
     kernelhub.reload()
+
+
+def test_an_overflowing_float_argument_names_the_op():
+    with pytest.raises((ValueError, OverflowError), match="tikhonov_inverse_2xn"):
+        kernelhub.op("tikhonov_inverse_2xn")(torch.randn(3, 2, 5), 10 ** 400)

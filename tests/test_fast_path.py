@@ -3,6 +3,9 @@ same values and gradients, same errors; the fast path is taken in plain eager co
 a functorch transform or a dispatch mode traces. Fallback and WrongOutputError on both paths:
 tests/test_selector.py runs those tests once per path (its `path` fixture)."""
 
+import os
+import sys
+
 import harness
 import pytest
 import torch
@@ -516,30 +519,8 @@ def test_a_weighted_handle_refuses_weights_that_do_not_fit_the_output(fast, monk
     assert repr(handle.weighted(torch.ones(3))) == "kernelhub.op('tv_loss_l1_3d').weighted(float32[3])"
 
 
-def _hub_with_tv_backend(name, forward, backward, **flags):
-    """A hub whose backend ``name`` (first in its priority, before torch_ref) serves tv_loss_l1_3d with ``forward``
-    and ``backward`` (the reference's dtypes and devices), its Impl declaring ``flags``."""
-    import dataclasses
-    import types
-
-    from kernelhub import hookimpl
-    from kernelhub.config import Config
-    from kernelhub.hub import Hub
-    from kernelhub.spec import Backend, Impl
-
-    ref = kernelhub.get_hub().registry.impls("tv_loss_l1_3d")["torch_ref"]
-
-    @hookimpl
-    def kernelhub_register_impls(registry):
-        registry.add_backend(Backend(name, "1.0"))
-        registry.add_impl(Impl(op="tv_loss_l1_3d", backend=name, dtypes=ref.dtypes, devices=ref.devices,
-                               forward=forward, backward=backward, **flags))
-    return Hub(extra_plugins=[(name, types.SimpleNamespace(kernelhub_register_impls=kernelhub_register_impls))],
-               config=dataclasses.replace(Config(), priority=(name, "torch_ref")))
-
-
 @pytest.mark.parametrize("raises", [False, True])
-def test_an_impl_that_fuses_the_weights_gets_them_and_the_next_one_gets_them_weighed(raises):
+def test_an_impl_that_fuses_the_weights_gets_them_and_the_next_one_gets_them_weighed(raises, tv_backend_hub):
     """An impl declared `weighted` gets a weighted handle's weights in its forward and backward on the fast path
     (one call each way, with or without grad) and returns the weighted sum itself; where it raises, the next impl
     serves the plain call and the hub weighs it; weights that require grad are weighed by autograd around the
@@ -560,7 +541,7 @@ def test_an_impl_that_fuses_the_weights_gets_them_and_the_next_one_gets_them_wei
         calls.append(("backward", weights is not None))
         return ref.backward(g if weights is None else weights * g, v, needs=needs)
 
-    hub = _hub_with_tv_backend("fused", forward, backward, weighted=True)
+    hub = tv_backend_hub("fused", forward, backward, weighted=True)
     v = torch.randn(3, 4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     w = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
     upstream = torch.tensor(0.75, dtype=torch.float64)
@@ -672,7 +653,7 @@ def test_the_host_ladder_runs_every_row_and_leaves_the_checks_in_place():
 
 
 @pytest.mark.parametrize("failing", ["", "backward", "forward"])
-def test_an_impl_that_saves_gets_its_saved_tensor_back_in_its_backward_only(failing):
+def test_an_impl_that_saves_gets_its_saved_tensor_back_in_its_backward_only(failing, tv_backend_hub):
     """An impl declared `saves` is called with ``saving=True`` where its backward follows (the fast path, an input
     requiring grad; a weighted handle weighing its output in torch ops too) and gets what it saved in that backward,
     each call its own; without grad, and through the operators, it is called plainly. Where its backward raises, the
@@ -698,7 +679,7 @@ def test_an_impl_that_saves_gets_its_saved_tensor_back_in_its_backward_only(fail
             assert saved.item() == v.sum().item()
         return ref.backward(g, v, needs=needs)
 
-    hub = _hub_with_tv_backend("saver", forward, backward, saves=True)
+    hub = tv_backend_hub("saver", forward, backward, saves=True)
     gen = torch.Generator().manual_seed(5)
     w = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
     first = True
@@ -734,3 +715,77 @@ def test_an_impl_that_saves_gets_its_saved_tensor_back_in_its_backward_only(fail
         out = torch.ops.kernelhub.tv_loss_l1_3d.default(x, "", hub.key)  # the operators: plain calls
         torch.autograd.grad(out.sum(), x)
         assert calls == [("forward", False), ("forward", False), ("backward", None)]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("case", ["tv_loss_sq_3d", "trilinear_interp", "semiconv", "weighted"])
+def test_a_second_order_term_through_the_upstream_gradient_raises_never_vanishes(case, fast, monkeypatch):
+    """``grad(c * op(x), x, create_graph=True)`` depends on c through the upstream gradient; differentiating it
+    with respect to c must not give None (allow_unused) or zero: the op's double-backward error, on both paths."""
+    monkeypatch.setattr(_state, "EAGER_FAST_PATH", fast)
+    c = torch.tensor(0.5, requires_grad=True)
+    if case == "weighted":
+        x = torch.randn(2, 4, 5, 6, requires_grad=True)
+        w = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        out = kernelhub.op("tv_loss_l1_3d").weighted(w)(x)
+        inputs = (c, w)
+    else:
+        from kernelhub import testing
+        args = testing.with_grad(case, testing.samples(case, "small", torch.float64)[0].args)
+        x = testing.leaves(case, args)[0]
+        out = kernelhub.op(case)(*args)
+        inputs = (c,)
+    (g,) = torch.autograd.grad((c * out).sum(), x, create_graph=True)
+    op = "tv_loss_l1_3d" if case == "weighted" else case
+    with pytest.raises(RuntimeError, match=f"double backward is not supported by kernelhub.{op}"):
+        torch.autograd.grad(g.pow(2).sum(), inputs, allow_unused=True)
+
+
+
+@pytest.mark.parametrize("backend", ["torch_ref", "cuda_ext"])
+def test_weights_changed_in_place_after_the_forward_raise_at_the_backward(backend):
+    if kernelhub.get_hub().registry.unavailable_reason(backend):
+        pytest.skip(f"{backend} is unavailable")
+    v = torch.randn(2, 4, 5, 6, requires_grad=True)
+    w = torch.tensor([1.0, 2.0, 3.0])
+    loss = kernelhub.op("tv_loss_l1_3d", backend=backend).weighted(w)(v)
+    w.mul_(10)
+    with pytest.raises(RuntimeError, match="tv_loss_l1_3d: argument 'weights' was modified in place"):
+        loss.backward()
+
+
+
+@pytest.mark.parametrize("op", ["kplanes_interp_tilted", "tv_loss_sq_3d", "trilinear_interp", "semiconv"])
+@pytest.mark.parametrize("kill", [True, False])
+def test_autocast_does_not_change_an_ops_precision(op, kill, monkeypatch):
+    """Under ``torch.autocast`` an op computes in its inputs' dtype, as outside it, on every backend (the reference
+    included): docs/ops.md, "Autocast"."""
+    from kernelhub import testing
+    if kill:
+        monkeypatch.setenv("KERNELHUB_KILL_SWITCH", "1")
+        kernelhub.reload()
+    args = testing.samples(op, "small", torch.float32)[0].args
+    want = kernelhub.op(op)(*args)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = kernelhub.op(op)(*args)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+
+@pytest.mark.parametrize("value, off", [("0", True), ("false", True), ("off", True), ("no", True), ("1", False),
+                                        ("true", False), ("on", False)])
+def test_the_fast_path_switch_reads_the_usual_spellings(value, off):
+    code = "import kernelhub._state as s; print(s.EAGER_FAST_PATH)"
+    out = harness.run([sys.executable, "-c", code], timeout=120,
+                         env=dict(os.environ, KERNELHUB_EAGER_FAST_PATH=value)).stdout.strip()
+    assert out == str(not off)
+
+
+
+def test_an_unknown_fast_path_spelling_is_an_error_naming_the_variable():
+    """Where a hub is built (the import itself succeeds, so the command line can report it: test_config.py)."""
+    code = "import kernelhub\ntry:\n    kernelhub.get_hub()\nexcept kernelhub.ConfigError as e:\n    print(e)"
+    proc = harness.run([sys.executable, "-c", code], timeout=120,
+                       env=dict(os.environ, KERNELHUB_EAGER_FAST_PATH="maybe"))
+    assert proc.returncode == 0 and "KERNELHUB_EAGER_FAST_PATH='maybe'" in proc.stdout, proc.stderr

@@ -395,3 +395,25 @@ def test_module_constructors_take_every_form_the_op_does():
     khnn.Opening(k, padding=[[1, 1], [1, 1]], dilation=[1, 2], groups=4)
     assert khnn.LearnedKernel(2, 3, (3, 5), ndim=2)().shape == (3, 2, 3, 5)
     assert khnn.KPlanesField(1, 3, (8, 16)).features == 6
+
+
+@pytest.mark.parametrize("make", [lambda: khnn.QuadraticKernelIso2D(1, 4, 1),
+                                  lambda: khnn.QuadraticKernelSpectral2D(1, 4, 1, init={"var": "ss-iso"}),
+                                  lambda: khnn.QuadraticKernelCholesky2D(1, 4, 1, init={"var": "ss-iso"}),
+                                  lambda: khnn.QuadraticKernelIso2D(1, 4, 1, init={"var": "log-ss"})])
+def test_a_size_1_quadratic_kernel_is_finite(make):
+    kernel = make()
+    assert torch.isfinite(kernel()).all(), kernel()
+    out = khnn.SemiConv(kernel, "tropical_max", groups=1)(torch.randn(1, 1, 5, 5))
+    assert torch.isfinite(out).all()
+
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda: khnn.TVLoss3d(weights="0.5"), "TVLoss3d: weights"),
+    (lambda: khnn.TVLoss3d(weights="123"), "TVLoss3d: weights"),
+    (lambda: khnn.QuadraticKernelIso2D(1, 1, -3), "QuadraticKernelIso2D: argument .kernel_size."),
+    (lambda: khnn.QuadraticKernelIso2D(1, 1, 0), "QuadraticKernelIso2D: argument .kernel_size.")])
+def test_module_constructors_name_the_module_and_argument(make, says):
+    with pytest.raises((ValueError, TypeError), match=says):
+        make()

@@ -15,7 +15,6 @@ import warnings
 import harness
 import pytest
 import torch
-from test_selector import FAST, FLAKY, config
 
 import kernelhub
 from kernelhub import cli, testing
@@ -181,10 +180,10 @@ def _compiled_tv(backend=None):
 NOTHING_TRACED = '\n[compile]\npriority = []'  # compiled graphs hold the operators, which select when they run
 
 
-def test_compiled_code_follows_the_kill_switch_pins_and_forced_backends(install, tmp_path, monkeypatch):
+def test_compiled_code_follows_the_kill_switch_pins_and_forced_backends(plugin, tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELHUB_DISABLE", "cuda_ext")
-    mod = install("fast", FAST, devices=("cpu",), unavailable=None)  # counts its calls
-    config(tmp_path, 'priority = ["fast"]' + NOTHING_TRACED)
+    mod = plugin("fast")  # counts its calls
+    harness.write_config(tmp_path, 'priority = ["fast"]' + NOTHING_TRACED)
     calls = importlib.import_module(mod).CALLS
     v = torch.randn(3, 4, 5, requires_grad=True)
     want = (kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(v) * torch.tensor([1.0, 2.0, 3.0])).sum()
@@ -195,14 +194,16 @@ def test_compiled_code_follows_the_kill_switch_pins_and_forced_backends(install,
     assert kernelhub.explain("tv_loss_l1_3d", v).chosen == "fast"
     torch.testing.assert_close(out, want)
 
-    config(tmp_path, 'priority = ["fast"]\nkill_switch = true' + NOTHING_TRACED)  # the same compiled function
+    # the same compiled function
+    harness.write_config(tmp_path, 'priority = ["fast"]\nkill_switch = true' + NOTHING_TRACED)
     torch.testing.assert_close(step(v), want)
     assert calls["forward"] == 1
 
-    config(tmp_path, 'priority = ["torch_ref", "fast"]' + NOTHING_TRACED + '\n[ops.tv_loss_l1_3d]\npin = "fast"')
+    harness.write_config(tmp_path,
+                         'priority = ["torch_ref", "fast"]' + NOTHING_TRACED + '\n[ops.tv_loss_l1_3d]\npin = "fast"')
     step(v)
     assert calls["forward"] == 2
-    config(tmp_path, 'priority = ["torch_ref", "fast"]' + NOTHING_TRACED)
+    harness.write_config(tmp_path, 'priority = ["torch_ref", "fast"]' + NOTHING_TRACED)
     step(v)
     assert calls["forward"] == 2
     _compiled_tv("fast")(v).backward()  # a forced backend
@@ -211,9 +212,9 @@ def test_compiled_code_follows_the_kill_switch_pins_and_forced_backends(install,
         _compiled_tv("fast")(v.double())
 
 
-def test_compiled_code_falls_back_past_a_backend_that_raises(install, tmp_path):
-    install("flaky", FLAKY)
-    config(tmp_path, 'priority = ["flaky", "torch_ref"]' + NOTHING_TRACED)
+def test_compiled_code_falls_back_past_a_backend_that_raises(plugin, tmp_path):
+    plugin("flaky")
+    harness.write_config(tmp_path, 'priority = ["flaky", "torch_ref"]' + NOTHING_TRACED)
     v = torch.randn(3, 4, 5, requires_grad=True)
     step = _compiled_tv()
     with pytest.warns(RuntimeWarning, match="'flaky' raised RuntimeError: kernel exploded"):
@@ -270,7 +271,7 @@ def _kernelhub_nodes(targets):
     return sorted(str(t) for t in targets if str(t).startswith("kernelhub."))
 
 
-def test_a_compiled_graph_holds_the_traced_impl_and_recompiles_when_the_hub_changes(install, tmp_path):
+def test_a_compiled_graph_holds_the_traced_impl_and_recompiles_when_the_hub_changes(plugin, tmp_path):
     """The shipped [compile] priority on the CPU traces inductor's impl (torch_ref's code): AOTAutograd's graphs
     hold no kernelhub operator, and value and gradient are the reference's. A new config (the kill switch) makes
     the same compiled function recompile (dynamo guards on the hub's generation) and hold the operators; a pinned
@@ -297,7 +298,7 @@ def test_a_compiled_graph_holds_the_traced_impl_and_recompiles_when_the_hub_chan
     tag, token = torch.compiler.config.cache_key_tag, GENERATION.token
     kernelhub.reload()  # the same config and plugins: nothing to recompile
     assert (torch.compiler.config.cache_key_tag, GENERATION.token) == (tag, token)
-    config(tmp_path, "kill_switch = true")
+    harness.write_config(tmp_path, "kill_switch = true")
     assert GENERATION.token != token
     assert torch.compiler.config.cache_key_tag != tag  # graphs cached on disk are the new config's own
     assert kernelhub.get_hub().selector.traced("tv_loss_l1_3d", (v,)) is None
@@ -305,8 +306,8 @@ def test_a_compiled_graph_holds_the_traced_impl_and_recompiles_when_the_hub_chan
     assert _kernelhub_nodes(targets) == ["kernelhub.tv_loss_l1_3d.default", "kernelhub.tv_loss_l1_3d_backward.default"]
     torch.testing.assert_close(out, want)
 
-    mod = install("fast", FAST, devices=("cpu",), unavailable=None)
-    config(tmp_path, '[ops.tv_loss_l1_3d]\npin = "fast"')
+    mod = plugin("fast")
+    harness.write_config(tmp_path, '[ops.tv_loss_l1_3d]\npin = "fast"')
     v3 = torch.randn(5, 6, 7, requires_grad=True)
     out, targets = _aot_graphs(lambda x: op(x) * w, v3)
     assert _kernelhub_nodes(targets) == ["kernelhub.tv_loss_l1_3d.default", "kernelhub.tv_loss_l1_3d_backward.default"]
@@ -381,7 +382,7 @@ def test_an_impl_that_cannot_be_traced_leaves_the_operator_in_the_graph(install,
     warning naming it, the graph holds the operator (forward and backward), and the value and gradient are right
     (the operator runs the impl eagerly, or falls back past its wrong output)."""
     install("pointer", UNTRACEABLE, wrong=wrong)
-    config(tmp_path, 'priority = ["pointer", "torch_ref"]\n[compile]\npriority = ["pointer"]')
+    harness.write_config(tmp_path, 'priority = ["pointer", "torch_ref"]\n[compile]\npriority = ["pointer"]')
     v = torch.randn(2, 5, 6, 7, requires_grad=True)
     op = kernelhub.op("tv_loss_l1_3d")
     torch._dynamo.reset()

@@ -6,9 +6,11 @@ import json
 import math
 import os
 import re
+import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import warnings
 from pathlib import Path
 
@@ -831,31 +833,113 @@ def test_tune_and_explain_say_what_their_figures_are(hub, capsys):
     assert "rounds" in out and "the median over the timed rounds" in out
 
 
-def test_a_hub_built_directly_checks_parity_through_its_own_operators():
+def test_a_hub_built_directly_checks_parity_through_its_own_operators(tv_backend_hub):
     """The tuner of a `Hub(...)` built directly times candidates on that hub's handles and checks their parity
     through that hub's operators (its key), not the global hub's: a backend only that hub has passes parity and can
     win there; the global hub, which lacks it, is never asked to run it."""
-    import dataclasses
-    import types
-
-    from kernelhub import hookimpl
-    from kernelhub.config import Config
-    from kernelhub.hub import Hub
-    from kernelhub.spec import Backend, Impl
-
     ref = kernelhub.get_hub().registry.impls("tv_loss_l1_3d")["torch_ref"]
-
-    @hookimpl
-    def kernelhub_register_impls(registry):
-        registry.add_backend(Backend("its_own", "1.0"))
-        registry.add_impl(Impl(op="tv_loss_l1_3d", backend="its_own", dtypes=ref.dtypes, devices=ref.devices,
-                               forward=ref.forward, backward=ref.backward))
-
-    hub = Hub(extra_plugins=[("its_own", types.SimpleNamespace(kernelhub_register_impls=kernelhub_register_impls))],
-              config=dataclasses.replace(Config(), priority=("its_own", "torch_ref")))
+    hub = tv_backend_hub("its_own", ref.forward, ref.backward)
     assert "its_own" not in kernelhub.get_hub().registry.backends
     spec = hub.registry.spec("tv_loss_l1_3d")
     args = spec.normalize(torch.randn(2, 5, 6, 7, dtype=torch.float64))
     entry = hub.selector.tuning.tune("tv_loss_l1_3d", args, ["its_own", "torch_ref"], save=False)
     assert entry["candidates"]["its_own"]["error"] is None, entry["candidates"]["its_own"]
     assert hub.selector.tuning.verify("tv_loss_l1_3d", args, "its_own") is None
+
+
+def _tune_quick(tmp_path, cache: str):
+    (tmp_path / "kernelhub.toml").write_text(f'[tune]\ncache = "{cache}"\n')
+    kernelhub.reload()
+    return cli.main(["tune", "tv_loss_sq_3d", "--quick", "--shape", "1,8,8,8", "--json"])
+
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_a_symlinked_winners_file_is_written_through_the_link(tmp_path, dangling, capsys):
+    shared = tmp_path / "shared" / "tuning.json"
+    shared.parent.mkdir()
+    if not dangling:
+        shared.write_text(json.dumps({"format": "kernelhub-tuning/1", "entries": {}}))
+    link = tmp_path / "link.json"
+    link.symlink_to(shared)
+    _tune_quick(tmp_path, str(link))
+    assert link.is_symlink() and os.readlink(link) == str(shared)
+    assert shared.is_file() and json.loads(shared.read_text())["entries"], "the shared file got no entry"
+
+
+
+def test_a_read_only_winners_file_is_left_untouched(tmp_path, capsys):
+    path = tmp_path / "tuning.json"
+    text = json.dumps({"format": "kernelhub-tuning/1", "entries": {}})
+    path.write_text(text)
+    path.chmod(0o444)
+    with pytest.warns(RuntimeWarning, match="read-only"):
+        rc = _tune_quick(tmp_path, str(path))
+    assert rc == 1
+    assert path.read_text() == text and stat.S_IMODE(path.stat().st_mode) == 0o444
+
+
+
+@pytest.mark.parametrize("special", ["fifo", "/dev/zero", "/dev/null"])
+def test_a_winners_path_that_is_not_a_regular_file_is_not_ours_and_never_blocks(tmp_path, special):
+    if special == "fifo":
+        path = tmp_path / "fifo"
+        os.mkfifo(path)
+    else:
+        path = special
+    (tmp_path / "kernelhub.toml").write_text(f'[tune]\ncache = "{path}"\nmode = "cached"\n')
+    result = []
+    def call():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            kernelhub.reload()
+            result.append((kernelhub.op("tv_loss_sq_3d")(torch.randn(2, 3, 4)),
+                           [str(w.message) for w in caught]))
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the call blocked on the winners path"
+    assert result and any("not a regular file" in m for m in result[0][1]), result
+
+
+
+@pytest.mark.parametrize("candidate", [{"step_ms": 1.0}, {"error": None, "step_ms": 1.0, "step_spread": "wide"},
+                                       {"error": None, "step_ms": 1.0, "forward_ms": "x"}])
+@pytest.mark.parametrize("within", [None, "torch_ref", [1, 2]])
+def test_a_malformed_winners_entry_is_dropped_with_a_warning_naming_the_file(tmp_path, candidate, within):
+    from kernelhub.winners import entry_key
+
+    v = torch.randn(1, 8, 8, 8)
+    key = entry_key("tv_loss_sq_3d", (v,))
+    entry = {"candidates": {"torch_ref": candidate, "cuda_ext": {"error": None, "step_ms": 0.5}}}
+    if within is not None:
+        entry["within_noise"] = within
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps({"format": "kernelhub-tuning/1", "entries": {key: entry}}))
+    (tmp_path / "kernelhub.toml").write_text(f'[tune]\ncache = "{path}"\n')
+    kernelhub.reload()
+    with pytest.warns(RuntimeWarning, match=f"tuning cache {path}: 1 malformed entr"):
+        out = kernelhub.op("tv_loss_sq_3d")(v)
+    torch.testing.assert_close(out, kernelhub.op("tv_loss_sq_3d", backend="torch_ref")(v))
+    assert cli.main(["list", "--json"]) == 0
+
+
+
+@pytest.mark.parametrize("mode", ["online", "cached"])
+def test_expanded_inputs_tune_and_keep_their_bucket_for_contiguous_calls(tmp_path, mode, monkeypatch):
+    """A stride-0 (expanded) input: online tuning times it (fresh inputs of its layout, not written into its
+    overlapping memory), and a cached winner checked on such a call still serves the bucket's contiguous ones."""
+    monkeypatch.setenv("KERNELHUB_DISABLE", "inductor")
+    (tmp_path / "kernelhub.toml").write_text(f'[tune]\nmode = "{mode}"\ncache = "{tmp_path / "t.json"}"\n')
+    kernelhub.reload()
+    expanded = torch.randn(1, 1, 1, 64).expand(2, 8, 8, 64)
+    if mode == "cached":
+        assert cli.main(["tune", "tv_loss_sq_3d", "--quick", "--shape", "2,8,8,64"]) in (0, 1)
+        kernelhub.reload()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(kernelhub.op("tv_loss_sq_3d")(expanded),
+                                   kernelhub.op("tv_loss_sq_3d", backend="torch_ref")(expanded))
+        dense = expanded.contiguous()
+        decision = kernelhub.explain("tv_loss_sq_3d", dense)
+    assert not any("parity" in r for c in decision.candidates for r in c.reasons), str(decision)

@@ -5,14 +5,23 @@ needs none of it)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from kernelhub.spec import OpSpec
 
 
-def plan_call(spec: OpSpec, args: Sequence[Any], offset: int) -> tuple:
+class CallPlan(NamedTuple):
+    """What `plan_call` keeps of a call, the same for every call of one layout."""
+    others: tuple  # the arguments, each tensor None and each list of tensors its length, other lists as tuples
+    positions: tuple  # (argument index, count: None for one tensor) of each tensor argument, in order
+    slots: tuple  # (first slot among the glue's inputs, count) of each differentiable argument
+    lists: tuple  # the indices of the other list arguments (given back as new lists)
+    simple: int | None  # where every argument is one differentiable tensor: the offset of their slots, else None
+
+
+def plan_call(spec: OpSpec, args: Sequence[Any], offset: int) -> CallPlan:
     """What autograd glue keeps of a call besides its saved tensors, the same for every call of one layout (the
     eager fast path keeps it with the layout's decision): the arguments with each tensor replaced by None and each
     list of tensors by its length; each tensor argument's position and count (None: one tensor); and each
@@ -38,10 +47,10 @@ def plan_call(spec: OpSpec, args: Sequence[Any], offset: int) -> tuple:
         others[i] = tuple(others[i])
     simple = offset if list(spec.tensor_args) == list(spec.differentiable) == list(range(len(args))) and all(
         count is None for _, count in positions) else None
-    return tuple(others), tuple(positions), tuple(slots), lists, simple
+    return CallPlan(tuple(others), tuple(positions), tuple(slots), lists, simple)
 
 
-def put_back(plan: tuple, saved: Sequence[torch.Tensor], needs_input: Sequence[bool]) -> tuple[list, list[bool]]:
+def put_back(plan: CallPlan, saved: Sequence[torch.Tensor], needs_input: Sequence[bool]) -> tuple[list, list[bool]]:
     """The call `plan_call` took apart, from its saved tensors (every tensor of the tensor arguments in order, a
     list's one by one) and new lists where the call had lists, and whether each differentiable argument needs a
     gradient (any of its tensors, by the glue's ``needs_input``; empty: none asked). On every backward's path: one
@@ -64,16 +73,17 @@ def put_back(plan: tuple, saved: Sequence[torch.Tensor], needs_input: Sequence[b
     return args, [needs_input[s] if c is None else any(needs_input[s:s + c]) for s, c in slots]
 
 
-def to_slots(plan: tuple, needs: Sequence[bool], grads: Sequence[Any], needs_input: Sequence[bool]) -> tuple:
+def to_slots(plan: CallPlan, needs: Sequence[bool], grads: Sequence[Any], needs_input: Sequence[bool]) -> tuple:
     """A backward's result for autograd: each differentiable argument's gradient (a tensor, or a list for a
     "tensors" argument) in its tensors' slots of the glue's inputs (`plan_call`), None elsewhere and where the
     input asked for none."""
-    if plan[4] is not None:  # the slots follow the call's arguments in order
+    simple = plan.simple
+    if simple is not None:  # the slots follow the call's arguments in order
         if False not in needs:
-            return (None,) * plan[4] + tuple(grads)
-        return (None,) * plan[4] + tuple([g if need else None for need, g in zip(needs, grads)])
+            return (None,) * simple + tuple(grads)
+        return (None,) * simple + tuple([g if need else None for need, g in zip(needs, grads)])
     out: list[Any] = [None] * len(needs_input)
-    for (slot, count), need, g in zip(plan[2], needs, grads):
+    for (slot, count), need, g in zip(plan.slots, needs, grads):
         if need:
             if count is None:
                 out[slot] = g

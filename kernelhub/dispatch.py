@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.autograd.forward_ad as _fwad
@@ -56,7 +56,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
 from kernelhub import _state
-from kernelhub._glue import plan_call, put_back, to_slots
+from kernelhub._glue import CallPlan, plan_call, put_back, to_slots
 from kernelhub._state import GENERATION
 from kernelhub.args import tensors_of
 from kernelhub.spec import OpSpec
@@ -372,6 +372,32 @@ def _library() -> torch.library.Library:
     return _state.library[0]
 
 
+class FastCall(NamedTuple):
+    """One eager call `KernelhubFunction` runs: the handle called, the hub and its decision, the layout's plan
+    (`kernelhub._glue.plan_call`) and trusted set (`kernelhub.hub.Hub.forward`), the canonical arguments, and the
+    weights the hub applies (None: none, or autograd weighs them)."""
+    handle: Any  # OpHandle
+    hub: Any  # kernelhub.hub.Hub
+    decision: Any  # kernelhub.select.Decision
+    plan: CallPlan
+    args: tuple
+    weights: torch.Tensor | None
+    trusted: set
+
+
+class FastNode(NamedTuple):
+    """What a `KernelhubFunction` node keeps for its backward: `FastCall`'s parts but the arguments (saved as
+    tensors and put back by the plan), the decision that served the forward, and what its impl saved (`Impl.can`
+    "saves"; else None)."""
+    handle: Any
+    hub: Any
+    decision: Any
+    plan: CallPlan
+    weights: torch.Tensor | None
+    kept: Any
+    trusted: set
+
+
 class KernelhubFunction(torch.autograd.Function):
     """The eager fast path's autograd glue: ``apply(call, *tensors)``, with ``call`` = (handle, hub, decision,
     plan, args, weights) in one input (each input costs the engine, forward and backward) and ``tensors`` every
@@ -384,12 +410,13 @@ class KernelhubFunction(torch.autograd.Function):
     `Hub.backward_grads`)."""
 
     @staticmethod
-    def forward(ctx, call: tuple, *tensors: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, call: FastCall, *tensors: torch.Tensor) -> torch.Tensor:
         handle, hub, decision, plan, args, weights, trusted = call
         ctx.save_for_backward(*tensors)
         keep: list = []  # what an impl that saves for its backward saved (`Impl.can` "saves"), held by this node
-        decision, out = hub.forward(handle.spec.name, args, handle.backend, decision, weights, keep, trusted)
-        ctx.call = (handle, hub, decision, plan, weights, keep[0] if keep else None, trusted)
+        decision, out = hub.forward(handle.spec.name, args, handle.backend, decision=decision, weights=weights,
+                                    keep=keep, trusted=trusted)
+        ctx.call = FastNode(handle, hub, decision, plan, weights, keep[0] if keep else None, trusted)
         ctx.weights_version = None if weights is None else weights._version
         return out
 
@@ -411,18 +438,18 @@ class KernelhubFunction(torch.autograd.Function):
         if legacy:  # sample by sample
             with torch.no_grad():
                 grads = _per_grad_sample(grad, lambda g: hub.backward_grads(handle.spec.name, g, args, needs,
-                                                                            handle.backend, decision))
+                                                                            handle.backend, decision=decision))
         elif wrapped:  # the backward operator's vmap rule
             with torch.no_grad():
                 grads = unflatten_grads(handle.spec, args, needs, _state.operators[handle.spec.name][1](
                     grad, *args, needs, handle.backend, handle.hub))
         elif create_graph:
             with torch.no_grad():
-                grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision, weights,
-                                           kept, trusted)
+                grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision=decision,
+                                           weights=weights, saved=kept, trusted=trusted)
         else:
-            grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision, weights, kept,
-                                       trusted)
+            grads = hub.backward_grads(handle.spec.name, grad, args, needs, handle.backend, decision=decision,
+                                       weights=weights, saved=kept, trusted=trusted)
         out = to_slots(plan, needs, grads, needs_input)
         if not create_graph:
             return out
@@ -515,7 +542,7 @@ class OpHandle:
                         (self.spec.name, self.backend, torch.are_deterministic_algorithms_enabled(), layout[0]))
                 except TypeError:  # an unhashable argument: the spec's checks say what is wrong with it
                     known = None
-                if known is not None:  # (decision, the defaults that complete the call, its plan, what is trusted)
+                if known is not None:  # a `kernelhub.select.Remembered`
                     decision, rest, plan, trusted = known
                     return self._run(hub, decision, args + rest if rest else args, layout[1], plan, trusted)
         return self._call(args, kwargs)
@@ -554,7 +581,7 @@ class OpHandle:
             raise AssertionError("kernelhub: the generation token is never empty")
         return self._overload(*args, self.backend, self.hub)
 
-    def _run(self, hub: Any, decision: Any, args: tuple, tensors: list[torch.Tensor], plan: tuple,
+    def _run(self, hub: Any, decision: Any, args: tuple, tensors: list[torch.Tensor], plan: CallPlan,
              trusted: set) -> torch.Tensor:
         """The eager fast path: ``decision`` run on ``hub`` through `KernelhubFunction` where an input requires
         grad, else the hub's forward alone (no autograd node); ``trusted``: the layout's (`Hub.forward`)."""
@@ -566,10 +593,10 @@ class OpHandle:
         if torch.is_grad_enabled():
             for t in tensors:
                 if t.requires_grad:
-                    out = _apply((self, hub, decision, plan, args, inner, trusted), *tensors)
+                    out = _apply(FastCall(self, hub, decision, plan, args, inner, trusted), *tensors)
                     # inner is weights unless the weights are set and autograd weighs them
                     return out if inner is weights else weighted_sum(out, weights)  # type: ignore[arg-type]
-        out = hub.forward(self.spec.name, args, self.backend, decision, inner, None, trusted)[1]
+        out = hub.forward(self.spec.name, args, self.backend, decision=decision, weights=inner, trusted=trusted)[1]
         return out if inner is weights else weighted_sum(out, weights)  # type: ignore[arg-type]
 
     def __reduce__(self) -> tuple:

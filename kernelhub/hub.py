@@ -93,7 +93,7 @@ class Hub:
     def run_forward(self, op: str, args: Sequence[Any], forced: str) -> torch.Tensor:
         return self.forward(op, args, forced)[1]
 
-    def forward(self, op: str, args: Sequence[Any], forced: str, decision: Decision | None = None,
+    def forward(self, op: str, args: Sequence[Any], forced: str, *, decision: Decision | None = None,
                 weights: torch.Tensor | None = None, keep: list | None = None,
                 trusted: set | None = None) -> tuple[Decision, torch.Tensor]:
         """The decision that served the call, and the checked output: the first eligible impl's of ``decision``
@@ -108,7 +108,7 @@ class Hub:
         check for this layout; such an output is not checked again (None: every output is checked)."""
         if _autocast_on():  # docs/ops.md, "Autocast": an op computes in its inputs' dtype
             with _no_autocast():
-                return self.forward(op, args, forced, decision, weights, keep, trusted)
+                return self.forward(op, args, forced, decision=decision, weights=weights, keep=keep, trusted=trusted)
         if decision is None:
             decision = self.selector.decide(op, args, forced)
         while True:
@@ -144,7 +144,7 @@ class Hub:
         return flatten_grads(self.registry.spec(op), args, needs, self.backward_grads(op, grad, args, needs, forced))
 
     def backward_grads(self, op: str, grad: torch.Tensor, args: Sequence[Any], needs: Sequence[bool],
-                       forced: str, decision: Decision | None = None,
+                       forced: str, *, decision: Decision | None = None,
                        weights: torch.Tensor | None = None, saved: tuple | None = None,
                        trusted: set | None = None) -> list[Any]:
         """One entry per differentiable argument (a tensor, a list for a "tensors" one, None where not needed),
@@ -157,7 +157,8 @@ class Hub:
         and ``needs``)."""
         if _autocast_on():
             with _no_autocast():
-                return self.backward_grads(op, grad, args, needs, forced, decision, weights, saved, trusted)
+                return self.backward_grads(op, grad, args, needs, forced, decision=decision, weights=weights,
+                                           saved=saved, trusted=trusted)
         if decision is None:
             decision = self.selector.decide(op, args, forced)
         while True:

@@ -32,10 +32,11 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from kernelhub._glue import CallPlan
 from kernelhub._state import GENERATION
 from kernelhub.args import arg_key, describe_args, first_tensor
 from kernelhub.config import Config
@@ -99,6 +100,15 @@ def call_key(op: str, args: Sequence[Any], forced: str) -> tuple:
     return (op, forced, torch.are_deterministic_algorithms_enabled(), *map(arg_key, args))
 
 
+class Remembered(NamedTuple):
+    """What the eager fast path keeps of a layout's calls (`Selector.remember`, read by `kernelhub.dispatch.OpHandle`
+    on every eager call)."""
+    decision: Decision
+    rest: tuple  # the defaults that complete the canonical call (the arguments given are canonical as they are)
+    plan: CallPlan  # what the autograd glue keeps of every call of the layout (`kernelhub._glue.plan_call`)
+    trusted: set  # the ways of calling whose outputs passed the checks for the layout (`kernelhub.hub.Hub.forward`)
+
+
 class Selector:
     def __init__(self, registry: Registry, config: Config, handle: Callable[[str, str], Any],
                  hub_key: Callable[[], int] = lambda: 0) -> None:
@@ -112,7 +122,7 @@ class Selector:
         # the canonical call, its `kernelhub._glue.plan_call`, the set of the ways of calling whose results passed
         # the output checks for it: `kernelhub.hub.Hub.forward`'s ``trusted``): `remember`, read by
         # dispatch.OpHandle on every eager call; dropped with `_cache` (`forget`, `mark_failed`, full)
-        self.remembered: dict[tuple, tuple[Decision, tuple, tuple, set]] = {}
+        self.remembered: dict[tuple, Remembered] = {}
         # call_key -> backend -> why it may not serve that key again (it raised): `mark_failed`; never emptied
         self._failed: dict[tuple, dict[str, str]] = {}
         # what was warned about once (a failed backend, a case, a pin, a traced impl): the warnings; never emptied
@@ -133,7 +143,7 @@ class Selector:
                 self._cache[key] = decision
         return decision
 
-    def remember(self, memo_key: tuple, args: Sequence[Any], decision: Decision, rest: tuple, plan: tuple,
+    def remember(self, memo_key: tuple, args: Sequence[Any], decision: Decision, rest: tuple, plan: CallPlan,
                  trusted: set) -> None:
         """Let later calls of this ``memo_key`` (op, forced, deterministic switch, layout: dispatch.OpHandle's)
         skip the spec's checks and the decision key: ``args`` passed the checks, are canonical as given plus the
@@ -145,7 +155,7 @@ class Selector:
         if self._cache.get(call_key(memo_key[0], args, memo_key[1])) is decision:
             if len(self.remembered) >= MAX_CACHED_DECISIONS:
                 self.remembered.clear()
-            self.remembered[memo_key] = (decision, rest, plan, trusted)
+            self.remembered[memo_key] = Remembered(decision, rest, plan, trusted)
 
     def peek(self, op: str, args: Sequence[Any], forced: str = "") -> Decision:
         """The decision for a call without caching a new one: for fake tensors (`kernelhub explain` of a shape too
@@ -327,7 +337,8 @@ class Selector:
             if aside is None:
                 return ordered, {}, None, "", True
             entry, why = aside
-            return ordered, {}, None, (f" (the tuned {'winner ' + entry['winner'] if entry.get('winner') else 'entry'}"
+            winner = entry.get("winner")
+            return ordered, {}, None, (f" (the tuned {'winner ' + winner if winner else 'entry'}"
                                        f" of bucket {entry.get('bucket', '?')} set aside: {why}; `kernelhub tune` "
                                        "times every backend again)"), True
         passed, whys, failed_parity, winner = self.tuning.rank(entry, ordered, op, args)

@@ -60,7 +60,7 @@ import torch
 from kernelhub.args import bucket, describe_args, first_tensor, map_tensors
 from kernelhub.parity import call_tolerance, fresh_leaves, parity_error, reference_with_upstream, run
 from kernelhub.timing import device_model, dropping_grads, paired, quartiles, rounds
-from kernelhub.winners import WinnerCache, entry_key
+from kernelhub.winners import Candidate, Entry, WinnerCache, entry_key
 
 __all__ = ["Tuning", "may_tune_now", "within_noise", "NOISE_FLOOR", "ROUNDS", "rounds_needed", "log_ratio_t",
            "t_critical"]
@@ -152,7 +152,7 @@ def t_critical(df: int, level: float = LEVEL) -> float:
     return (lo + hi) / 2
 
 
-def within_noise(cands: dict[str, dict]) -> list[str]:
+def within_noise(cands: dict[str, Candidate]) -> list[str]:
     """The candidates that passed whose forward+backward is not slower than the fastest's (the least median of its
     ``step_rounds``), fastest first, by the paired-rounds rule (the module's docstring). Each other candidate that
     passed gets ``vs_fastest``: {"ratio": median per-round ratio, "slower_in": rounds, "rounds": rounds timed}. One
@@ -181,7 +181,7 @@ VERSUS_KEY = ("1.59x, slower in 9/9 rounds, t 4.1: the median over the timed rou
               "a gap they do not is within noise)")
 
 
-def versus(cand: dict) -> str:
+def versus(cand: Candidate) -> str:
     """How a candidate compared with the fastest, in words ("1.59x, slower in 9/9 rounds, t 4.1"), or '' (an entry
     tuned before the paired rounds)."""
     vs = cand.get("vs_fastest")
@@ -207,11 +207,11 @@ class Tuning:
         self.tuned_here: list[str] = []  # the entries this process timed (a distributed job's ranks share the rest)
         self._verified: dict[tuple[str, str], str | None] = {}  # (entry key, backend) -> why it fails parity here
 
-    def valid(self, entry: dict, op: str, eligible: Sequence[str]) -> bool:
+    def valid(self, entry: Entry, op: str, eligible: Sequence[str]) -> bool:
         """Same torch, and every eligible backend timed with its current fingerprint (`set_aside`)."""
         return self.set_aside(entry, op, eligible) is None
 
-    def set_aside(self, entry: dict, op: str, eligible: Sequence[str]) -> str | None:
+    def set_aside(self, entry: Entry, op: str, eligible: Sequence[str]) -> str | None:
         """Why ``entry`` no longer orders the calls of its bucket (None: it does): tuned under another torch, an
         eligible backend not timed then (installed since), or one whose kernels changed since (its fingerprint). A
         ``tuned_only`` backend left out of the entry (`kernelhub tune --quick` does not compile) is simply not a
@@ -226,13 +226,13 @@ class Tuning:
             [f"{', '.join(changed)} changed since (the fingerprint of its kernels' sources)"] if changed else [])
         return "; ".join(why) or None
 
-    def set_aside_entry(self, op: str, args: Sequence[Any], eligible: Sequence[str]) -> tuple[dict, str] | None:
+    def set_aside_entry(self, op: str, args: Sequence[Any], eligible: Sequence[str]) -> tuple[Entry, str] | None:
         """(this call's entry, why it is set aside) where its bucket has an entry that `lookup` does not use."""
         entry = self.cache.get(entry_key(op, args))
         why = self.set_aside(entry, op, eligible) if entry is not None else None
         return (entry, why) if entry is not None and why else None
 
-    def stale(self, entries: dict[str, dict] | None = None) -> tuple[set[str], set[str]]:
+    def stale(self, entries: dict[str, Entry] | None = None) -> tuple[set[str], set[str]]:
         """(ops, backends) the winners file names that this process does not have (a plugin removed, say)."""
         ops, backends = set(), set()
         for key, entry in (self.cache.entries() if entries is None else entries).items():
@@ -249,7 +249,7 @@ class Tuning:
         ``dry_run``, would be) removed, a line each."""
         said: list[str] = []
 
-        def change(entries: dict[str, dict]) -> dict[str, dict]:
+        def change(entries: dict[str, Entry]) -> dict[str, Entry]:
             ops, backends = self.stale(entries)
             kept = {}
             for key, entry in entries.items():
@@ -286,7 +286,7 @@ class Tuning:
                           "ignored (a plugin removed? `kernelhub tune --prune` removes them; `kernelhub tune --prune "
                           "--dry-run` lists them)", RuntimeWarning, stacklevel=5)
 
-    def lookup(self, op: str, args: Sequence[Any], eligible: Sequence[str]) -> dict | None:
+    def lookup(self, op: str, args: Sequence[Any], eligible: Sequence[str]) -> Entry | None:
         """The valid entry for this call, if any (never tunes)."""
         if self.config.tune.mode == "off" or len(eligible) < 2:
             return None
@@ -295,7 +295,7 @@ class Tuning:
         entry = self.cache.get(entry_key(op, args))
         return entry if entry is not None and self.valid(entry, op, eligible) else None
 
-    def tune_shared(self, op: str, args: Sequence[Any], eligible: Sequence[str]) -> dict:
+    def tune_shared(self, op: str, args: Sequence[Any], eligible: Sequence[str]) -> Entry:
         """Online tuning that processes sharing the winners file do once: under the file's lock, a process that
         finds a valid entry another one wrote meanwhile (the ranks of a distributed job reach a new shape bucket
         together) uses it instead of tuning. After ``SHARED_TUNE_WAIT_S`` of waiting it tunes without saving."""
@@ -315,7 +315,7 @@ class Tuning:
         return self.tune(op, args, eligible)
 
     def tune(self, op: str, args: Sequence[Any], eligible: Sequence[str], quick: bool = False,
-             progress: Callable[[str], None] | None = None, save: bool = True) -> dict:
+             progress: Callable[[str], None] | None = None, save: bool = True) -> Entry:
         """Time and check every backend in ``eligible`` on fresh inputs shaped like ``args``; record the entry."""
         first = first_tensor(args)
         with torch.inference_mode(False), torch.enable_grad():
@@ -327,11 +327,13 @@ class Tuning:
             except Exception as exc:  # inputs the op's dtype cannot carry (float32 overflowing): no candidate can
                 # be judged, so none wins; the calls are served by the priority order
                 tol, unjudged = None, f"could not be judged: {type(exc).__name__}: {exc}"
-            cands, forwards, steps = {}, {}, {}
+            cands: dict[str, Candidate] = {}
+            forwards: dict[str, Callable] = {}
+            steps: dict[str, Callable] = {}
             timed_args, timed_leaves = fresh_leaves(fresh, spec.differentiable)
             step_grad = None  # the upstream gradient in the output's dtype (the reference's is float64)
             for name in eligible:
-                cand: dict[str, Any] = {"fingerprint": self.registry.fingerprint(name), "error": None}
+                cand: Candidate = {"fingerprint": self.registry.fingerprint(name), "error": None}
                 start = time.perf_counter()
                 cand["error"] = (unjudged if unjudged and name != spec.reference_backend else
                                  self._parity(op, name, fresh, ref_out, grad, ref_grads, tol))  # compiles, if it must
@@ -366,15 +368,19 @@ class Tuning:
                             self._verified.pop((entry_key(op, args), name), None)
                 for name, ms in times.items():
                     if cands[name]["error"] is None:
-                        cands[name][f"{key}_ms"], cands[name][f"{key}_spread"] = quartiles(ms)
-                        if key == "step":
+                        median, spread = quartiles(ms)
+                        if key == "forward":
+                            cands[name]["forward_ms"], cands[name]["forward_spread"] = median, spread
+                        else:
+                            cands[name]["step_ms"], cands[name]["step_spread"] = median, spread
                             cands[name]["step_rounds"] = [float(f"{t:.4g}") for t in ms]
         close = within_noise(cands)
-        entry = {"op": op, "device": device_model(first.device), "dtype": str(first.dtype).removeprefix("torch."),
-                 "bucket": bucket(args), "call": describe_args(args), "torch": torch.__version__,
-                 "tuned": datetime.datetime.now().isoformat(timespec="seconds"), "candidates": cands,
-                 "registered": sorted(self.registry.impls(op)),
-                 "winner": close[0] if len(close) == 1 and not unjudged else None}
+        entry: Entry = {
+            "op": op, "device": device_model(first.device), "dtype": str(first.dtype).removeprefix("torch."),
+            "bucket": bucket(args), "call": describe_args(args), "torch": torch.__version__,
+            "tuned": datetime.datetime.now().isoformat(timespec="seconds"), "candidates": cands,
+            "registered": sorted(self.registry.impls(op)),
+            "winner": close[0] if len(close) == 1 and not unjudged else None}
         if len(close) > 1:
             entry["within_noise"] = close
         before = self.cache.get(entry_key(op, args))
@@ -433,7 +439,7 @@ class Tuning:
                               RuntimeWarning, stacklevel=5)
         return self._verified.get(key)
 
-    def rank(self, entry: dict, eligible: Sequence[str], op: str,
+    def rank(self, entry: Entry, eligible: Sequence[str], op: str,
              args: Sequence[Any]) -> tuple[list[str], dict[str, str], dict[str, str], str | None]:
         """(eligible backends that passed, fastest first; why each of them is placed; why each backend recorded as
         failing parity is set aside; the winner: the first placed, or None where several passed within noise of

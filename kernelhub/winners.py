@@ -36,7 +36,7 @@ import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from kernelhub.args import bucket, first_tensor
 from kernelhub.config import make_private_dirs
@@ -45,6 +45,42 @@ from kernelhub.timing import device_model
 __all__ = ["FORMAT", "WinnerCache", "entry_key"]
 
 FORMAT = "kernelhub-tuning/1"
+
+
+class VsFastest(TypedDict, total=False):
+    """A candidate against the fastest that passed, over the paired rounds (`kernelhub.tune.within_noise`)."""
+    ratio: float  # the median per-round ratio of its time to the fastest's
+    slower_in: int  # the rounds it was slower in
+    rounds: int  # the rounds timed
+    t: float  # the t statistic of the log ratios
+
+
+class Candidate(TypedDict, total=False):
+    """One backend's outcome in an entry. "error" is always there; the times only where it passed (None)."""
+    fingerprint: str  # `kernelhub.registry.Registry.fingerprint` when tuned: its version and sources
+    error: str | None  # why it failed parity or raised; None: it passed
+    first_call_s: float  # its first call's wall time (a compile, a build)
+    forward_ms: float  # the forward's median over the rounds
+    forward_spread: float
+    step_ms: float  # forward+backward's median over the rounds: what ranks the candidates
+    step_spread: float
+    step_rounds: list[float]  # forward+backward's time in each round
+    vs_fastest: VsFastest  # every candidate that passed but the fastest
+
+
+class Entry(TypedDict, total=False):
+    """One entry of the winners file (`entry_key` names it; `_well_formed` checks one read from the file)."""
+    op: str
+    device: str  # `kernelhub.timing.device_model`
+    dtype: str
+    bucket: str  # `kernelhub.args.bucket`
+    call: str  # the tuned call, described (`kernelhub.args.describe_args`)
+    torch: str  # torch's version when tuned
+    tuned: str  # when, ISO 8601
+    candidates: dict[str, Candidate]
+    registered: list[str]  # the backends registered for the op when tuned
+    winner: str | None  # the one clear winner, or None (none passed, or several within noise)
+    within_noise: list[str]  # where several are: fastest first
 
 
 def entry_key(op: str, args: Sequence[Any]) -> str:
@@ -102,12 +138,12 @@ class WinnerCache:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._entries: dict[str, dict] | None = None
+        self._entries: dict[str, Entry] | None = None
         self._warned = False
         self._lock: Any = None  # a filelock.FileLock, made at the first `lock` (filelock is imported there)
         self.not_ours: str | None = None  # why the path is left alone (it holds something that is not ours)
         self.write_error: str | None = None  # why the last write failed, if it did
-        self._unsaved: dict[str, dict] = {}  # entries of this process that the file could not take
+        self._unsaved: dict[str, Entry] = {}  # entries of this process that the file could not take
         self._write_warned: set[str] = set()
 
     def lock(self, timeout: float = 120):
@@ -130,7 +166,7 @@ class WinnerCache:
         is, never replaced by a copy), even where it does not exist yet."""
         return Path(os.path.realpath(self.path))
 
-    def _read(self) -> dict[str, dict]:
+    def _read(self) -> dict[str, Entry]:
         self.not_ours = None
         try:
             mode = os.stat(self.path).st_mode  # a FIFO would block the read, /dev/zero never end it: regular files only
@@ -175,15 +211,15 @@ class WinnerCache:
             self._warned = True
             warnings.warn(f"kernelhub: {message}", RuntimeWarning, stacklevel=4)
 
-    def entries(self) -> dict[str, dict]:
+    def entries(self) -> dict[str, Entry]:
         if self._entries is None:
             self._entries = {**self._read(), **self._unsaved}
         return self._entries
 
-    def get(self, key: str) -> dict | None:
+    def get(self, key: str) -> Entry | None:
         return self.entries().get(key)
 
-    def put(self, new: dict[str, dict], to_disk: bool = True) -> None:
+    def put(self, new: dict[str, Entry], to_disk: bool = True) -> None:
         """Record ``new`` in memory, and in the file where asked, the file is ours and it can be written (else it
         stays in memory for the process, with one warning per reason, and `write_error` says why)."""
         import filelock
@@ -210,7 +246,7 @@ class WinnerCache:
                 warnings.warn(f"kernelhub: tuning cache {self.path} not written ({self.write_error}); tuning results "
                               "stay in memory", RuntimeWarning, stacklevel=3)
 
-    def rewrite(self, change: Callable[[dict[str, dict]], dict[str, dict]]) -> None:
+    def rewrite(self, change: Callable[[dict[str, Entry]], dict[str, Entry]]) -> None:
         """Replace the file's entries with ``change(entries)``, read and written under the lock (another process's
         results of meanwhile kept); OSError or filelock.Timeout where it cannot be written."""
         with self.lock():
@@ -220,7 +256,7 @@ class WinnerCache:
             self._write(change(entries))
         self._entries = {**self._read(), **self._unsaved}
 
-    def _write(self, entries: dict[str, dict]) -> None:
+    def _write(self, entries: dict[str, Entry]) -> None:
         """Replace the file (a symlink's target: `_target`) atomically, keeping its mode; a read-only file (no
         write bit for anyone) is left as it is, whoever owns its directory (root included): PermissionError."""
         target = self._target()

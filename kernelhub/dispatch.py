@@ -399,11 +399,11 @@ class FastNode(NamedTuple):
 
 
 class KernelhubFunction(torch.autograd.Function):
-    """The eager fast path's autograd glue: ``apply(call, *tensors)``, with ``call`` = (handle, hub, decision,
-    plan, args, weights) in one input (each input costs the engine, forward and backward) and ``tensors`` every
-    tensor of ``args`` (a "tensors" argument's elements one by one, so autograd sees them); ``plan`` is what
-    `kernelhub._glue.put_back` needs besides them (`plan_call`'s, kept with the layout's decision). The backward
-    runs on the hub that ran the forward, with the backend of the forward's decision (no second selection).
+    """The eager fast path's autograd glue: ``apply(call, *tensors)``, with ``call`` a `FastCall` (handle, hub,
+    decision, plan, args, weights, trusted) in one input (each input costs the engine, forward and backward) and
+    ``tensors`` every tensor of ``args`` (a "tensors" argument's elements one by one, so autograd sees them); ``plan``
+    is what `kernelhub._glue.put_back` needs besides them (`plan_call`'s, kept with the layout's decision). The
+    backward runs on the hub that ran the forward, with the backend of the forward's decision (no second selection).
     ``weights`` (a weighted handle's, `OpHandle.weighted`, checked against the output; else None): the node's
     output is the op's output weighted and summed, and its backward gives the op's backward ``conj(weights) *
     grad``: in the impl's own kernels where it fuses them (`Impl.can` "weighted"), else in torch ops (`Hub.forward`,

@@ -617,10 +617,10 @@ def test_a_call_taken_apart_by_its_plan_is_put_back_whole():
     # a call of differentiable tensors only (trilinear's): the saved tensors are the call, the slots in order
     trilinear = kernelhub.get_hub().registry.spec("trilinear_interp")
     feats, points = torch.randn(4, 8, 2), torch.rand(4, 3)
-    assert plan[4] is None and plan_call(spec, (pts, rot, planes), 1)[4] is None
+    assert plan.simple is None and plan_call(spec, (pts, rot, planes), 1).simple is None
     for offset in (0, 1):
         plan = plan_call(trilinear, (feats, points), offset)
-        assert plan[4] == offset
+        assert plan.simple == offset
         for needs_input in [(True, True), (False, True), (True, False)]:
             needs_input = (False,) * offset + needs_input
             args, needs = put_back(plan, (feats, points), needs_input)

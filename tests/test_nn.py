@@ -101,8 +101,8 @@ def test_tvloss3d_is_one_autograd_node_one_hub_forward_and_one_hub_backward(kind
     volume's AccumulateGrad, and a forward + backward is one hub forward and one hub backward."""
     hub, calls = kernelhub.get_hub(), []
     forward, backward = hub.forward, hub.backward_grads
-    monkeypatch.setattr(hub, "forward", lambda *a: calls.append("forward") or forward(*a))
-    monkeypatch.setattr(hub, "backward_grads", lambda *a: calls.append("backward") or backward(*a))
+    monkeypatch.setattr(hub, "forward", lambda *a, **k: calls.append("forward") or forward(*a, **k))
+    monkeypatch.setattr(hub, "backward_grads", lambda *a, **k: calls.append("backward") or backward(*a, **k))
     v = torch.randn(2, 5, 6, 7, requires_grad=True)
     loss = khnn.TVLoss3d(kind, 0.5)
     for _ in range(2):  # the second call from the memo, with the coefficients kept
@@ -231,7 +231,7 @@ def test_the_modules_go_through_the_hub():
     calls = []
     hub = kernelhub.get_hub()
     real = hub.forward
-    hub.forward = lambda op, *rest: calls.append(op) or real(op, *rest)
+    hub.forward = lambda op, *rest, **kw: calls.append(op) or real(op, *rest, **kw)
     try:
         khnn.TVLoss3d()(torch.randn(4, 5, 6))
         khnn.SemiConv(torch.zeros(2, 1, 3, 3), "tropical_max", groups=2)(torch.randn(1, 2, 5, 5))

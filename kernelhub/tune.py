@@ -321,9 +321,10 @@ class Tuning:
         with torch.inference_mode(False), torch.enable_grad():
             fresh = _fresh(args)
             spec = self.registry.spec(op)
-            ref_out, grad, ref_grads = reference = reference_with_upstream(spec, fresh, hub=self.hub_key())
+            hub = self.hub_key()
+            ref_out, grad, ref_grads = reference = reference_with_upstream(spec, fresh, hub=hub)
             try:
-                tol, unjudged = call_tolerance(spec, fresh, reference=reference, hub=self.hub_key()), None
+                tol, unjudged = call_tolerance(spec, fresh, reference=reference, hub=hub), None
             except Exception as exc:  # inputs the op's dtype cannot carry (float32 overflowing): no candidate can
                 # be judged, so none wins; the calls are served by the priority order
                 tol, unjudged = None, f"could not be judged: {type(exc).__name__}: {exc}"
@@ -427,10 +428,10 @@ class Tuning:
                 try:
                     fresh = _fresh(args)
                     spec = self.registry.spec(op)
-                    ref_out, grad, ref_grads = reference = reference_with_upstream(spec, fresh, hub=self.hub_key())
+                    hub = self.hub_key()
+                    ref_out, grad, ref_grads = reference = reference_with_upstream(spec, fresh, hub=hub)
                     self._verified[key] = self._parity(op, name, fresh, ref_out, grad, ref_grads,
-                                                       call_tolerance(spec, fresh, reference=reference,
-                                                                      hub=self.hub_key()))
+                                                       call_tolerance(spec, fresh, reference=reference, hub=hub))
                 except Exception as exc:  # the check itself could not run (the reference out of memory): not used
                     self._verified[key] = f"could not be checked: {type(exc).__name__}: {exc}"
             if self._verified[key] is not None and recorded_passing:

@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelhub import accumulation_dtype
 from kernelhub.ops.semiconv import Lifted, lift_plan, zero_of
 from kernelhub.spec import layout_cache
 from kernelhub_triton._launch import Bound, acc_type, cdiv, launch, next_power_of_2, sm_count
@@ -381,12 +382,13 @@ class _Rows(NamedTuple):
 
 class _Smooth(NamedTuple):
     """linear, root and log for one call: the forward's grid and Bounds (the output; the output and the statistic;
-    the statistic alone, None for linear, which needs none), and the gather's grid and Bounds by (NEED_IMG,
-    NEED_KERNEL)."""
+    the statistic alone, None for linear, which needs none), the positions per channel the gather serves (`_span`),
+    and its grid and Bounds by (NEED_IMG, NEED_KERNEL)."""
     grid: tuple
     forward: Bound
     saving: Bound | None
     stats: Bound | None
+    span: tuple[int, int, int]
     gather_grid: tuple
     gather: dict
 
@@ -468,7 +470,7 @@ def _smooth_layout(a, img_shape, kernel_shape, dtype) -> _Smooth:
                    Bound(_semiconv_forward_kernel, STORE_OUT=True, STORE_STAT=False, **fixed),
                    Bound(_semiconv_forward_kernel, STORE_OUT=True, STORE_STAT=True, **fixed) if stat else None,
                    Bound(_semiconv_forward_kernel, STORE_OUT=False, STORE_STAT=True, **fixed) if stat else None,
-                   (B * C * cdiv(ZD * ZH * ZW, BLOCK),),
+                   (ZD, ZH, ZW), (B * C * cdiv(ZD * ZH * ZW, BLOCK),),
                    {(img, ker): Bound(_semiconv_gather_kernel, NEED_IMG=img, NEED_KERNEL=ker, ZD=ZD, ZH=ZH, ZW=ZW,
                                       **fixed)
                     for img in (False, True) for ker in (False, True)})
@@ -480,12 +482,10 @@ def _winner_dtype(window: int) -> torch.dtype:
 
 
 def not_supported_reasons(args) -> list[str]:
-    img, kernel, semifield, stride, padding, dilation, groups, kind, *broadcast = args
-    if math.prod(img.shape[2:]) >= 2**31:
+    if math.prod(args[0].shape[2:]) >= 2**31:
         return ["an image channel of 2^31 elements or more (offsets within a channel are 32-bit here)"]
-    smooth = _call_of(tuple(img.shape), tuple(kernel.shape), semifield, tuple(stride), tuple(padding),
-                      tuple(dilation), groups, kind, bool(broadcast and broadcast[0]), img.dtype, 1).smooth
-    if smooth is not None and math.prod(smooth.gather[True, True].kwargs[z] for z in ("ZD", "ZH", "ZW")) >= 2**31:
+    smooth = _call(*args).smooth  # the launchers' own layout, cached for the call
+    if smooth is not None and math.prod(smooth.span) >= 2**31:
         return ["an image channel with the padding its windows read of 2^31 positions or more (positions are 32-bit "
                 "here)"]
     return []
@@ -507,15 +507,11 @@ def forward(img, kernel, semifield, stride, padding, dilation, groups, kind, gro
         else:
             launch(call.rows.forward, call.rows.grid, x, k, out, x, x, x)
     elif saving and call.smooth.saving is not None:
-        saved = torch.empty(out.shape, dtype=_acc_dtype(img), device=img.device)
+        saved = torch.empty(out.shape, dtype=accumulation_dtype(img.dtype), device=img.device)
         launch(call.smooth.saving, call.smooth.grid, x, k, out, saved)
     else:
         launch(call.smooth.forward, call.smooth.grid, x, k, out, x)
     return (out, saved) if saving else out
-
-
-def _acc_dtype(img) -> torch.dtype:
-    return torch.float64 if img.dtype == torch.float64 else torch.float32
 
 
 def backward(grad, img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting, needs,
@@ -524,7 +520,7 @@ def backward(grad, img, kernel, semifield, stride, padding, dilation, groups, ki
     search and computes no statistic)."""
     call = _call(img, kernel, semifield, stride, padding, dilation, groups, kind, group_broadcasting)
     x, k, g = img.contiguous(), kernel.contiguous(), grad.contiguous()
-    acc = _acc_dtype(img)
+    acc = accumulation_dtype(img.dtype)
     gk = torch.zeros_like(kernel, dtype=acc, memory_format=torch.contiguous_format)
     if not g.numel() or not (needs[0] or needs[1]):
         return [torch.zeros_like(img) if needs[0] else None, gk.to(kernel.dtype) if needs[1] else None]

@@ -119,7 +119,8 @@ def run(ops, backends, shapes=None) -> tuple[list[dict], list[str]]:
     measured = rates(torch.device("cuda"))
     print(f"copy bandwidth: {measured['dram_Bps'] / 1e12:.2f} TB/s (read + write, 1 GiB device-to-device); "
           f"cache gathers {measured['gather_Bps'] / 1e12:.2f} TB/s, atomics {measured['atomics_per_s'] / 1e9:.0f}/ns, "
-          f"FP32 {measured['flops_per_s'] / 1e12:.1f} TFLOP/s", flush=True)
+          f"FP32 {measured['flops_per_s'] / 1e12:.1f} TFLOP/s, max-plus taps {measured['minmax_per_s'] / 1e12:.2f}/ps, "
+          f"exp {measured['special_per_s'] / 1e12:.2f}/ps", flush=True)
     rows = [{"op": "copy", "bandwidth_TBps": measured["dram_Bps"] / 1e12, "rates": measured}]
     for op in ops:
         spec = hub.registry.spec(op)

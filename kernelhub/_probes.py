@@ -1,8 +1,14 @@
-"""Two Triton kernels that `kernelhub.bench.rates` times on a GPU: a cache gather and an atomic scatter of 128-byte
-rows (32 float32) at random rows of a table, each the simplest kernel of its kind. torch's own kernels for these
-(``embedding_bag``, ``index_add_``, ``scatter_add_``) reach well under their rate on an H200, and a floor from a
-rate a kernel of the op beats is no floor (docs/ops.md, "Least work"; the figures:
-docs/lab/benchmarks-history.md#measurements-behind-the-code). Imported only where triton is.
+"""The Triton kernels that `kernelhub.bench.rates` times on a GPU, each the simplest kernel of its kind:
+
+- a cache gather and an atomic scatter of 128-byte rows (32 float32) at random rows of a table. torch's own kernels
+  for these (``embedding_bag``, ``index_add_``, ``scatter_add_``) reach well under their rate on an H200, and a
+  floor from a rate a kernel of the op beats is no floor (docs/ops.md, "Least work"; the figures:
+  docs/lab/benchmarks-history.md#measurements-behind-the-code);
+- two arithmetic units' peak: max-plus taps (``x = max(x, y) + s``, a max and an add, what a tropical semiconv tap
+  does) and exponentials (``x = exp2(-x)``), in registers only, 8 independent chains a lane so that the unit, not
+  a chain's latency, binds.
+
+Imported only where triton is.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ import triton
 import triton.language as tl
 
 ROWS = 64  # rows per program: one bag of the gather
+CHAINS = 1024  # the arithmetic probes' chains per program: 8 a lane at 4 warps
+UNROLL = 8  # steps of each chain per loop trip, so the loop's own instructions do not count
 
 
 @triton.jit
@@ -46,3 +54,37 @@ def gather(out: torch.Tensor, table: torch.Tensor, idx: torch.Tensor) -> None:
 def scatter(acc: torch.Tensor, src: torch.Tensor, idx: torch.Tensor) -> None:
     """``acc.index_add_(0, idx, src)`` with atomics: ``acc`` [R, 32], ``src`` [n, 32] float32."""
     _scatter[(triton.cdiv(idx.numel(), ROWS),)](acc, src, idx, idx.numel(), ROWS=ROWS)
+
+
+@triton.jit
+def _maxplus(out_ptr, step, trips, CHAINS: tl.constexpr, UNROLL: tl.constexpr):
+    i = tl.program_id(0) * CHAINS + tl.arange(0, CHAINS)
+    x = i.to(tl.float32) * 1e-6
+    y = 1.0 - x
+    for _ in range(trips):
+        for _u in tl.static_range(UNROLL):
+            x = tl.maximum(x, y) + step
+    tl.store(out_ptr + i, x)
+
+
+@triton.jit
+def _exp2(out_ptr, trips, CHAINS: tl.constexpr, UNROLL: tl.constexpr):
+    i = tl.program_id(0) * CHAINS + tl.arange(0, CHAINS)
+    x = i.to(tl.float32) * 1e-9
+    for _ in range(trips):
+        for _u in tl.static_range(UNROLL):
+            x = tl.exp2(-x)
+    tl.store(out_ptr + i, x)
+
+
+def maxplus(out: torch.Tensor, step: float, trips: int) -> int:
+    """Chains ``x = max(x, 1 - x0) + step`` from ``x0 = 1e-6 k`` (k: the chain), ``trips * UNROLL`` steps each, the
+    results into ``out`` (float32, a multiple of CHAINS elements); returns the taps done (each a max and an add)."""
+    _maxplus[(out.numel() // CHAINS,)](out, step, trips, CHAINS=CHAINS, UNROLL=UNROLL)
+    return out.numel() * trips * UNROLL
+
+
+def exp2(out: torch.Tensor, trips: int) -> int:
+    """Chains ``x = exp2(-x)`` from ``x0 = 1e-9 k``, as `maxplus`; returns the exponentials done."""
+    _exp2[(out.numel() // CHAINS,)](out, trips, CHAINS=CHAINS, UNROLL=UNROLL)
+    return out.numel() * trips * UNROLL

@@ -5,8 +5,8 @@ For every op and each sample of the chosen size (the spec's "benchmark" shapes; 
 ``quick``), forward and forward + backward (into every differentiable input):
 
 - the floor: the op's least work for the pass (`least_work`: DRAM bytes, bytes gathered
-  from cache, atomic adds, arithmetic) over the rates measured first on the same device (`rates`), the largest of
-  the four: the resource that binds ("binds" in each row);
+  from cache, atomic adds, arithmetic, maxima and minima, exponentials and logarithms) over the rates measured first
+  on the same device (`rates`), the largest: the resource that binds ("binds" in each row);
 - the median time and its spread (`kernelhub.timing.timed`: `triton.testing.do_bench` on CUDA,
   `torch.utils.benchmark` on the CPU; the spread is the repeats' interquartile range over the median) of the
   reference's forward in eager mode (the row of the op's reference backend, torch_ref for kernelhub's ops), under
@@ -40,7 +40,8 @@ __all__ = ["compiled_reference", "copy_bandwidth", "rates", "plain_work", "least
 
 # each `kernelhub.spec.Work` field, the rate `rates` measures for it, and the name a row gives it where it binds
 RESOURCES = (("dram_bytes", "dram_Bps", "DRAM"), ("gather_bytes", "gather_Bps", "gathers"),
-             ("atomics", "atomics_per_s", "atomics"), ("flops", "flops_per_s", "FP32"))
+             ("atomics", "atomics_per_s", "atomics"), ("flops", "flops_per_s", "FP32"),
+             ("minmax", "minmax_per_s", "max/min"), ("special", "special_per_s", "exp/log"))
 
 
 def copy_bandwidth(device: torch.device) -> float:
@@ -58,13 +59,16 @@ def rates(device: torch.device) -> dict[str, float | None]:
     - ``gather_Bps``: rows of 32 float32 (128 bytes) gathered at random from an 8 MiB table (in L2 on a GPU) and
       summed in bags of 64, gathered bytes per second;
     - ``atomics_per_s``: rows of 32 added into a 4 MiB table at random rows, adds per second;
-    - ``flops_per_s``: a float32 matrix product (TF32 off), two operations per multiply-add.
+    - ``flops_per_s``: a float32 matrix product (TF32 off), two operations per multiply-add;
+    - ``minmax_per_s``: max-plus taps (a max and an add) per second, in registers (`kernelhub._probes.maxplus`);
+    - ``special_per_s``: float32 exponentials per second, in registers (`kernelhub._probes.exp2`).
 
     The gathers and atomic adds are each timed with torch's kernel (``embedding_bag``; ``scatter_add_``) and, where
     triton is installed, with the simplest Triton kernel of the kind (`kernelhub._probes`); the faster counts:
-    torch's reach well under the probes' rate on an H200, and a K-Planes kernel beat the floor they gave.
+    torch's reach well under the probes' rate on an H200, and a K-Planes kernel beat the floor they gave. The
+    max-plus and exponential rates need those probes: without triton they are None.
     On the CPU only the copy and the matrix product are measured (torch's CPU gathers and scatters are no
-    measure of a cache's or of atomics' rate): those two are None, and never bind.
+    measure of a cache's or of atomics' rate, nor the interpreter of a core's): the others are None, and never bind.
     """
     cuda = device.type == "cuda"
     g = torch.Generator(device=device).manual_seed(0)
@@ -77,7 +81,8 @@ def rates(device: torch.device) -> dict[str, float | None]:
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     measured: dict[str, float | None] = {"dram_Bps": copy_bandwidth(device), "gather_Bps": None,
-                                         "atomics_per_s": None, "flops_per_s": 2 * m**3 / (mm_ms * 1e-3)}
+                                         "atomics_per_s": None, "flops_per_s": 2 * m**3 / (mm_ms * 1e-3),
+                                         "minmax_per_s": None, "special_per_s": None}
     if not cuda:
         return measured
     n = 2**22
@@ -97,6 +102,13 @@ def rates(device: torch.device) -> dict[str, float | None]:
         bags = torch.empty(n // _probes.ROWS, 32, device=device)
         gathers.append(lambda: _probes.gather(bags, table, idx))
         scatters.append(lambda: _probes.scatter(acc, src, rows))
+        # 64 resident warps a multiprocessor (16 programs of 4), each chain 512 steps
+        chains = torch.empty(torch.cuda.get_device_properties(device).multi_processor_count * 16 * _probes.CHAINS,
+                             device=device)
+        taps = _probes.maxplus(chains, 1e-3, 64)
+        measured["minmax_per_s"] = taps / (time_ms(lambda: _probes.maxplus(chains, 1e-3, 64), device) * 1e-3)
+        exps = _probes.exp2(chains, 64)
+        measured["special_per_s"] = exps / (time_ms(lambda: _probes.exp2(chains, 64), device) * 1e-3)
     gather_ms = min(time_ms(fn, device) for fn in gathers)
     atomics_ms = min(time_ms(fn, device) for fn in scatters)
     return {**measured, "gather_Bps": n * 128 / (gather_ms * 1e-3), "atomics_per_s": n * 32 / (atomics_ms * 1e-3)}
@@ -120,9 +132,9 @@ def least_work(spec: OpSpec, args: Sequence[Any], out: torch.Tensor, grads_of: S
 
 def floor(work: Any, measured: dict[str, float | None]) -> tuple[float, str]:
     """(milliseconds, the resource that binds): the largest of the `kernelhub.spec.Work`'s amounts over its rate
-    (`rates`; a rate not measured, None, is left out)."""
+    (`rates`; a rate not measured, None or absent as in an older record, is left out)."""
     return max((getattr(work, field) / measured[rate] * 1e3, name) for field, rate, name in RESOURCES
-               if measured[rate])
+               if measured.get(rate))
 
 
 def make_step(fn: Callable, args: Sequence[Any], grads_of: Sequence[int] | None,

@@ -396,7 +396,9 @@ def render_bench(data: dict, console: Console) -> None:
     r = data.get("rates")
     rates = "".join([f"; cache gathers {r['gather_Bps'] / 1e9:.0f} GB/s" if r and r["gather_Bps"] else "",
                      f", atomics {r['atomics_per_s'] / 1e9:.1f}/ns" if r and r["atomics_per_s"] else "",
-                     f", FP32 {r['flops_per_s'] / 1e12:.2f} TFLOP/s" if r else ""])
+                     f", FP32 {r['flops_per_s'] / 1e12:.2f} TFLOP/s" if r else "",
+                     f", max-plus taps {r['minmax_per_s'] / 1e12:.2f}/ps" if r and r.get("minmax_per_s") else "",
+                     f", exp {r['special_per_s'] / 1e12:.2f}/ps" if r and r.get("special_per_s") else ""])
     wide = data.get("wide", False)
     graphs = any(r.get("graph_ms") is not None for r in data["rows"])  # CUDA: the device's time alone
     console.print(f"kernelhub bench on {data['device']} (copy bandwidth {data['copy_GBps']:.0f} GB/s{rates}); x floor: "

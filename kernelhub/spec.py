@@ -133,14 +133,20 @@ class Work:
       from planes that fit in L2), each tap's every channel;
     - ``atomics``: scatter-adds to addresses that collide across threads (K-Planes' planes gradient: one per tap
       and channel);
-    - ``flops``: arithmetic, one per add, multiply, max or min (approximate: where it binds, it says how far
-      from its rate a kernel is).
+    - ``flops``: float arithmetic, one per add or multiply (a multiply-add two);
+    - ``minmax``: float maxima and minima, each with the add that comes with it in a max-plus tap (the tropical
+      semifields' sum; a max or min runs at a lower rate than an add on a GPU);
+    - ``special``: exponentials and logarithms (the log and root semifields; a GPU's special-function unit).
+
+    The last three are approximate counts: where one binds, it says how far from that unit's rate a kernel is.
     """
 
     dram_bytes: int
     gather_bytes: int = 0
     atomics: int = 0
     flops: int = 0
+    minmax: int = 0
+    special: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -601,10 +601,40 @@ def test_a_floor_is_the_binding_resource_of_the_op_s_least_work():
     assert bench.floor(Work(10**9, 10**11), rates) == (pytest.approx(10.0), "gathers")
     assert bench.floor(Work(10**9, 10**11, 10**10, 10**10), rates) == (pytest.approx(100.0), "atomics")
     assert bench.floor(Work(10**9, flops=10**11), rates) == (pytest.approx(10.0), "FP32")
-    cpu = bench.rates(torch.device("cpu"))  # on the CPU gathers and atomics are not measured: they never bind
-    assert cpu["dram_Bps"] > 0 and cpu["flops_per_s"] > 0 and cpu["gather_Bps"] is cpu["atomics_per_s"] is None
+    units = {**rates, "minmax_per_s": 1e12, "special_per_s": 1e11}
+    assert bench.floor(Work(10**9, flops=10**11, minmax=10**11), units) == (pytest.approx(100.0), "max/min")
+    assert bench.floor(Work(10**9, minmax=10**11, special=10**11), units) == (pytest.approx(1000.0), "exp/log")
+    cpu = bench.rates(torch.device("cpu"))  # on the CPU only the copy and FP32 are measured: the rest never bind
+    assert cpu["dram_Bps"] > 0 and cpu["flops_per_s"] > 0
+    assert all(cpu[k] is None for k in ("gather_Bps", "atomics_per_s", "minmax_per_s", "special_per_s"))
     json.dumps(cpu, allow_nan=False)  # strict JSON: `kernelhub bench --json` prints it
-    assert bench.floor(Work(1, 10**15, 10**15), cpu)[1] == "DRAM"
+    assert bench.floor(Work(1, 10**15, 10**15, 0, 10**15, 10**15), cpu)[1] == "DRAM"
+
+
+def test_semiconv_least_work_counts_each_semifield_s_unit_and_max_min_s_saved_winners():
+    """docs/ops.md, "Least work": a max-plus tap is an add and a max; log a max, an exponential and three
+    operations a tap (a logarithm an output); root two special functions a tap; linear a multiply-add. Max and
+    min's backward reads the winners the forward saved, not the image again; the smooth semifields' backward
+    computes each tap's share again."""
+    from kernelhub.args import nbytes
+
+    spec = kernelhub.get_hub().registry.spec("semiconv")
+    img, ker = torch.zeros(2, 4, 9, 9), torch.zeros(4, 4, 3, 3)
+
+    def work(semifield, grads_of):
+        args = spec.normalize(img, ker, semifield)
+        return bench.least_work(spec, args, spec.output(*args), grads_of), spec.output(*args)
+
+    (fwd, out), (both, _) = work("tropical_max", None), work("tropical_max", (0, 1))
+    taps, outs = out.numel() * 36, out.numel()
+    assert (fwd.flops, fwd.minmax, fwd.special) == (taps, taps, 0)
+    assert (both.flops, both.minmax) == (taps + 2 * outs, taps)
+    assert both.dram_bytes == fwd.dram_bytes + 2 * outs + nbytes(out) + nbytes(img) + nbytes(ker)
+    log, log_both = work("log:1", None)[0], work("log:1", (0,))[0]
+    assert (log.flops, log.minmax, log.special) == (3 * taps, taps, taps + outs)
+    assert (log_both.flops, log_both.special) == (5 * taps, 2 * taps + outs)
+    assert work("root:2", None)[0].special == 2 * taps + 2 * outs
+    assert work("linear", (0, 1))[0].flops == 6 * taps and work("linear", None)[0].minmax == 0
 
 
 @pytest.mark.parametrize("op", kernelhub.op_names())
@@ -623,7 +653,8 @@ def test_each_op_s_least_work_reads_its_inputs_and_the_backward_adds_to_the_forw
         inputs = sum(nbytes(s.args[i]) for i in spec.tensor_args) + nbytes(out)
         assert fwd.dram_bytes >= inputs and fwd.atomics == 0, (s.name, fwd)
         assert both.dram_bytes >= fwd.dram_bytes + sum(nbytes(s.args[i]) for i in spec.differentiable), s.name
-        assert all(getattr(both, f) >= getattr(fwd, f) for f in ("gather_bytes", "atomics", "flops")), s.name
+        assert all(getattr(both, f) >= getattr(fwd, f)
+                   for f in ("gather_bytes", "atomics", "flops", "minmax", "special")), s.name
 
 
 def test_k_planes_least_work_counts_every_tap_s_texels_and_the_planes_gradient_s_atomics():
@@ -696,9 +727,9 @@ def test_graphed_times_the_device_alone_where_a_slow_host_leaves_it_idle():
 
 @harness.cuda  # on the GPU where there is one
 def test_the_rate_probes_compute_what_torch_does():
-    """`kernelhub._probes` (the Triton gather and atomic scatter `kernelhub.bench.rates` times): the bags' sums and
-    the scattered adds torch's embedding_bag and index_add_ give (Triton's interpreter on the CPU, the GPU's
-    compiled kernels there)."""
+    """`kernelhub._probes` (the Triton kernels `kernelhub.bench.rates` times): the bags' sums and the scattered adds
+    torch's embedding_bag and index_add_ give, and the max-plus and exponential chains torch's computes (Triton's
+    interpreter on the CPU, the GPU's compiled kernels there)."""
     pytest.importorskip("triton")
     from kernelhub import _probes
 
@@ -713,6 +744,18 @@ def test_the_rate_probes_compute_what_torch_does():
     acc = torch.zeros(50, 32, device=dev)
     _probes.scatter(acc, src, idx)
     torch.testing.assert_close(acc, torch.zeros(50, 32, device=dev).index_add_(0, idx, src))
+    chains = torch.empty(2 * _probes.CHAINS, device=dev)  # the arithmetic probes: 2 trips of UNROLL steps a chain
+    x0 = torch.arange(chains.numel(), device=dev, dtype=torch.float32)
+    x, y = x0 * 1e-6, 1.0 - x0 * 1e-6
+    assert _probes.maxplus(chains, 0.25, 2) == chains.numel() * 2 * _probes.UNROLL
+    for _ in range(2 * _probes.UNROLL):
+        x = torch.maximum(x, y) + 0.25
+    torch.testing.assert_close(chains, x)
+    x = x0 * 1e-9
+    assert _probes.exp2(chains, 2) == chains.numel() * 2 * _probes.UNROLL
+    for _ in range(2 * _probes.UNROLL):
+        x = torch.exp2(-x)
+    torch.testing.assert_close(chains, x)
 
 
 def test_graphed_needs_a_cuda_device():

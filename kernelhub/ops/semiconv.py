@@ -528,18 +528,41 @@ TROPICAL_2D_DEPTHWISE = Case(
 
 
 def _work(args, out: torch.Tensor, grads_of) -> Work:
-    """`kernelhub.spec.Work` of a semiconv call: the image and kernel read and the output written once (a window's
-    taps reuse what a tile holds, not DRAM); two operations (the product and the sum of the semifield) per tap of
-    each output, where a tap is one input channel of the group at one kernel position. Backward: the upstream
-    gradient, image and kernel read again, each gradient written, the taps again (the winners or the weights)
-    and one operation per tap for each gradient."""
-    img, kernel = args[0], args[1]
-    flops = 2 * out.numel() * (kernel[0].numel() if kernel.shape[0] else 0)
+    """`kernelhub.spec.Work` of a semiconv call (docs/ops.md, "Least work"): the image and kernel read and the output
+    written once (a window's taps reuse what a tile holds, not DRAM), and per tap (one input channel of the group
+    at one kernel position) of each output the semifield's operations:
+
+    - max and min: an add and a max (`minmax`). The backward needs only the winners, which the forward saves (a
+      byte an output under 256 taps a window, else two: written, read again); each gradient is one add an output,
+      and the image is not read again;
+    - linear: a multiply-add; again for each gradient, from the image and kernel read again;
+    - log: an add, a max (the window's, for a stable sum), a multiply-add and an exponential, and a logarithm an
+      output; the backward's shares are an exponential a tap again, over the window's log-sum-exp that the forward
+      saves (an output's size, written and read), and a multiply-add a tap for each gradient;
+    - root: a multiply, a power (a logarithm and an exponential) and an add, and a root (the same two) an output;
+      the backward's shares a power a tap again, over the saved sum, and a multiply-add a tap for each gradient.
+    """
+    img, kernel, semifield = args[0], args[1], args[2]
+    name, _ = parse_semifield(semifield)
+    window = kernel[0].numel() if kernel.shape[0] else 0
+    outs, taps = out.numel(), out.numel() * window
     dram = nbytes(img) + nbytes(kernel) + nbytes(out)
+    if name in ("tropical_max", "tropical_min"):
+        if grads_of is None:
+            return Work(dram, flops=taps, minmax=taps)
+        winners = 2 * outs * (1 if window < 256 else 2)
+        return Work(dram + winners + nbytes(out) + sum(nbytes(args[i]) for i in grads_of),
+                    flops=taps + outs * len(grads_of), minmax=taps)
+    fwd = {"linear": Work(dram, flops=2 * taps),
+           "log": Work(dram, flops=3 * taps, minmax=taps, special=taps + outs),
+           "root": Work(dram, flops=2 * taps, special=2 * taps + 2 * outs)}[name]
     if grads_of is None:
-        return Work(dram, flops=flops)
+        return fwd
     dram += nbytes(out) + nbytes(img) + nbytes(kernel) + sum(nbytes(args[i]) for i in grads_of)
-    return Work(dram, flops=2 * flops + flops * len(grads_of) // 2)
+    saved = 0 if name == "linear" else 2 * nbytes(out)
+    shares = {"linear": 0, "log": taps, "root": 2 * taps}[name]
+    return Work(dram + saved, flops=fwd.flops + 2 * taps * len(grads_of), minmax=fwd.minmax,
+                special=fwd.special + shares)
 
 
 SEMICONV = OpSpec(

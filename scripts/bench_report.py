@@ -121,6 +121,15 @@ def record_script(script: str, out: Path, argv: list[str] = ()) -> None:
     print(f"wrote {out}")
 
 
+def _unit_rates(data: dict) -> str:
+    """The arithmetic units' rates a GPU record measured (docs/ops.md, "Least work"), as a clause; "" if none."""
+    r = data.get("rates") or {}
+    units = [f"FP32 {r['flops_per_s'] / 1e12:.1f} TFLOP/s" if r.get("flops_per_s") else "",
+             f"max-plus taps {r['minmax_per_s'] / 1e12:.1f}/ps" if r.get("minmax_per_s") else "",
+             f"exponentials {r['special_per_s'] / 1e12:.1f}/ps" if r.get("special_per_s") else ""]
+    return "".join(f", {u}" for u in units if u) if r.get("minmax_per_s") else ""
+
+
 def _versions(data: dict) -> str:
     """A record's versions in words: "python 3.12.3, torch 2.11.0+cu130, triton 3.6.0"."""
     return ", ".join(f"{k} {x}" for k, x in data["versions"].items())
@@ -369,7 +378,8 @@ def report(records: list[dict], passes: tuple[str, ...] = ("fwd+bwd",)) -> str:
         v = _versions(data)
         parts += [f"## {data['device']}", "",
                   f"{data['date']}, commit {data['commit']}, {data['samples']} samples, {data.get('threads', '?')} "
-                  f"threads, {v}; copy bandwidth {data['copy_GBps']:.0f} GB/s. Command: `{data['command']}`.", ""]
+                  f"threads, {v}; copy bandwidth {data['copy_GBps']:.0f} GB/s{_unit_rates(data)}. "
+                  f"Command: `{data['command']}`.", ""]
         for op, groups in sorted(_tables(data).items()):
             groups = {k: g for k, g in groups.items() if k[1] in passes}
             impls = sorted({n for g in groups.values() for n in g if n not in BASELINES})

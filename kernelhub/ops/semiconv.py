@@ -537,10 +537,11 @@ def _work(args, out: torch.Tensor, grads_of) -> Work:
       and the image is not read again;
     - linear: a multiply-add; again for each gradient, from the image and kernel read again;
     - log: an add, a max (the window's, for a stable sum), a multiply-add and an exponential, and a logarithm an
-      output; the backward's shares are an exponential a tap again, over the window's log-sum-exp that the forward
-      saves (an output's size, written and read), and a multiply-add a tap for each gradient;
+      output; the backward's shares are an exponential a tap again, over the window's log-sum-exp, which is the
+      output (read again), and a multiply-add a tap for each gradient;
     - root: a multiply, a power (a logarithm and an exponential) and an add, and a root (the same two) an output;
-      the backward's shares a power a tap again, over the saved sum, and a multiply-add a tap for each gradient.
+      the backward's shares a power a tap again, over the window's sum (from the output, read again), and a
+      multiply-add a tap for each gradient.
     """
     img, kernel, semifield = args[0], args[1], args[2]
     name, _ = parse_semifield(semifield)
@@ -559,7 +560,7 @@ def _work(args, out: torch.Tensor, grads_of) -> Work:
     if grads_of is None:
         return fwd
     dram += nbytes(out) + nbytes(img) + nbytes(kernel) + sum(nbytes(args[i]) for i in grads_of)
-    saved = 0 if name == "linear" else 2 * nbytes(out)
+    saved = 0 if name == "linear" else nbytes(out)
     shares = {"linear": 0, "log": taps, "root": 2 * taps}[name]
     return Work(dram + saved, flops=fwd.flops + 2 * taps * len(grads_of), minmax=fwd.minmax,
                 special=fwd.special + shares)

@@ -1,7 +1,8 @@
 // kernelhub_cuda_ext: the per-pixel Tikhonov algebra, shared by the CPU and CUDA kernels.
 //
 // Per pixel, with rows M0, M1 of Z entries: a = sum|M0|^2, c = sum|M1|^2, b = sum M0 conj(M1); all in double
-// (complex<double>). Forward: det = lam (a + c + lam) + a |r|^2 with r = M1 - (conj(b)/a) M0, which does not
+// (complex<double> for a complex M; double for a real one, whose sums are real: its algebra is then a quarter of
+// the complex one's multiplies and holds half the registers, `Algebra`). Forward: det = lam (a + c + lam) + a |r|^2 with r = M1 - (conj(b)/a) M0, which does not
 // cancel when the rows are nearly parallel. Backward formulas: kernelhub_triton/tikhonov.py's docstring.
 //
 // M (and the backward's upstream gradient) are read through their strides, so a permuted view (pixels
@@ -28,16 +29,42 @@ namespace kernelhub_cuda_ext {
 
 using cd = c10::complex<double>;
 
+// The type a pixel's algebra runs in: double for a real input, complex<double> for a complex one.
 template <typename T>
-C10_HOST_DEVICE inline cd to_cd(T z) { return cd(static_cast<double>(z), 0.0); }
+struct Algebra {
+  using type = double;
+  static constexpr bool complex = false;
+};
 template <typename T>
-C10_HOST_DEVICE inline cd to_cd(c10::complex<T> z) { return cd(double(z.real()), double(z.imag())); }
+struct Algebra<c10::complex<T>> {
+  using type = cd;
+  static constexpr bool complex = true;
+};
+
 template <typename T>
-C10_HOST_DEVICE inline void store(T* p, cd z) { *p = static_cast<T>(z.real()); }
+C10_HOST_DEVICE inline double to_algebra(T x) { return static_cast<double>(x); }
+template <typename T>
+C10_HOST_DEVICE inline cd to_algebra(c10::complex<T> z) { return cd(double(z.real()), double(z.imag())); }
+template <typename T>
+C10_HOST_DEVICE inline void store(T* p, double x) { *p = static_cast<T>(x); }
 template <typename T>
 C10_HOST_DEVICE inline void store(c10::complex<T>* p, cd z) { *p = c10::complex<T>(T(z.real()), T(z.imag())); }
 C10_HOST_DEVICE inline cd cj(cd z) { return cd(z.real(), -z.imag()); }
+C10_HOST_DEVICE inline double cj(double x) { return x; }
 C10_HOST_DEVICE inline double abs2(cd z) { return z.real() * z.real() + z.imag() * z.imag(); }
+C10_HOST_DEVICE inline double abs2(double x) { return x * x; }
+C10_HOST_DEVICE inline double re(cd z) { return z.real(); }
+C10_HOST_DEVICE inline double re(double x) { return x; }
+C10_HOST_DEVICE inline double im(cd z) { return z.imag(); }
+C10_HOST_DEVICE inline double im(double) { return 0.0; }
+// The algebra's value of real part r and imaginary part i (i is dropped for a real algebra, where it is 0).
+template <typename V>
+C10_HOST_DEVICE inline V value(double r, double i) {
+  if constexpr (std::is_same_v<V, cd>)
+    return cd(r, i);
+  else
+    return r;
+}
 // x 2^e and z 2^e where Scaled (the extreme magnitudes, Scale above), x and z themselves elsewhere: the common case
 // runs no ldexp, which costs the kernels more than their loads (an ldexp is a few dozen instructions on a GPU).
 template <bool Scaled>
@@ -88,11 +115,12 @@ inline PixelStrides pixel_strides(const Tensor& t) {
 template <typename T, bool UnitZ = false>
 struct PixelRows {
   using Scalar = T;
+  using Value = typename Algebra<T>::type;
   const T* p;
   int64_t row, z;
   C10_HOST_DEVICE PixelRows(const T* base, const PixelStrides& s, int64_t pixel)
       : p(base + pixel * s.pixel), row(s.row), z(s.z) {}
-  C10_HOST_DEVICE cd operator()(int r, int64_t k) const { return to_cd(p[r * row + (UnitZ ? k : k * z)]); }
+  C10_HOST_DEVICE Value operator()(int r, int64_t k) const { return to_algebra(p[r * row + (UnitZ ? k : k * z)]); }
 };
 
 // Calls f(std::true_type()) when every input's z stride is 1, else f(std::false_type()).
@@ -117,21 +145,23 @@ inline void with_unit_z(bool unit_z, F&& f) {
 template <typename Rows, int N = 0>
 struct PixelEntries {
   using Scalar = typename Rows::Scalar;
+  using Value = typename Rows::Value;
+  static constexpr bool complex = Algebra<Scalar>::complex;
   Rows rows;
   int64_t first, step, Z;
-  cd v[2][N > 0 ? N : 1];
+  Value v[2][N > 0 ? N : 1];
   C10_HOST_DEVICE PixelEntries(Rows rows_, int64_t Z_, int64_t first_ = 0, int64_t step_ = 1)
       : rows(rows_), first(first_), step(step_), Z(Z_) {
     if constexpr (N > 0) {
       KERNELHUB_UNROLL
       for (int j = 0; j < N; ++j)
-        for (int r = 0; r < 2; ++r) v[r][j] = has(j) ? rows(r, z(j)) : cd(0, 0);
+        for (int r = 0; r < 2; ++r) v[r][j] = has(j) ? rows(r, z(j)) : Value(0);
     }
   }
   C10_HOST_DEVICE int64_t count() const { return N > 0 ? N : (Z > first ? (Z - first + step - 1) / step : 0); }
   C10_HOST_DEVICE bool has(int64_t j) const { return N == 0 || first + j * step < Z; }
   C10_HOST_DEVICE int64_t z(int64_t j) const { return first + j * step; }
-  C10_HOST_DEVICE cd operator()(int r, int64_t j) const {
+  C10_HOST_DEVICE Value operator()(int r, int64_t j) const {
     if constexpr (N > 0)
       return v[r][j];
     else
@@ -149,25 +179,26 @@ struct Whole {
 template <typename Entries, typename Share = Whole>
 C10_HOST_DEVICE inline void tikhonov_pixel_forward(const Entries& m, typename Entries::Scalar* w0,
                                                    typename Entries::Scalar* w1, double lam, Share share = Share()) {
-  double s[4] = {0, 0, 0, 0};  // a, c, b
+  using V = typename Entries::Value;
+  double s[4] = {0, 0, 0, 0};  // a, c, b (its imaginary part last: a real M's sums are the first three)
   KERNELHUB_UNROLL
   for (int64_t j = 0; j < m.count(); ++j) {
     if (!m.has(j)) continue;
-    const cd x0 = m(0, j), x1 = m(1, j), bz = x0 * cj(x1);
+    const V x0 = m(0, j), x1 = m(1, j), bz = x0 * cj(x1);
     s[0] += abs2(x0);
     s[1] += abs2(x1);
-    s[2] += bz.real();
-    s[3] += bz.imag();
+    s[2] += re(bz);
+    if constexpr (Entries::complex) s[3] += im(bz);
   }
-  share.sum(s, 4);
+  share.sum(s, Entries::complex ? 4 : 3);
   const int k = tikhonov_scale(s[0], s[1], lam);  // 0 but at extreme magnitudes (see Scale above)
   double a = s[0], c = s[1], l = lam;
-  cd b(s[2], s[3]);
+  V b = value<V>(s[2], s[3]);
   with_scale(k, [&](auto on) {
     a = pow2<on.value>(a, -2 * k), c = pow2<on.value>(c, -2 * k), l = pow2<on.value>(l, -2 * k);
     b = pow2<on.value>(b, -2 * k);
   });
-  const cd kappa = a > 0 ? cj(b) * (1.0 / a) : cd(0, 0);
+  const V kappa = a > 0 ? cj(b) * (1.0 / a) : V(0);
   double rr = 0;
   KERNELHUB_UNROLL
   for (int64_t j = 0; j < m.count(); ++j)
@@ -179,8 +210,8 @@ C10_HOST_DEVICE inline void tikhonov_pixel_forward(const Entries& m, typename En
     KERNELHUB_UNROLL
     for (int64_t j = 0; j < m.count(); ++j) {
       if (!m.has(j)) continue;
-      const cd x0 = m(0, j), x1 = m(1, j);
-      const cd r = x1 - kappa * x0;
+      const V x0 = m(0, j), x1 = m(1, j);
+      const V r = x1 - kappa * x0;
       // W0 = ((lam + |r|^2) M0 - b r) / det, W1 = (lam M1 + a r) / det, in the scaled terms: / 4^k
       store(w0 + m.z(j), pow2<on.value>(((l + rr) * x0 - b * r) * inv, -2 * k));
       store(w1 + m.z(j), pow2<on.value>((l * x1 + a * r) * inv, -2 * k));
@@ -193,35 +224,38 @@ C10_HOST_DEVICE inline void tikhonov_pixel_forward(const Entries& m, typename En
 template <typename Entries, typename Share = Whole>
 C10_HOST_DEVICE inline void tikhonov_pixel_backward(const Entries& g, const Entries& m, typename Entries::Scalar* d0,
                                                     typename Entries::Scalar* d1, double lam, Share share = Share()) {
-  double s[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};  // a, c, then b, p00, p01, p10, p11 (pXY = sum conj(GX) MY)
+  using V = typename Entries::Value;
+  // a, c, then the real parts of b, p00, p01, p10, p11 (pXY = sum conj(GX) MY), then their imaginary parts (a real
+  // M's sums are the first seven)
+  double s[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   KERNELHUB_UNROLL
   for (int64_t j = 0; j < m.count(); ++j) {
     if (!m.has(j)) continue;
-    const cd x0 = m(0, j), x1 = m(1, j), y0 = cj(g(0, j)), y1 = cj(g(1, j));
-    const cd terms[5] = {x0 * cj(x1), y0 * x0, y0 * x1, y1 * x0, y1 * x1};
+    const V x0 = m(0, j), x1 = m(1, j), y0 = cj(g(0, j)), y1 = cj(g(1, j));
+    const V terms[5] = {x0 * cj(x1), y0 * x0, y0 * x1, y1 * x0, y1 * x1};
     s[0] += abs2(x0);
     s[1] += abs2(x1);
     for (int t = 0; t < 5; ++t) {
-      s[2 + 2 * t] += terms[t].real();
-      s[3 + 2 * t] += terms[t].imag();
+      s[2 + t] += re(terms[t]);
+      if constexpr (Entries::complex) s[7 + t] += im(terms[t]);
     }
   }
-  share.sum(s, 12);
+  share.sum(s, Entries::complex ? 12 : 7);
   const int k = tikhonov_scale(s[0], s[1], lam);  // 0 but at extreme magnitudes (see Scale above)
   with_scale(k, [&](auto on) {
     const double a = pow2<on.value>(s[0], -2 * k), c = pow2<on.value>(s[1], -2 * k), l = pow2<on.value>(lam, -2 * k);
-    const cd b = pow2<on.value>(cd(s[2], s[3]), -2 * k);
-    const cd p00 = pow2<on.value>(cd(s[4], s[5]), -k), p01 = pow2<on.value>(cd(s[6], s[7]), -k),
-             p10 = pow2<on.value>(cd(s[8], s[9]), -k), p11 = pow2<on.value>(cd(s[10], s[11]), -k);
+    const V b = pow2<on.value>(value<V>(s[2], s[7]), -2 * k);
+    const V p00 = pow2<on.value>(value<V>(s[3], s[8]), -k), p01 = pow2<on.value>(value<V>(s[4], s[9]), -k),
+            p10 = pow2<on.value>(value<V>(s[5], s[10]), -k), p11 = pow2<on.value>(value<V>(s[6], s[11]), -k);
     const double A = a + l, C = c + l;
     const double inv = 1.0 / (A * C - abs2(b));
-    const double t = (C * p00.real() - (b * p01).real() + A * p11.real() - (cj(b) * p10).real()) * inv;
-    const double two_alpha_a = 2.0 * (p11.real() - t * C) * inv, two_alpha_c = 2.0 * (p00.real() - t * A) * inv;
-    const cd beta = (2.0 * t * cj(b) - p01 - cj(p10)) * inv;
+    const double t = (C * re(p00) - re(b * p01) + A * re(p11) - re(cj(b) * p10)) * inv;
+    const double two_alpha_a = 2.0 * (re(p11) - t * C) * inv, two_alpha_c = 2.0 * (re(p00) - t * A) * inv;
+    const V beta = (2.0 * t * cj(b) - p01 - cj(p10)) * inv;
     KERNELHUB_UNROLL
     for (int64_t j = 0; j < m.count(); ++j) {
       if (!m.has(j)) continue;
-      const cd x0 = pow2<on.value>(m(0, j), -k), x1 = pow2<on.value>(m(1, j), -k), h0 = g(0, j), h1 = g(1, j);
+      const V x0 = pow2<on.value>(m(0, j), -k), x1 = pow2<on.value>(m(1, j), -k), h0 = g(0, j), h1 = g(1, j);
       store(d0 + m.z(j), pow2<on.value>((C * h0 - b * h1) * inv + two_alpha_a * x0 + cj(beta) * x1, -2 * k));
       store(d1 + m.z(j), pow2<on.value>((A * h1 - cj(b) * h0) * inv + two_alpha_c * x1 + beta * x0, -2 * k));
     }

@@ -26,6 +26,14 @@ LAYERS = [
     ["kernelhub.dispatch"],  # reads the selector's generation (kernelhub.select.GENERATION) while dynamo traces
     ["kernelhub.hub"],
     ["kernelhub"],  # the package's API: op, explain, get_hub, ...; the runtime ends here
+    # the conformance kit by subject, kernelhub.testing re-exporting it
+    ["kernelhub.testing._core"],  # the tiers, cases, samples and runs
+    ["kernelhub.testing.coverage", "kernelhub.testing.cuda"],  # what a check reached; CUDA safety
+    ["kernelhub.testing.checks"],
+    ["kernelhub.testing.checklist"],  # which checks a backend must pass
+    ["kernelhub.nn._args"],  # the modules by subject, kernelhub.nn re-exporting them
+    ["kernelhub.nn.kernels", "kernelhub.nn.semiconv"],
+    ["kernelhub.nn.pnds"],
     ["kernelhub.nn", "kernelhub.testing", "kernelhub._probes"],  # _probes: Triton kernels bench times, nothing else
     ["kernelhub.bench", "kernelhub.testing.tolerances"],
     ["kernelhub.cli"],

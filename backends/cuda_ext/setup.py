@@ -25,7 +25,8 @@ def aot_extension() -> dict:
     csrc = os.path.join("kernelhub_cuda_ext", "csrc")
     sources = sorted(glob.glob(os.path.join(csrc, "*.cpp")))
     cuda = bool(torch.version.cuda) and cpp_extension.CUDA_HOME is not None
-    args = {"cxx": ["-O3", "-fopenmp", "-fno-math-errno"]}  # no -march=native: the library may move
+    # no -march=native: the library may move; no contracted multiply-adds, as in _build.py's flags
+    args = {"cxx": ["-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"]}
     if cuda:
         sources += sorted(glob.glob(os.path.join(csrc, "*.cu")))
         args["nvcc"] = ["-O3"]

@@ -4,19 +4,27 @@ re-exports it)."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from kernelhub.nn.kernels import LearnedKernel2D
+from kernelhub.nn.kernels import (
+    LearnedKernel2D,
+    QuadraticKernelCholesky2D,
+    QuadraticKernelIso2D,
+    QuadraticKernelSpectral2D,
+)
 from kernelhub.nn.semiconv import Closing, GenericClosing, SemiConv
 from kernelhub.ops.semiconv import pnds_class
 
 # -- from pytorch_nd_semiconv ------------------------------------------------------------------------------------
 _PNDS_FAMILIES = {"tropical_max": "tropical_max", "tropical_min_negated": "tropical_min", "linear": "linear",
                   "log": "log", "root": "root"}
-_PNDS_KERNELS = ("QuadraticKernelIso2D", "QuadraticKernelSpectral2D", "QuadraticKernelCholesky2D")
+_PNDS_KERNELS: dict[str, Callable[..., nn.Module]] = {
+    "QuadraticKernelIso2D": QuadraticKernelIso2D, "QuadraticKernelSpectral2D": QuadraticKernelSpectral2D,
+    "QuadraticKernelCholesky2D": QuadraticKernelCholesky2D}  # its class name: ours
 
 
 def _pnds_semifield(conv: nn.Module, where: str) -> tuple[str, dict]:
@@ -51,8 +59,9 @@ def _pnds_kernel(kernel: nn.Module, where: str) -> nn.Module:
     name = pnds_class(kernel)
     if name is None:
         return kernel
+    ours: nn.Module
     if name in _PNDS_KERNELS:
-        ours = globals()[name](kernel.in_channels, kernel.out_channels, kernel.kernel_size)
+        ours = _PNDS_KERNELS[name](kernel.in_channels, kernel.out_channels, kernel.kernel_size)
     elif name == "LearnedKernel2D":
         k: torch.Tensor = kernel.kernel  # type: ignore[assignment]  # pytorch_nd_semiconv's parameter
         ours = LearnedKernel2D(k.shape[1], k.shape[0], k.shape[2])

@@ -86,7 +86,11 @@ def library_key(sources: list[Path], flags: dict, with_cuda: bool) -> str:
 
 
 def _flags(with_cuda: bool) -> dict:
-    return {"cflags": ["-O3", "-march=native", "-fopenmp", "-fno-math-errno"], "ldflags": ["-fopenmp"],
+    # -ffp-contract=off: no multiply-add fused by the compiler's choice, which differs between the instantiations of
+    # one kernel (a strided and a contiguous read vectorise differently): the same sums in the same order give the
+    # same bits whatever the layout, and the same as the ahead-of-time build (setup.py) on any CPU
+    return {"cflags": ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"],
+            "ldflags": ["-fopenmp"],
             "cuda_cflags": ["-O3"] if with_cuda else []}
 
 

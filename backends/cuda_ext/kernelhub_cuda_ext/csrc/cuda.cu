@@ -663,71 +663,7 @@ __global__ void tikhonov_backward_kernel(const T* __restrict__ g, PixelStrides g
   tikhonov_pixel_backward(y, x, d, d + Z, lam, l.share);
 }
 
-constexpr int TIK_THREADS = 128, TIK_HELD = 4, TIK_PIXELS = TIK_THREADS / TIK_LANES;
-
-// Contiguous M (and upstream gradient) with Z <= TIK_LANES * TIK_HELD: a block's 16 pixels are one run of
-// 16 * 2 * Z elements, which the block copies into shared memory with consecutive threads on consecutive elements,
-// computes from there with the same lanes and algebra as above (the same bits), and writes its output tile back
-// the same way. Read in place, a pixel's 8 lanes read runs of 8 entries that straddle 32-byte sectors (a pixel of
-// Z = 21 float32 entries a row is 168 bytes), so a warp's load touched about twice the sectors it used.
-template <typename T>
-__device__ void tik_copy(T* __restrict__ dst, const T* __restrict__ src, int64_t n) {
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
-}
-
-// The block's first pixel, its number of pixels, and this thread's pixel within the block's tiles.
-struct TikTile {
-  int64_t first, pixels, local;
-  __device__ TikTile(int64_t P) {
-    first = int64_t(blockIdx.x) * TIK_PIXELS;
-    pixels = P - first < TIK_PIXELS ? P - first : TIK_PIXELS;
-    local = threadIdx.x / TIK_LANES < pixels ? threadIdx.x / TIK_LANES : 0;
-  }
-};
-
-template <typename T>
-__global__ void tikhonov_forward_staged_kernel(const T* __restrict__ m, T* __restrict__ o, int64_t P, int64_t Z,
-                                               double lam) {
-  extern __shared__ __align__(16) unsigned char tik_smem[];
-  T* in = reinterpret_cast<T*>(tik_smem);
-  T* out = in + TIK_PIXELS * 2 * Z;
-  const TikTile tile(P);
-  tik_copy(in, m + tile.first * 2 * Z, tile.pixels * 2 * Z);
-  __syncthreads();
-  const TikLane l(P, Z);
-  const PixelStrides ts{2 * Z, Z, 1};
-  const PixelEntries<PixelRows<T, true>, TIK_HELD> x(PixelRows<T, true>(in, ts, tile.local), l.Z, l.share.first,
-                                                     TIK_LANES);
-  T* w = out + tile.local * 2 * Z;
-  tikhonov_pixel_forward(x, w, w + Z, lam, l.share);
-  __syncthreads();
-  tik_copy(o + tile.first * 2 * Z, out, tile.pixels * 2 * Z);
-}
-
-template <typename T>
-__global__ void tikhonov_backward_staged_kernel(const T* __restrict__ g, const T* __restrict__ m, T* __restrict__ o,
-                                                int64_t P, int64_t Z, double lam) {
-  extern __shared__ __align__(16) unsigned char tik_smem[];
-  T* gt = reinterpret_cast<T*>(tik_smem);
-  T* mt = gt + TIK_PIXELS * 2 * Z;
-  T* out = mt + TIK_PIXELS * 2 * Z;
-  const TikTile tile(P);
-  tik_copy(gt, g + tile.first * 2 * Z, tile.pixels * 2 * Z);
-  tik_copy(mt, m + tile.first * 2 * Z, tile.pixels * 2 * Z);
-  __syncthreads();
-  const TikLane l(P, Z);
-  const PixelStrides ts{2 * Z, Z, 1};
-  using Entries = PixelEntries<PixelRows<T, true>, TIK_HELD>;
-  const Entries y(PixelRows<T, true>(gt, ts, tile.local), l.Z, l.share.first, TIK_LANES);
-  const Entries x(PixelRows<T, true>(mt, ts, tile.local), l.Z, l.share.first, TIK_LANES);
-  T* d = out + tile.local * 2 * Z;
-  tikhonov_pixel_backward(y, x, d, d + Z, lam, l.share);
-  __syncthreads();
-  tik_copy(o + tile.first * 2 * Z, out, tile.pixels * 2 * Z);
-}
-
-// Whether the staged kernels serve: every input contiguous and each lane's entries held in registers.
-bool tik_staged(const at::Tensor& M, int64_t Z) { return M.is_contiguous() && Z <= TIK_LANES * TIK_HELD; }
+constexpr int TIK_THREADS = 128, TIK_HELD = 4;
 
 unsigned tik_blocks(int64_t P) { return static_cast<unsigned>((P * TIK_LANES + TIK_THREADS - 1) / TIK_THREADS); }
 
@@ -747,13 +683,6 @@ at::Tensor tikhonov_forward_cuda(const at::Tensor& M, double lam) {
   at::Tensor out = at::empty(M.sizes(), M.options());
   if (P == 0) return out;
   AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_forward_cuda", [&] {
-    if (tik_staged(M, Z)) {
-      tikhonov_forward_staged_kernel<scalar_t><<<tik_blocks(P), TIK_THREADS, 2 * TIK_PIXELS * 2 * Z * sizeof(scalar_t),
-                                                 c10::cuda::getCurrentCUDAStream()>>>(
-          M.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), P, Z, lam);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      return;
-    }
     with_unit_z(M.stride(2) == 1, [&](auto unit_z) {
       with_held(Z, [&](auto held) {
         tikhonov_forward_kernel<scalar_t, unit_z.value, held.value>
@@ -772,13 +701,6 @@ at::Tensor tikhonov_backward_cuda(const at::Tensor& grad, const at::Tensor& M, d
   at::Tensor out = at::empty(M.sizes(), M.options());
   if (P == 0) return out;
   AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_backward_cuda", [&] {
-    if (tik_staged(M, Z) && grad.is_contiguous()) {
-      tikhonov_backward_staged_kernel<scalar_t><<<tik_blocks(P), TIK_THREADS, 3 * TIK_PIXELS * 2 * Z * sizeof(scalar_t),
-                                                  c10::cuda::getCurrentCUDAStream()>>>(
-          grad.data_ptr<scalar_t>(), M.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), P, Z, lam);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      return;
-    }
     with_unit_z(M.stride(2) == 1 && grad.stride(2) == 1, [&](auto unit_z) {
       with_held(Z, [&](auto held) {
         tikhonov_backward_kernel<scalar_t, unit_z.value, held.value>

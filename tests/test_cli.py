@@ -1,6 +1,6 @@
-"""The ``kernelhub`` command: what each command shows and refuses, at 80 columns and in JSON, and kernelhub/cli.py's
-recipe for a new command (one `Command` record in ``COMMANDS``). Some commands are also tested with their subject:
-test_tune.py (tune, bench), test_third_party_spec.py (check of a plugin's op)."""
+"""The ``kernelhub`` command: what each command shows and refuses, at 80 columns and in JSON, and the recipe for a new
+command in kernelhub/cli/__init__.py (a module of its own, one `Command` record in ``COMMANDS``). Some commands are
+also tested with their subject: test_tune.py (tune, bench), test_third_party_spec.py (check of a plugin's op)."""
 from __future__ import annotations
 
 import argparse
@@ -34,7 +34,7 @@ def _args_hello(p: argparse.ArgumentParser) -> None:
 
 
 def test_a_new_command_is_one_record_in_commands(monkeypatch, capsys):
-    """kernelhub/cli.py's docstring, followed: a run, a render and an arguments function registered with one
+    """kernelhub/cli/__init__.py's docstring, followed: a run, a render and an arguments function registered with one
     `Command` record give a subcommand with its help line, its arguments, --json and --wide, a table by default,
     and exit 1 where its data says it failed."""
     monkeypatch.setitem(cli.COMMANDS, "hello", cli.Command(_hello, _render_hello, "greets a name", _args_hello))

@@ -36,7 +36,11 @@ LAYERS = [
     ["kernelhub.nn.pnds"],
     ["kernelhub.nn", "kernelhub.testing", "kernelhub._probes"],  # _probes: Triton kernels bench times, nothing else
     ["kernelhub.bench", "kernelhub.testing.tolerances"],
+    ["kernelhub.cli._common"],  # the commands by module, kernelhub.cli registering them
+    ["kernelhub.cli.listing", "kernelhub.cli.explain", "kernelhub.cli.tune", "kernelhub.cli.bench",
+     "kernelhub.cli.doctor", "kernelhub.cli.check"],
     ["kernelhub.cli"],
+    ["kernelhub.cli.__main__"],
 ]
 RUNTIME_TOP = LAYERS.index(["kernelhub"])
 

@@ -21,6 +21,7 @@ LAYERS = [
     ["kernelhub.ops.tv", "kernelhub.ops.kplanes", "kernelhub.ops.semiconv", "kernelhub.ops.trilinear",
      "kernelhub.ops.tikhonov"],
     ["kernelhub.ops", "kernelhub.parity", "kernelhub.winners", "kernelhub.registry"],
+    ["kernelhub.lock"],  # what a lock file holds, read and compared (the hub passed in, not imported)
     ["kernelhub.tune"],
     ["kernelhub.select"],
     ["kernelhub.dispatch"],  # reads the selector's generation (kernelhub.select.GENERATION) while dynamo traces
@@ -38,7 +39,7 @@ LAYERS = [
     ["kernelhub.bench", "kernelhub.testing.tolerances"],
     ["kernelhub.cli._common"],  # the commands by module, kernelhub.cli registering them
     ["kernelhub.cli.listing", "kernelhub.cli.explain", "kernelhub.cli.tune", "kernelhub.cli.bench",
-     "kernelhub.cli.doctor", "kernelhub.cli.check"],
+     "kernelhub.cli.doctor", "kernelhub.cli.check", "kernelhub.cli.lock"],
     ["kernelhub.cli"],
     ["kernelhub.cli.__main__"],
 ]

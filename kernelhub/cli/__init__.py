@@ -1,8 +1,8 @@
 """The ``kernelhub`` command: each subcommand builds a dict, then prints it as a rich table or ``--json``.
 
-Each command is a module of this package (``listing``, ``explain``, ``tune``, ``bench``, ``doctor``, ``check``;
-what they share is in ``_common``). To add one: in a module of its own, write ``cmd_<name>(args) -> dict`` (the
-data; a true ``"failed"`` in it exits 1), ``render_<name>(data, console)`` (the tables) and, where it takes
+Each command is a module of this package (``listing``, ``explain``, ``tune``, ``bench``, ``doctor``, ``check``,
+``lock``; what they share is in ``_common``). To add one: in a module of its own, write ``cmd_<name>(args) -> dict``
+(the data; a true ``"failed"`` in it exits 1), ``render_<name>(data, console)`` (the tables) and, where it takes
 arguments, ``args_<name>(parser)``; then register them with one `Command` record in ``COMMANDS`` below:
 ``build_parser`` and ``main`` read nothing else (tests/test_cli.py follows this recipe).
 """
@@ -22,6 +22,7 @@ from kernelhub.cli.check import args_check, cmd_check, render_check
 from kernelhub.cli.doctor import cmd_doctor, render_doctor
 from kernelhub.cli.explain import args_explain, cmd_explain, render_explain
 from kernelhub.cli.listing import cmd_list, render_list
+from kernelhub.cli.lock import args_lock, cmd_lock, render_lock
 from kernelhub.cli.tune import args_tune, cmd_tune, render_tune
 from kernelhub.errors import KernelhubError
 
@@ -53,6 +54,9 @@ COMMANDS: dict[str, Command] = {
                      "a backend's conformance: parity, non-contiguous inputs, opcheck, gradcheck, bad inputs, fused "
                      "weights and saved tensors where declared, and on CUDA no host sync and graph replay; exits 1 on "
                      "a failure or a part of an op's space no accepted call reached ('not covered')", args_check),
+    "lock": Command(cmd_lock, render_lock,
+                    "write the backends, their sources' digests, the ops' contract versions, the configuration and "
+                    "the tuned winners here into a lock file; --check lists what drifted since", args_lock),
 }
 
 

@@ -1,4 +1,4 @@
-"""Configuration: the shipped ``kernelhub/kernelhub.toml``, a user's ``kernelhub.toml`` over it, and at most three
+"""Configuration: the shipped ``kernelhub/kernelhub.toml``, a user's ``kernelhub.toml`` over it, and at most four
 environment overrides.
 
 The shipped file (`SHIPPED`, installed with the package) holds every default, the per-op priorities with where
@@ -26,6 +26,7 @@ Environment overrides, applied on top of the file:
 - ``KERNELHUB_KILL_SWITCH=1``: every op runs its reference backend (the spec's ``reference_backend``, torch_ref for
   the built-in ops; ``0`` forces it off).
 - ``KERNELHUB_DISABLE=triton,cuda_ext``: backends added to ``disabled``.
+- ``KERNELHUB_LOCK=FILE``: the lock file (``[lock].file``; a relative ``[lock].file`` is beside the file naming it).
 
 Any error names the source (file or variable), the key, and the allowed values.
 An unknown backend name anywhere is an error, never ignored.
@@ -110,6 +111,16 @@ class TuneConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LockConfig:
+    """``[lock]``: ``file``, a lock written by `kernelhub lock` whose winners serve the calls it names
+    (`kernelhub.lock`; "" = none); ``strict``: a call the lock names that drift affects raises instead of a
+    warning."""
+
+    file: str = ""
+    strict: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     """The configuration in force. ``source`` says where it came from."""
 
@@ -124,6 +135,7 @@ class Config:
     # [compile] priority: the backends traced into a torch.compile graph, first eligible wins
     # (`kernelhub.select.Selector.traced`); () leaves every call to the operator, which selects when it runs
     compile_priority: tuple[str, ...] = ()
+    lock: LockConfig = LockConfig()
 
     def op(self, name: str) -> OpConfig:
         return self.ops.get(name) or OpConfig()
@@ -174,16 +186,18 @@ class Config:
                     for k, v in self.ops.items()},
             "tune": {"mode": self.tune.mode, "cache": self.tune.cache, "cache_path": str(self.tune.cache_path())},
             "compile": {"priority": list(self.compile_priority)},
+            "lock": {"file": self.lock.file, "strict": self.lock.strict},
         }
 
 
 _TOP_KEYS = {"kill_switch": bool, "strict": bool, "disabled": list, "priority": list, "ops": dict, "tune": dict,
-             "compile": dict}
+             "compile": dict, "lock": dict}
 _OP_KEYS = {"priority": list, "pin": str, "cases": dict, "sizes": list}
 _CASE_KEYS = {"priority": list}
 _SIZE_KEYS = {"min_elements": int, "priority": list, "device": str}
 _TUNE_KEYS = {"mode": str, "cache": str}
 _COMPILE_KEYS = {"priority": list}
+_LOCK_KEYS = {"file": str, "strict": bool}
 
 
 def find_config_file(cwd: Path | None = None) -> Path | None:
@@ -328,6 +342,10 @@ def parse_config(data: Mapping, source: str, known_backends: frozenset[str]) -> 
         raise ConfigError(f"{source}: [tune].cache: a path cannot hold a NUL character, got {tune['cache']!r}")
     compiled = data.get("compile", {})
     _check_keys(compiled, _COMPILE_KEYS, f"{source}: [compile]")
+    locked = data.get("lock", {})
+    _check_keys(locked, _LOCK_KEYS, f"{source}: [lock]")
+    if "\0" in locked.get("file", ""):
+        raise ConfigError(f"{source}: [lock].file: a path cannot hold a NUL character, got {locked['file']!r}")
     return Config(
         kill_switch=data.get("kill_switch", False),
         strict=data.get("strict", False),
@@ -337,6 +355,7 @@ def parse_config(data: Mapping, source: str, known_backends: frozenset[str]) -> 
         tune=TuneConfig(mode=tune.get("mode", "cached"), cache=tune.get("cache", "")),
         source=source,
         compile_priority=_names(compiled.get("priority", []), f"{source}: [compile].priority", known_backends),
+        lock=LockConfig(file=locked.get("file", ""), strict=locked.get("strict", False)),
     )
 
 
@@ -397,6 +416,10 @@ def check_config(config: Config, known_backends: frozenset[str]) -> Config:
             or "\0" in tune.cache:
         raise ConfigError(f"{where}: tune: expected TuneConfig(mode in {list(TUNE_MODES)}, cache a path without "
                           f"NUL), got {tune!r}")
+    if not isinstance(config.lock, LockConfig) or not isinstance(config.lock.file, str) or "\0" in config.lock.file \
+            or not isinstance(config.lock.strict, bool):
+        raise ConfigError(f"{where}: lock: expected LockConfig(file a path without NUL or \"\", strict True or "
+                          f"False), got {config.lock!r}")
     return config
 
 
@@ -415,6 +438,9 @@ def load_config(known_backends: frozenset[str], path: Path | None = None) -> Con
         except OSError as exc:
             raise ConfigError(f"{path}: cannot be read: {exc}") from None
         config = parse_config(data, str(path), known_backends)
+        if config.lock.file and not Path(config.lock.file).expanduser().is_absolute():  # beside the file naming it
+            config = dataclasses.replace(config, lock=dataclasses.replace(
+                config.lock, file=str(path.parent / Path(config.lock.file).expanduser())))
 
     overrides = []
     kill = os.environ.get("KERNELHUB_KILL_SWITCH")
@@ -431,4 +457,10 @@ def load_config(known_backends: frozenset[str], path: Path | None = None) -> Con
                 raise ConfigError(unknown_backend("KERNELHUB_DISABLE", n, known_backends))
         config = dataclasses.replace(config, disabled=config.disabled | frozenset(names))
         overrides.append(f"KERNELHUB_DISABLE={disable}")
+    locked = os.environ.get("KERNELHUB_LOCK")
+    if locked:
+        if "\0" in locked:
+            raise ConfigError(f"KERNELHUB_LOCK={locked!r}: a path cannot hold a NUL character")
+        config = dataclasses.replace(config, lock=dataclasses.replace(config.lock, file=str(Path(locked).expanduser())))
+        overrides.append(f"KERNELHUB_LOCK={locked}")
     return dataclasses.replace(config, overrides=tuple(overrides))

@@ -8,6 +8,7 @@ __all__ = [
     "ConfigError",
     "NoImplementationError",
     "StrictModeError",
+    "LockDriftError",
     "WrongOutputError",
 ]
 
@@ -34,6 +35,11 @@ class NoImplementationError(KernelhubError, RuntimeError):
 
 class StrictModeError(KernelhubError, RuntimeError):
     """Strict mode is on and a call would have fallen back to another backend."""
+
+
+class LockDriftError(KernelhubError, RuntimeError):
+    """``[lock] strict = true`` and a call the lock names cannot be served as locked: the environment or the locked
+    backend drifted since `kernelhub lock` (the message names what, and what to do)."""
 
 
 class WrongOutputError(KernelhubError, RuntimeError):

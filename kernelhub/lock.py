@@ -16,13 +16,15 @@ import json
 import os
 import tempfile
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from kernelhub.config import Config
 from kernelhub.errors import KernelhubError
-from kernelhub.registry import ENTRY_POINT_GROUP, FIRST_PARTY_DISTRIBUTIONS
+from kernelhub.registry import ENTRY_POINT_GROUP, FIRST_PARTY_DISTRIBUTIONS, Registry
 from kernelhub.timing import device_model
 
 __all__ = ["FORMAT", "LockError", "snapshot", "render", "write", "read", "drift"]
@@ -53,21 +55,20 @@ def _distribution(plugin: str | None, backend: str) -> str:
     return FIRST_PARTY_DISTRIBUTIONS.get(backend, "") if plugin == backend else ""
 
 
-def snapshot(hub: Any, device: torch.device | str) -> dict:
-    """What the lock holds for ``hub`` (a `kernelhub.hub.Hub`) on ``device``."""
-    reg = hub.registry
+def snapshot(reg: Registry, config: Config, entries: Mapping[str, Any], device: torch.device | str) -> dict:
+    """What a lock holds: the registry's backends and ops, the configuration in force, and the tuned winners among
+    ``entries`` (the winners file's) of ``device``'s model."""
     model = device_model(device)
     backends = {}
     for name in sorted(reg.backends):
         backends[name] = {"distribution": _distribution(reg.plugin_of(name), name),
                           "version": reg.backends[name].version, "fingerprint": reg.fingerprint(name)}
-    winners = {key: e["winner"] for key, e in sorted(hub.selector.tuning.cache.entries().items())
+    winners = {key: e["winner"] for key, e in sorted(entries.items())
                if e.get("device") == model and e.get("winner")}
-    config = _flat(hub.config.as_dict())
     return {"format": FORMAT, "kernelhub": importlib.metadata.version("kernelhub"),
             "environment": {"device": model, **_versions()},
-            "backends": backends, "ops": {op: reg.spec(op).version for op in sorted(reg.specs)}, "config": config,
-            "winners": winners}
+            "backends": backends, "ops": {op: reg.spec(op).version for op in sorted(reg.specs)},
+            "config": _flat(config.as_dict()), "winners": winners}
 
 
 def _flat(tree: dict, prefix: str = "") -> dict[str, str]:

@@ -36,15 +36,17 @@ from typing import Any, NamedTuple
 
 import torch
 
+from kernelhub import lock
 from kernelhub._glue import CallPlan
 from kernelhub._state import GENERATION
 from kernelhub.args import arg_key, describe_args, first_tensor
 from kernelhub.config import Config
-from kernelhub.errors import NoImplementationError, StrictModeError
+from kernelhub.errors import LockDriftError, NoImplementationError, StrictModeError
 from kernelhub.registry import CONTAINED, Registry
 from kernelhub.spec import Impl, OpSpec
 from kernelhub.timing import device_model
 from kernelhub.tune import Tuning, may_tune_now
+from kernelhub.winners import entry_key
 
 __all__ = ["Candidate", "Decision", "Selector", "call_key", "MAX_CACHED_DECISIONS", "GENERATION"]
 
@@ -131,6 +133,10 @@ class Selector:
         # `mark_failed` (that key, where it named the failed backend), full (all of it)
         self._traced: dict[tuple, Impl | None] = {}
         self.tuning = Tuning(registry, config, handle, hub_key)  # hub_key: the hub's `key`, for parity checks
+        # ``[lock] file``'s content, read at the first call (`_lock`); device model -> what drifted since the lock
+        # there, computed (and warned about) once per device model; never emptied
+        self._lock_data: dict | None = None
+        self._lock_drift: dict[str, list[str]] = {}
 
     def decide(self, op: str, args: Sequence[Any], forced: str = "") -> Decision:
         key = call_key(op, args, forced)
@@ -244,7 +250,13 @@ class Selector:
         pin = self.config.op(op).pin
         whys: dict[str, str] = {}
         note, cacheable, winner = "", True, None
-        if tuned and not forced and not (pin and pin in ordered) and len(ordered) > 1 \
+        locked = None
+        if self.config.lock.file and not forced and not (pin and pin in ordered):
+            locked, note = self._locked(op, args, ordered)
+        if locked is not None:
+            ordered, winner = [locked] + [n for n in ordered if n != locked], locked
+            whys[locked] = note.strip(" ()")
+        elif tuned and not forced and not (pin and pin in ordered) and len(ordered) > 1 \
                 and self.config.tune.mode != "off":
             ordered, whys, winner, note, cacheable = self._tuned_order(op, args, ordered, rejected)
         if tuned:
@@ -320,6 +332,50 @@ class Selector:
             if reasons:
                 rejected[name] = reasons
         return rejected
+
+    def lock(self) -> dict:
+        """``[lock] file``'s content (`kernelhub.lock.read`, once: a malformed file raises its `LockError`)."""
+        if self._lock_data is None:
+            self._lock_data = lock.read(self.config.lock.file)
+        return self._lock_data
+
+    def lock_drift(self, device: torch.device | str) -> list[str]:
+        """What drifted between the lock and this process on ``device`` (`kernelhub.lock.drift`); warned about
+        once per device model, the first time a call there asks."""
+        model = device_model(device)
+        if model not in self._lock_drift:
+            now = lock.snapshot(self.registry, self.config, {}, device)
+            self._lock_drift[model] = drift = lock.drift(self.lock(), now)
+            if drift:
+                warnings.warn(f"kernelhub: the lock {self.config.lock.file} drifted here: " + "; ".join(drift)
+                              + " (`kernelhub lock` writes it again; `kernelhub lock --check` lists this)",
+                              RuntimeWarning, stacklevel=6)
+        return self._lock_drift[model]
+
+    def _locked(self, op: str, args: Sequence[Any], ordered: list[str]) -> tuple[str | None, str]:
+        """Stage 1b: the backend the lock names for this call's bucket, where it can serve it as locked, and the
+        note that says so; None where the lock names none (another device's lock names none here), or where the
+        environment or that backend drifted since, or it cannot serve the call here (an error with ``[lock] strict
+        = true``, else a warning once and the usual order)."""
+        path = self.config.lock.file
+        name = self.lock()["winners"].get(entry_key(op, args))
+        drift = self.lock_drift(first_tensor(args).device)
+        if name is None:
+            return None, ""
+        affecting = [d for d in drift if d.startswith(("torch:", "triton:", "cuda:", f"backend {name!r}"))]
+        if name not in ordered:
+            affecting.append(f"backend {name!r} cannot serve this call here (not installed, unavailable, disabled "
+                             "or declining it)")
+        if not affecting:
+            return name, f" (locked: {path} names {name} for this call's shape bucket)"
+        message = (f"{op}({describe_args(args)}): the lock {path} names backend {name!r} for this call, but "
+                   + "; ".join(affecting) + ": run `kernelhub lock` again, or install the locked versions")
+        if self.config.lock.strict:
+            raise LockDriftError(f"kernelhub: {message}")
+        if (op, "lock", name) not in self._warned:
+            self._warned.add((op, "lock", name))
+            warnings.warn(f"kernelhub: {message}; using the usual order", RuntimeWarning, stacklevel=6)
+        return None, f" (the lock's {name} set aside: it drifted)"
 
     def _tuned_order(self, op: str, args: Sequence[Any], ordered: list[str], rejected: dict[str, list[str]],
                      ) -> tuple[list[str], dict[str, str], str | None, str, bool]:

@@ -259,8 +259,8 @@ def test_lookup_order(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("priorty = []", "unknown key 'priorty'; allowed keys: \\['compile', 'disabled', 'kill_switch', 'ops', 'priority', "
-                     "'strict', 'tune'\\]"),
+    ("priorty = []", "unknown key 'priorty'; allowed keys: \\['compile', 'disabled', 'kill_switch', 'lock', 'ops', "
+                     "'priority', 'strict', 'tune'\\]"),
     ("[compile]\npriority = ['trition']", "\\[compile\\].priority: unknown backend 'trition'"),
     ("[compile]\norder = []", "\\[compile\\]: unknown key 'order'; allowed keys: \\['priority'\\]"),
     ("[tune]\nmode = 'always'", "\\[tune\\].mode: 'always'; allowed: \\['off', 'cached', 'online'\\]"),

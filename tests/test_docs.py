@@ -145,7 +145,7 @@ def test_a_record_names_the_tree_that_ran_and_the_commit_it_is(tmp_path, monkeyp
 def inventory_table() -> str:
     """docs/ops.md's inventory as the built-in backends register it: per op and backend, where it runs, its dtypes,
     whether it is deterministic, and what it declares (`Impl.can`) or how selection treats it."""
-    from kernelhub.cli import _SHORT, _short  # the dtype names `kernelhub list` prints
+    from kernelhub.cli._common import _SHORT, _short  # the dtype names `kernelhub list` prints
     from kernelhub.registry import Registry
 
     registry = Registry().load()

@@ -6,17 +6,21 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
+import subprocess
 import sys
 
 import harness
 import pytest
+import torch
 
 import kernelhub
 from kernelhub import cli, lock
 
 
 def _now():
-    return lock.snapshot(kernelhub.get_hub(), "cpu")
+    hub = kernelhub.get_hub()
+    return lock.snapshot(hub.registry, hub.config, hub.selector.tuning.cache.entries(), "cpu")
 
 
 def test_a_lock_reads_back_as_written_and_holds_where_nothing_changed(tmp_path):
@@ -115,3 +119,124 @@ def test_a_plugin_whose_sources_change_after_the_lock_is_named_as_drifted(plugin
     ran = harness.run([*command, "--check"], timeout=300, env=env, cwd=tmp_path)
     assert ran.returncode == 1, ran.stderr
     assert "backend 'fast': its sources changed" in " ".join(ran.stdout.split()), ran.stdout
+
+
+@pytest.fixture
+def locked_hub(tmp_path, monkeypatch):
+    """``locked_hub(winners, **changes)``: a lock of this process naming ``winners`` (op -> (args, backend)), with
+    ``changes`` applied to its snapshot (section -> {key: value}), in force through ``KERNELHUB_LOCK`` and a reload
+    (strict where ``strict=True``); the hub it gives. The global hub is rebuilt without it afterwards."""
+    from kernelhub.winners import entry_key
+
+    def make(winners, strict=False, **changes):
+        snap = _now()
+        snap["winners"] = {entry_key(op, args): name for op, (args, name) in winners.items()}
+        for section, values in changes.items():
+            snap[section].update(values)
+        path = lock.write(tmp_path / "kernelhub.lock", snap)
+        monkeypatch.setenv("KERNELHUB_LOCK", str(path))
+        if strict:
+            (tmp_path / "kernelhub.toml").write_text("[lock]\nstrict = true\n")
+            monkeypatch.setenv("KERNELHUB_CONFIG", str(tmp_path / "kernelhub.toml"))
+        return kernelhub.reload()
+
+    yield make
+    monkeypatch.delenv("KERNELHUB_LOCK", raising=False)
+    monkeypatch.delenv("KERNELHUB_CONFIG", raising=False)
+    kernelhub.reload()
+
+
+def _volume(n):
+    return torch.randn(1, n, n, n)
+
+
+def test_a_call_the_lock_names_is_served_by_the_locked_impl_and_explain_says_so(locked_hub):
+    """Before the tuned winners and the priorities: the locked backend serves the call's bucket (its value and
+    gradient the reference's), `explain` names the lock; a call of a bucket the lock does not name keeps the usual
+    order."""
+    small, other = _volume(8), _volume(12)
+    usual = kernelhub.explain("tv_loss_l1_3d", small).chosen
+    name = "torch_ref" if usual != "torch_ref" else "cuda_ext"
+    hub = locked_hub({"tv_loss_l1_3d": ((small,), name)})
+    decision = hub.selector.decide("tv_loss_l1_3d", (small,))
+    assert decision.chosen == name
+    assert "locked:" in str(kernelhub.explain("tv_loss_l1_3d", small))
+    assert hub.selector.decide("tv_loss_l1_3d", (other,)).chosen == usual
+    torch.testing.assert_close(kernelhub.op("tv_loss_l1_3d")(small),
+                               kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(small))
+
+def test_a_drifted_lock_warns_once_and_strict_mode_raises_at_the_call_naming_the_backend(locked_hub):
+    small = _volume(8)
+    usual = kernelhub.explain("tv_loss_l1_3d", small).chosen
+    name = "torch_ref" if usual != "torch_ref" else "cuda_ext"
+    changed = {name: {**_now()["backends"][name], "fingerprint": "before"}}
+    hub = locked_hub({"tv_loss_l1_3d": ((small,), name)}, backends=changed)
+    with pytest.warns(RuntimeWarning) as caught:
+        assert hub.selector.decide("tv_loss_l1_3d", (small,)).chosen == usual
+    text = " ".join(str(w.message) for w in caught)
+    assert "drifted here" in text and f"backend {name!r}: its sources changed" in text
+    hub = locked_hub({"tv_loss_l1_3d": ((small,), name)}, strict=True, backends=changed)
+    with pytest.raises(kernelhub.errors.LockDriftError, match=f"names backend {name!r}.*kernelhub lock` again"):
+        with pytest.warns(RuntimeWarning):
+            kernelhub.op("tv_loss_l1_3d")(small)
+
+
+def test_a_lock_from_another_device_is_reported_as_such(locked_hub, capsys):
+    """Its winners name another device's buckets: no call here is served from it, and the drift says whose it was."""
+    small = _volume(8)
+    usual = kernelhub.explain("tv_loss_l1_3d", small).chosen
+    hub = locked_hub({}, environment={"device": "NVIDIA H200"})
+    with pytest.warns(RuntimeWarning, match="device: locked 'NVIDIA H200'"):
+        assert hub.selector.decide("tv_loss_l1_3d", (small,)).chosen == usual
+    assert cli.main(["doctor"]) == 0
+    assert "device: locked 'NVIDIA H200'" in " ".join(capsys.readouterr().out.split())
+
+
+DDP_RANK = """
+import json, os, sys, torch, torch.distributed as dist
+import kernelhub
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=int(sys.argv[2]), world_size=2)
+volume = torch.randn(1, 8, 8, 8)
+served = kernelhub.get_hub().selector.decide("tv_loss_l1_3d", (volume,)).chosen
+names = [None, None]
+dist.all_gather_object(names, served)
+print(json.dumps(names))
+dist.destroy_process_group()
+"""
+
+
+def test_ddp_ranks_with_one_lock_serve_the_same_impl(tmp_path):
+    """Two CPU processes over gloo, one lock naming a backend other than the usual pick: each rank serves it."""
+    from kernelhub.winners import entry_key
+
+    volume = _volume(8)
+    usual = kernelhub.explain("tv_loss_l1_3d", volume).chosen
+    name = "torch_ref" if usual != "torch_ref" else "cuda_ext"
+    snap = _now()
+    snap["winners"] = {entry_key("tv_loss_l1_3d", (volume,)): name}
+    path = lock.write(tmp_path / "kernelhub.lock", snap)
+    env = dict(os.environ, KERNELHUB_LOCK=str(path))
+    script = tmp_path / "rank.py"
+    script.write_text(DDP_RANK)
+    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "store"), str(r)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=harness.child_env(env)) for r in range(2)]
+    outs = [harness.wait(p, 300, f"rank {r}") for r, p in enumerate(procs)]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+        assert json.loads(out.strip().splitlines()[-1]) == [name, name]
+
+
+def test_the_lock_setting_is_checked_and_a_relative_file_is_beside_the_config(tmp_path):
+    from kernelhub.config import ConfigError, load_config
+    from kernelhub.registry import declared_backend_names
+
+    toml = tmp_path / "kernelhub.toml"
+    toml.write_text("[lock]\nfile = 'runs/kernelhub.lock'\nstrict = true\n")
+    config = load_config(declared_backend_names(), toml)
+    assert config.lock.file == str(tmp_path / "runs" / "kernelhub.lock") and config.lock.strict
+    assert config.as_dict()["lock"] == {"file": config.lock.file, "strict": True}
+    for text, says in (("[lock]\nfile = 3\n", "[lock].file"), ("[lock]\nstrict = 'yes'\n", "[lock].strict"),
+                       ("[lock]\npath = 'x'\n", "[lock]")):
+        toml.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            load_config(declared_backend_names(), toml)

@@ -6,10 +6,13 @@ import argparse
 import ast
 import inspect
 import math
+from typing import Any
 
 import torch
+from rich.console import Console
 
 import kernelhub
+from kernelhub import lock
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -118,3 +121,35 @@ def _shapes_by_argument(op: str, spec, shapes: list[list[int]]) -> dict[int, lis
         n = len(shapes) - singles if i in lists else 1
         grouped[i], k = shapes[k:k + n], k + n
     return grouped
+
+
+def lock_status(hub: Any) -> dict | None:
+    """The ``[lock]`` in force (None without one): its file, strictness, how many calls it names, what drifted
+    here (on CUDA where there is a GPU, else the CPU), or why it cannot be used."""
+    if not hub.config.lock.file:
+        return None
+    status: dict = {"file": hub.config.lock.file, "strict": hub.config.lock.strict, "winners": 0, "drift": [],
+                    "error": None}
+    try:
+        locked = lock.read(hub.config.lock.file)
+    except lock.LockError as exc:
+        return {**status, "error": str(exc)}
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    now = lock.snapshot(hub.registry, hub.config, {}, device)
+    return {**status, "winners": len(locked["winners"]), "drift": lock.drift(locked, now)}
+
+
+def render_lock_status(status: dict | None, console: Console) -> None:
+    """A line for `lock_status` (nothing without a lock), and a line per drift."""
+    if status is None:
+        return
+    strict = " (strict)" if status["strict"] else ""
+    if status["error"]:
+        console.print(f"[red]lock{strict}: {status['error']}[/]", soft_wrap=True)
+    elif not status["drift"]:
+        console.print(f"lock{strict}: {status['file']}, {status['winners']} calls locked; it holds here")
+    else:
+        console.print(f"[yellow]lock{strict}: {status['file']}, {status['winners']} calls locked; drifted here[/] "
+                      "(`kernelhub lock` writes it again):")
+        for line in status["drift"]:
+            console.print(f"  - {line}", soft_wrap=True)

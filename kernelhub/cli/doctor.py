@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 import kernelhub
+from kernelhub.cli._common import lock_status, render_lock_status
 from kernelhub.registry import FIRST_PARTY_BACKENDS
 
 
@@ -42,6 +43,7 @@ def cmd_doctor(args: argparse.Namespace) -> dict:
         "plugin_errors": [{"plugin": e.plugin, "stage": e.stage, "error": e.error, "traceback": e.traceback}
                           for e in hub.registry.plugin_errors],
         "contracts": _contracts(hub.registry),
+        "lock": lock_status(hub),
     }
 
 
@@ -104,6 +106,7 @@ def render_doctor(data: dict, console: Console) -> None:
             t.add_row(r["op"], r["backend"], f"{'[yellow]' if old else ''}v{r['implements']}{'[/]' if old else ''}",
                       f"v{r['current']}", "; ".join(r["missing"]) or "-")
         console.print(t)
+    render_lock_status(data.get("lock"), console)
     if not data["plugin_errors"]:
         console.print("plugin errors: none")
     for e in data["plugin_errors"]:

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import kernelhub
-from kernelhub.cli._common import _SHORT, _short
+from kernelhub.cli._common import _SHORT, _short, lock_status, render_lock_status
 
 
 # -- list -------------------------------------------------------------------
@@ -33,7 +33,7 @@ def cmd_list(args: argparse.Namespace) -> dict:
                               "op_version": reg.spec(op).version}
     errors = [{"plugin": e.plugin, "stage": e.stage, "error": e.error} for e in reg.plugin_errors]
     return {"backends": backends, "ops": ops, "plugin_errors": errors, "config": hub.config.source,
-            "winners": _winners(hub), "wide": args.wide}
+            "winners": _winners(hub), "lock": lock_status(hub), "wide": args.wide}
 
 
 def _could_serve(hub, op: str, entry: dict) -> list[str]:
@@ -69,6 +69,7 @@ def _winners(hub) -> dict:
 
 
 def render_list(data: dict, console: Console) -> None:
+    render_lock_status(data.get("lock"), console)
     t = Table(title="backends")
     for col in ("backend", "version", "status"):
         t.add_column(col)

@@ -23,7 +23,7 @@ def _default_path() -> Path:
 def cmd_lock(args: argparse.Namespace) -> dict:
     hub = kernelhub.get_hub()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    now = lock.snapshot(hub, device)
+    now = lock.snapshot(hub.registry, hub.config, hub.selector.tuning.cache.entries(), device)
     path = Path(args.out) if args.out else _default_path()
     if args.check:
         drift = lock.drift(lock.read(path), now)

@@ -188,12 +188,24 @@ class Selector:
         the backends the op's own config orders for this call (its size range's, its case's, its priority: each
         measured fastest where it applies); the config's ``[compile] priority``. Traced where its impl is
         traceable, else None. The global priority and tuned winners (eager timings) order only the operator's
-        choice. The kill switch traces nothing. Cached per `call_key`; `GENERATION` changes where a choice may."""
+        choice. A call a lock names (``[lock] file``) traces the locked backend, or holds the operator (which serves
+        it as locked) where that cannot be traced. The kill switch traces nothing. Cached per `call_key`;
+        `GENERATION` changes where a choice may."""
         key = call_key(op, args, forced)
         if key in self._traced:
             return self._traced[key]
         impls, cfg = self.registry.impls(op), self.config.op(op)
         rejected = self._rejected(op, args, forced, key)
+        eligible = [n for n in impls if n not in rejected]
+        if self.config.lock.file and not forced and not (cfg.pin and cfg.pin in eligible):
+            locked, _ = self._locked(op, args, eligible)  # the locked backend traced, else the operator (locked)
+            if locked is not None:
+                held = impls[locked]
+                if len(self._traced) >= MAX_CACHED_DECISIONS:
+                    self._traced.clear()
+                self._traced[key] = chosen = held if "traceable" in held.can and not self.config.kill_switch \
+                    else None
+                return chosen
         case, _, size, _ = self._where(op, args)
         order = [forced] if forced else [cfg.pin, *(size[1] if size else ()), *cfg.cases.get(case, ()),
                                           *cfg.priority, *self.config.compile_priority]

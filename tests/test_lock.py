@@ -162,6 +162,9 @@ def test_a_call_the_lock_names_is_served_by_the_locked_impl_and_explain_says_so(
     assert decision.chosen == name
     assert "locked:" in str(kernelhub.explain("tv_loss_l1_3d", small))
     assert hub.selector.decide("tv_loss_l1_3d", (other,)).chosen == usual
+    traced = hub.selector.traced("tv_loss_l1_3d", (small,))  # torch.compile: the locked backend, or the operator
+    impl = hub.registry.impls("tv_loss_l1_3d")[name]
+    assert traced is (impl if "traceable" in impl.can else None)
     torch.testing.assert_close(kernelhub.op("tv_loss_l1_3d")(small),
                                kernelhub.op("tv_loss_l1_3d", backend="torch_ref")(small))
 

@@ -104,8 +104,8 @@ def test_the_command_writes_the_lock_and_check_exits_1_where_it_drifted(tmp_path
 
 def test_a_plugin_whose_sources_change_after_the_lock_is_named_as_drifted(plugin, tmp_path):
     """The held-out test plugin installed as a distribution, locked in a fresh process; its module edited; `kernelhub
-    lock --check` in another process names the backend and that its sources changed (the fingerprint `kernelhub
-    list` uses), and an unchanged environment passes the check."""
+    lock --check` and, with the lock in force, `kernelhub doctor` in other processes name the backend and that its
+    sources changed (the fingerprint `kernelhub list` uses); an unchanged environment passes the check."""
     module = plugin("fast")
     site = str(tmp_path / "site")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([site, os.environ.get("PYTHONPATH", "")]))
@@ -119,6 +119,9 @@ def test_a_plugin_whose_sources_change_after_the_lock_is_named_as_drifted(plugin
     ran = harness.run([*command, "--check"], timeout=300, env=env, cwd=tmp_path)
     assert ran.returncode == 1, ran.stderr
     assert "backend 'fast': its sources changed" in " ".join(ran.stdout.split()), ran.stdout
+    doctor = harness.run([sys.executable, "-m", "kernelhub.cli", "doctor"], timeout=300, cwd=tmp_path,
+                         env=dict(env, KERNELHUB_LOCK=str(path)), check=True)  # the lock in force: doctor says
+    assert "drifted here" in doctor.stdout and "backend 'fast': its sources changed" in " ".join(doctor.stdout.split())
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""What the commands share: argument types and short dtype names."""
+"""What the commands share: argument types, short dtype names, a call built from --shape and --arg, and the
+status of the lock in force."""
 
 from __future__ import annotations
 

@@ -374,7 +374,8 @@ class Selector:
         drift = self.lock_drift(first_tensor(args).device)
         if name is None:
             return None, ""
-        affecting = [d for d in drift if d.startswith(("torch:", "triton:", "cuda:", f"backend {name!r}"))]
+        affecting = [d for d in drift
+                     if d.startswith(("torch:", "triton:", "cuda:", f"backend {name!r}", f"op {op!r}"))]
         if name not in ordered:
             affecting.append(f"backend {name!r} cannot serve this call here (not installed, unavailable, disabled "
                              "or declining it)")

@@ -246,3 +246,13 @@ def test_the_lock_setting_is_checked_and_a_relative_file_is_beside_the_config(tm
         toml.write_text(text)
         with pytest.raises(ConfigError, match=re.escape(says)):
             load_config(declared_backend_names(), toml)
+
+
+def test_a_lock_of_another_contract_version_of_the_op_is_set_aside(locked_hub):
+    small = _volume(8)
+    usual = kernelhub.explain("tv_loss_l1_3d", small).chosen
+    name = "torch_ref" if usual != "torch_ref" else "cuda_ext"
+    version = kernelhub.get_hub().registry.spec("tv_loss_l1_3d").version
+    hub = locked_hub({"tv_loss_l1_3d": ((small,), name)}, ops={"tv_loss_l1_3d": version + 1})
+    with pytest.warns(RuntimeWarning, match="op 'tv_loss_l1_3d': locked contract version"):
+        assert hub.selector.decide("tv_loss_l1_3d", (small,)).chosen == usual

@@ -27,7 +27,7 @@ from kernelhub.errors import KernelhubError
 from kernelhub.registry import ENTRY_POINT_GROUP, FIRST_PARTY_DISTRIBUTIONS, Registry
 from kernelhub.timing import device_model
 
-__all__ = ["FORMAT", "LockError", "snapshot", "render", "write", "read", "drift"]
+__all__ = ["FORMAT", "LockError", "snapshot", "render", "write", "read", "drift", "drift_here"]
 
 FORMAT = "kernelhub-lock/1"
 _SECTIONS: dict[str, type] = {"format": str, "kernelhub": str, "environment": dict, "backends": dict, "ops": dict,
@@ -157,6 +157,11 @@ def read(path: str | Path) -> dict:
             raise LockError(f"{path}, line {_line_of(text, section)}: [{section}] {bad[0]!r} must be a "
                             f"{kind.__name__}")
     return data
+
+
+def drift_here(lock: dict, reg: Registry, config: Config, device: torch.device | str) -> list[str]:
+    """`drift` between ``lock`` and this process's registry and configuration on ``device``."""
+    return drift(lock, snapshot(reg, config, {}, device))
 
 
 def drift(lock: dict, now: dict) -> list[str]:

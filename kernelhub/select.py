@@ -264,10 +264,11 @@ class Selector:
         note, cacheable, winner = "", True, None
         locked = None
         if self.config.lock.file and not forced and not (pin and pin in ordered):
-            locked, note = self._locked(op, args, ordered)
+            locked, reason = self._locked(op, args, ordered)
+            note = f" ({reason})" if reason else ""
         if locked is not None:
             ordered, winner = [locked] + [n for n in ordered if n != locked], locked
-            whys[locked] = note.strip(" ()")
+            whys[locked] = reason
         elif tuned and not forced and not (pin and pin in ordered) and len(ordered) > 1 \
                 and self.config.tune.mode != "off":
             ordered, whys, winner, note, cacheable = self._tuned_order(op, args, ordered, rejected)
@@ -356,8 +357,7 @@ class Selector:
         once per device model, the first time a call there asks."""
         model = device_model(device)
         if model not in self._lock_drift:
-            now = lock.snapshot(self.registry, self.config, {}, device)
-            self._lock_drift[model] = drift = lock.drift(self.lock(), now)
+            self._lock_drift[model] = drift = lock.drift_here(self.lock(), self.registry, self.config, device)
             if drift:
                 warnings.warn(f"kernelhub: the lock {self.config.lock.file} drifted here: " + "; ".join(drift)
                               + " (`kernelhub lock` writes it again; `kernelhub lock --check` lists this)",
@@ -366,9 +366,10 @@ class Selector:
 
     def _locked(self, op: str, args: Sequence[Any], ordered: list[str]) -> tuple[str | None, str]:
         """Stage 1b: the backend the lock names for this call's bucket, where it can serve it as locked, and the
-        note that says so; None where the lock names none (another device's lock names none here), or where the
-        environment or that backend drifted since, or it cannot serve the call here (an error with ``[lock] strict
-        = true``, else a warning once and the usual order)."""
+        reason that says so (or why it was set aside; "" where the lock names none). None where the lock names none
+        (another device's lock names none here), or where the environment, that backend or the op drifted since, or
+        it cannot serve the call here (an error with ``[lock] strict = true``, else a warning once and the usual
+        order)."""
         path = self.config.lock.file
         name = self.lock()["winners"].get(entry_key(op, args))
         drift = self.lock_drift(first_tensor(args).device)
@@ -380,7 +381,7 @@ class Selector:
             affecting.append(f"backend {name!r} cannot serve this call here (not installed, unavailable, disabled "
                              "or declining it)")
         if not affecting:
-            return name, f" (locked: {path} names {name} for this call's shape bucket)"
+            return name, f"locked: {path} names {name} for this call's shape bucket"
         message = (f"{op}({describe_args(args)}): the lock {path} names backend {name!r} for this call, but "
                    + "; ".join(affecting) + ": run `kernelhub lock` again, or install the locked versions")
         if self.config.lock.strict:
@@ -388,7 +389,7 @@ class Selector:
         if (op, "lock", name) not in self._warned:
             self._warned.add((op, "lock", name))
             warnings.warn(f"kernelhub: {message}; using the usual order", RuntimeWarning, stacklevel=6)
-        return None, f" (the lock's {name} set aside: it drifted)"
+        return None, f"the lock's {name} set aside: it drifted"
 
     def _tuned_order(self, op: str, args: Sequence[Any], ordered: list[str], rejected: dict[str, list[str]],
                      ) -> tuple[list[str], dict[str, str], str | None, str, bool]:

@@ -136,8 +136,8 @@ def lock_status(hub: Any) -> dict | None:
     except lock.LockError as exc:
         return {**status, "error": str(exc)}
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    now = lock.snapshot(hub.registry, hub.config, {}, device)
-    return {**status, "winners": len(locked["winners"]), "drift": lock.drift(locked, now)}
+    return {**status, "winners": len(locked["winners"]),
+            "drift": lock.drift_here(locked, hub.registry, hub.config, device)}
 
 
 def render_lock_status(status: dict | None, console: Console) -> None:
@@ -152,5 +152,10 @@ def render_lock_status(status: dict | None, console: Console) -> None:
     else:
         console.print(f"[yellow]lock{strict}: {status['file']}, {status['winners']} calls locked; drifted here[/] "
                       "(`kernelhub lock` writes it again):")
-        for line in status["drift"]:
-            console.print(f"  - {line}", soft_wrap=True)
+        print_drift(status["drift"], console)
+
+
+def print_drift(lines: list[str], console: Console) -> None:
+    """What drifted since a lock (`kernelhub.lock.drift`), a line each."""
+    for line in lines:
+        console.print(f"  - {line}", soft_wrap=True)

@@ -10,7 +10,7 @@ from rich.console import Console
 
 import kernelhub
 from kernelhub import lock
-from kernelhub.cli._common import _device
+from kernelhub.cli._common import _device, print_drift
 from kernelhub.config import find_config_file
 
 
@@ -42,8 +42,7 @@ def render_lock(data: dict, console: Console) -> None:
     else:
         console.print(f"[red]{data['path']}: drifted since the lock[/] (`kernelhub lock` writes it again; or install "
                       "the locked versions):")
-        for line in data["drift"]:
-            console.print(f"  - {line}", soft_wrap=True)
+        print_drift(data["drift"], console)
 
 
 def args_lock(p: argparse.ArgumentParser) -> None:

@@ -57,7 +57,8 @@ def test_full_and_cuda():
 
 
 def _pytest_in(folder, *args, tier="fast"):
-    env = dict(os.environ, KERNELHUB_TEST_TIER=tier)
+    # the inner suite is whole: not the outer run's shard (scripts/gpu_check.sh's SPLIT sets KERNELHUB_TEST_SHARD)
+    env = {k: v for k, v in os.environ.items() if k != "KERNELHUB_TEST_SHARD"} | {"KERNELHUB_TEST_TIER": tier}
     return harness.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
                         "--rootdir", str(folder), *args, str(folder)], timeout=300, cwd=folder, env=env)
 
@@ -81,6 +82,14 @@ def test_the_cuda_tier_runs_the_fast_tiers_tests_marked_cuda(tmp_path):
     assert "kernelhub test tier: cuda;" in cuda.stdout
     fast = _pytest_in(folder, "--collect-only")
     assert len([line for line in fast.stdout.splitlines() if "::" in line]) == 3 + len(on_gpu), fast.stdout
+
+
+def test_an_inner_suite_runs_whole_inside_a_sharded_run(tmp_path, monkeypatch):
+    """The suites these tests start are not cut by the outer run's shard (the second GPU's half, shard 1/2, once
+    left an inner one-test suite with nothing to run)."""
+    monkeypatch.setenv("KERNELHUB_TEST_SHARD", "1/2")
+    ran = _pytest_in(_suite_copy(tmp_path, "def test_one():\n    pass\n"))
+    assert ran.returncode == 0 and "1 passed" in ran.stdout, ran.stdout + ran.stderr
 
 
 def test_a_test_that_names_a_cuda_device_without_the_mark_fails_the_collection(tmp_path):

@@ -201,6 +201,27 @@ def sweep_tv(iso_only: bool = False) -> None:
     tv._layout.cache_clear()
 
 
+def sweep_tv_forward() -> None:
+    """GPU time (CUDA graph) of the TV forwards alone by programs per multiprocessor (tv.LAUNCH's third entry): how
+    many programs write a partial sum that the last one adds up, against how long each one's D chunk is."""
+    from kernelhub_triton import tv
+    keep = dict(tv.LAUNCH)
+    for sample in testing.samples("tv_loss_l1_3d", "benchmark", torch.float32, "cuda"):
+        v = sample.args[0]
+        for op, mode in (("tv_loss_l1_3d", tv.L1), ("tv_loss_sq_3d", tv.SQ), ("tv_loss_iso_3d", tv.ISO)):
+            line = []
+            for per_sm in (2, 4, 6, 8, 9, 10, 12, 16, 24, 35, 48):
+                tv.LAUNCH[mode] = keep[mode][:2] + (per_sm,) + keep[mode][3:]
+                tv._layout.cache_clear()
+                fn = kernelhub.op(op, backend="triton")
+                programs = tv._layout(tuple(v.shape), tv.sm_count(v), mode, v.dtype, False)[0]
+                line.append(f"{per_sm}:{programs}:{bench(*make_step(fn, (v,), None, None))[1] * 1e3:.1f}")
+            print(f"sweep tv forward {sample.name:12s} {op.split('_')[2]:3s} programs/SM:programs:us " + " ".join(line),
+                  flush=True)
+    tv.LAUNCH.update(keep)
+    tv._layout.cache_clear()
+
+
 def sweep_tikhonov() -> None:
     """GPU time (CUDA graph) of the Tikhonov kernels' pixels per program and warps at 115000 x 2 x 21."""
     from kernelhub_triton import tikhonov
@@ -232,14 +253,16 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--shapes", nargs="*", help="only the benchmark samples whose name contains one of these "
                         "(e.g. B614400_T4)")
-    parser.add_argument("--sweep", nargs="*", choices=["tv", "iso", "tikhonov"],
+    parser.add_argument("--sweep", nargs="*", choices=["tv", "iso", "tv-forward", "tikhonov"],
                         help="first time these launch configurations (none named: tv and tikhonov; iso: TV iso's "
-                             "alone)")
+                             "alone; tv-forward: the TV forwards by programs per multiprocessor)")
     args = parser.parse_args(argv)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     sweeps = args.sweep if args.sweep else ["tv", "tikhonov"] if args.sweep is not None else []
     if "tv" in sweeps or "iso" in sweeps:
         sweep_tv(iso_only="tv" not in sweeps)
+    if "tv-forward" in sweeps:
+        sweep_tv_forward()
     if "tikhonov" in sweeps:
         sweep_tikhonov()
     rows, failures = run(args.ops, args.backends, args.shapes)

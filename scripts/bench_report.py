@@ -363,7 +363,9 @@ def report(records: list[dict], passes: tuple[str, ...] = ("fwd+bwd",)) -> str:
              " through the hub with each backend forced, against eager `torch_ref` and `torch.compile` of it; the "
              "floor: the bytes the op must move over the measured copy bandwidth (the op's least work in records "
              "after 2026-11-27: docs/ops.md); graphed: the fastest backend's step replayed as a CUDA graph after an "
-             "L2 flush, the device's time alone (in records after 2026-11-28). Every benchmark runs as "
+             "L2 flush that writes 256 MiB, the device's time alone (in records after 2026-11-28; the write-back the "
+             "flush leaves adds 2-6 µs to each step, which weighs on the 64 MiB samples' fractions of the floor: "
+             "lab/benchmarks-history.md). Every benchmark runs as "
              "`python benchmarks/run.py SUITE` (without a "
              "suite it lists them). "
              + ("The summary: [docs/benchmarks.md](../benchmarks.md)." if detail else

@@ -180,8 +180,10 @@ def sweep_tv(iso_only: bool = False) -> None:
     keep = dict(tv.LAUNCH)
     general = [(512, 4, 32, 32, 256), (512, 4, 16, 16, 256), (512, 8, 8, 8, 256), (256, 4, 32, 32, 256),
                (1024, 8, 16, 16, 256), (512, 4, 32, 32, 128), (512, 8, 8, 8, 128), (1024, 8, 8, 8, 128)]
+    # 256 voxels at 8 warps: one voxel a thread, where 512 hold two (fewer registers a thread, more warps resident)
     iso = [(512, 8, f, b, 256) for f in (4, 5, 6, 12) for b in (2, 3, 4, 6)] + [
-        (1024, 8, f, b, 256) for f in (2, 3, 6) for b in (1, 2, 3)]
+        (1024, 8, f, b, 256) for f in (2, 3, 6) for b in (1, 2, 3)] + [
+        (256, 8, f, b, 256) for f in (6, 8, 12) for b in (3, 4, 6, 8)]
     for sample in testing.samples("tv_loss_l1_3d", "benchmark", torch.float32, "cuda"):
         v = sample.args[0]
         for config in ([] if iso_only else general) + iso:

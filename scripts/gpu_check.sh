@@ -5,7 +5,7 @@
 #            PYTEST_WORKERS (default 14) pytest-xdist workers where xdist is installed (the tests that need most of the
 #            GPU's memory share one worker: xdist_group "gpu_memory"). With SPLIT="tests" the tests are shared out
 #            between the two GPUs (KERNELHUB_TEST_SHARD=0/2 and 1/2), and on a machine of two GPUs or more the
-#            ddp step (both GPUs) runs after them
+#            ddp step (both GPUs) runs after them, unless DDP=0 (the ddp step takes minutes: up to 4 a dtype)
 #   bench  - benchmarks/kernels.py: every kernel backend against eager and compiled torch_ref
 #   tune   - kernelhub tune (benchmark shapes, every backend), kernelhub list, kernelhub bench --plot
 #   examples - examples/ptycho_tv.py and examples/phase_2d.py (EXAMPLES narrows) at their --benchmark sizes (PNGs and JSON under $OUT)
@@ -85,7 +85,9 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torc
 (git rev-parse --short HEAD 2>/dev/null; git status --short | head -5) | tee -a "$OUT/device.txt"
 gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 # the tests on a machine of two GPUs (not in a SPLIT half, which sees one): the ddp step too
-if has tests && [ "$gpus" -ge 2 ] && [ -z "${CUDA_VISIBLE_DEVICES:-}" ]; then steps="$steps ddp "; fi
+if has tests && [ "$gpus" -ge 2 ] && [ -z "${CUDA_VISIBLE_DEVICES:-}" ] && [ "${DDP:-1}" != 0 ]; then
+  steps="$steps ddp "
+fi
 if [ -n "${SPLIT:-}" ]; then  # two step lists side by side, one per GPU and half of the cores each
   half=$(( $(nproc) / 2 )); rc=0
   [ -n "${PYTEST_END:-}" ] && export PYTEST_END=$(( PYTEST_END - SECONDS ))  # the children's clocks start now

@@ -173,8 +173,8 @@ fi
 if has ddp; then
   for dtype in float64 float32; do  # float32: atomics in the K-Planes backward, so a looser default --utol
     timeout -k 10 240 torchrun --standalone --nproc_per_node 2 examples/ddp_step.py --dtype $dtype \
-      --cache "$OUT/ddp_tuning.json" --json "$OUT/ddp_$dtype.json" 2>&1 | grep --line-buffered -v "^W[0-9]\|OMP_NUM\|^\*" \
-      | tee "$OUT/ddp_$dtype.txt" || rc=1
+      --cache "$OUT/ddp_tuning.json" --json "$OUT/ddp_$dtype.json" 2>&1 \
+      | grep --line-buffered -v "^W[0-9]\|OMP_NUM\|^\*" | tee "$OUT/ddp_$dtype.txt" || rc=1
   done
   python3 -m pytest -q -p no:cacheprovider -rfE tests/test_cuda_safety.py -k "second_gpu and not inductor" 2>&1 | tee "$OUT/pytest_2gpu.txt" \
     | tail -3

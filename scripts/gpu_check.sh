@@ -32,6 +32,10 @@
 #   profile - Nsight Compute on the kernels of PROFILE="OP:BACKEND:DTYPE:KERNEL-REGEX[:SAMPLE] ..."
 #            (scripts/profile_op.py: the op's first benchmark sample, or the first whose name contains SAMPLE, forward +
 #            backward), the sections that say what binds, as $OUT/profile.txt
+#   candidates - kernel changes not yet landed (docs/lab/candidates/*.patch), each against the tree as sent, in one
+#            call: benchmarks/kernels.py (BENCH_ARGS) on the tree, then for each patch in CANDIDATES: `git apply`
+#            (cuda_ext reinstalled where the patch touches it), the GPU tests that CANDIDATE_K (a -k expression)
+#            selects, benchmarks/kernels.py again, and the patch taken back out; $OUT/candidate_*.txt
 #   ddp    - two GPUs: examples/ddp_step.py under torchrun (NCCL) and the second-GPU tests (with SPLIT: after the
 #            two halves, on both GPUs)
 #   all    - tests and bench (the default)
@@ -145,6 +149,41 @@ if has bench || has all; then
   python3 benchmarks/run.py kernels ${BENCH_ARGS:-} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | grep -v "^sweep" \
     || rc=1
   grep "^sweep" "$OUT/bench.txt"
+fi
+if has candidates; then  # the tree as sent first, then each patch on it; cuda_ext's library for the sent sources
+  # stays in its package directory, so taking a patch back out and reinstalling builds nothing
+  python3 benchmarks/run.py kernels ${BENCH_ARGS:-} --json "$OUT/candidate_sent.json" > "$OUT/candidate_sent.txt" 2>&1 \
+    || rc=1
+  runs="sent"
+  for patch in ${CANDIDATES:-}; do
+    name=$(basename "$patch" .patch)
+    if ! git apply "$patch"; then echo "candidate $name: does not apply to the tree sent"; rc=1; continue; fi
+    cuda=$(git apply --numstat "$patch" | grep -c "backends/cuda_ext" || true)
+    reinstall() { [ "$cuda" = 0 ] || python3 -m pip install -q --no-deps --no-build-isolation -e ./backends/cuda_ext \
+      >> "$OUT/candidate_${name}_install.txt" 2>&1; }
+    if reinstall; then
+      python3 -m pytest -q -p no:cacheprovider -rfE -n "${PYTEST_WORKERS:-14}" tests ${CANDIDATE_K:+-k "$CANDIDATE_K"} \
+        > "$OUT/candidate_${name}_tests.txt" 2>&1 || rc=1
+      echo "candidate $name, GPU tests: $(tail -1 "$OUT/candidate_${name}_tests.txt")"
+      python3 benchmarks/run.py kernels ${BENCH_ARGS:-} --json "$OUT/candidate_$name.json" \
+        > "$OUT/candidate_$name.txt" 2>&1 || rc=1
+      runs="$runs $name"
+    else
+      echo "candidate $name: cuda_ext did not build ($OUT/candidate_${name}_install.txt)"; rc=1
+    fi
+    git apply -R "$patch" && reinstall || rc=1
+  done
+  # graphed ms of each kernel row, the tree sent and each candidate side by side
+  python3 - "$OUT" $runs <<'PY'
+import json, os, sys
+out, runs = sys.argv[1], sys.argv[2:]
+rows = {r: {(x["op"], x["shape"], x["mode"], x["impl"]): x["graph_ms"] for x in json.load(open(
+    os.path.join(out, f"candidate_{r}.json")))} for r in runs if os.path.exists(os.path.join(out, f"candidate_{r}.json"))}
+print("graphed ms: " + " | ".join(rows))
+for key in rows.get("sent", {}):
+    if key[3] not in ("eager", "compiled"):
+        print(" ".join(key[:2]), key[2], key[3], " ".join(f"{rows[r].get(key, float('nan')):.4f}" for r in rows))
+PY
 fi
 if has host; then  # recorded for docs/results/ (a record already at $HOST_RECORD gains this run's rows)
   timeout -k 10 "${HOST_TIMEOUT:-420}" python3 scripts/bench_report.py record-host --out "${HOST_RECORD:-$OUT/${card}_host.json}" \

@@ -23,6 +23,12 @@ def _dtype(name: str) -> torch.dtype:
     return dtype
 
 
+def default_device(chosen: str | None = None) -> str:
+    """``--device`` as given, else cuda where this machine has it, else cpu (what tune, bench, lock and the lock's
+    status compare against when no device is named)."""
+    return chosen or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def _device(name: str) -> str:
     """``--device``: cpu, or a CUDA device this machine has (argparse names the option in its error: torch's
     own, on a machine without that device, is a long note about its CUDA library or a traceback)."""
@@ -135,7 +141,7 @@ def lock_status(hub: Any) -> dict | None:
         locked = lock.read(hub.config.lock.file)
     except lock.LockError as exc:
         return {**status, "error": str(exc)}
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = default_device()
     return {**status, "winners": len(locked["winners"]),
             "drift": lock.drift_here(locked, hub.registry, hub.config, device)}
 

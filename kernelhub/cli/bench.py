@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-import torch
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 import kernelhub
-from kernelhub.cli._common import _device
+from kernelhub.cli._common import _device, default_device
 
 
 # -- bench ------------------------------------------------------------------
@@ -18,7 +17,7 @@ def cmd_bench(args: argparse.Namespace) -> dict:
     from kernelhub import bench
 
     hub = kernelhub.get_hub()
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(args.device)
     ops = args.ops or sorted(hub.registry.specs)
     for op in ops:
         hub.registry.spec(op)  # an unknown op is an error before any timing

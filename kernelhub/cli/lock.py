@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
 from rich.console import Console
 
 import kernelhub
 from kernelhub import lock
-from kernelhub.cli._common import _device, print_drift
+from kernelhub.cli._common import _device, default_device, print_drift
 from kernelhub.config import find_config_file
 
 
@@ -22,7 +21,7 @@ def _default_path() -> Path:
 
 def cmd_lock(args: argparse.Namespace) -> dict:
     hub = kernelhub.get_hub()
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(args.device)
     now = lock.snapshot(hub.registry, hub.config, hub.selector.tuning.cache.entries(), device)
     path = Path(args.out) if args.out else _default_path()
     if args.check:

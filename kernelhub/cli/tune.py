@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -13,7 +12,7 @@ from rich.table import Table
 import kernelhub
 from kernelhub import testing
 from kernelhub.args import describe_args
-from kernelhub.cli._common import _device, _dtype, _example_args, _shape
+from kernelhub.cli._common import _device, _dtype, _example_args, _shape, default_device
 from kernelhub.tune import VERSUS_KEY, versus
 
 
@@ -45,7 +44,7 @@ def cmd_tune(args: argparse.Namespace) -> dict:
     from rich.progress import Progress
 
     hub = kernelhub.get_hub()
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.device = default_device(args.device)
     if args.prune or args.dry_run:
         if not args.prune or args.ops or args.shape or args.arg or args.quick:
             raise ValueError("--prune takes --dry-run only (no ops, --shape, --arg or --quick): it tunes nothing")

@@ -150,18 +150,20 @@ if has bench || has all; then
     || rc=1
   grep "^sweep" "$OUT/bench.txt"
 fi
-if has candidates; then  # the tree as sent first, then each patch on it; cuda_ext's library for the sent sources
-  # stays in its package directory, so taking a patch back out and reinstalling builds nothing
+if has candidates; then  # the tree as sent first, then each patch on it; cuda_ext is rebuilt for a patch that touches
+  # it, and for the sent sources again only where something after that patch uses it (list such a patch last)
   python3 benchmarks/run.py kernels ${BENCH_ARGS:-} --json "$OUT/candidate_sent.json" > "$OUT/candidate_sent.txt" 2>&1 \
     || rc=1
   runs="sent"
+  stale=0  # 1: cuda_ext's library was built from a patch since taken back out (rebuilt only when something uses it)
+  reinstall() { python3 -m pip install -q --no-deps --no-build-isolation -e ./backends/cuda_ext \
+    >> "$OUT/candidate_${name}_install.txt" 2>&1; }
   for patch in ${CANDIDATES:-}; do
     name=$(basename "$patch" .patch)
     if ! git apply "$patch"; then echo "candidate $name: does not apply to the tree sent"; rc=1; continue; fi
     cuda=$(git apply --numstat "$patch" | grep -c "backends/cuda_ext" || true)
-    reinstall() { [ "$cuda" = 0 ] || python3 -m pip install -q --no-deps --no-build-isolation -e ./backends/cuda_ext \
-      >> "$OUT/candidate_${name}_install.txt" 2>&1; }
-    if reinstall; then
+    if { [ "$cuda" = 0 ] && [ "$stale" = 0 ]; } || reinstall; then
+      stale=$([ "$cuda" = 0 ] && echo 0 || echo 1)
       python3 -m pytest -q -p no:cacheprovider -rfE -n "${PYTEST_WORKERS:-14}" tests ${CANDIDATE_K:+-k "$CANDIDATE_K"} \
         > "$OUT/candidate_${name}_tests.txt" 2>&1 || rc=1
       echo "candidate $name, GPU tests: $(tail -1 "$OUT/candidate_${name}_tests.txt")"
@@ -169,10 +171,11 @@ if has candidates; then  # the tree as sent first, then each patch on it; cuda_e
         > "$OUT/candidate_$name.txt" 2>&1 || rc=1
       runs="$runs $name"
     else
-      echo "candidate $name: cuda_ext did not build ($OUT/candidate_${name}_install.txt)"; rc=1
+      echo "candidate $name: cuda_ext did not build ($OUT/candidate_${name}_install.txt)"; rc=1; stale=1
     fi
-    git apply -R "$patch" && reinstall || rc=1
+    git apply -R "$patch" || rc=1
   done
+  if [ "$stale" = 1 ] && [ "$(echo $steps)" != candidates ]; then reinstall || rc=1; fi  # later steps: the sent tree
   # graphed ms of each kernel row, the tree sent and each candidate side by side
   python3 - "$OUT" $runs <<'PY'
 import json, os, sys

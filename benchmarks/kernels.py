@@ -14,7 +14,8 @@ Tikhonov), in one process:
   GPU time only, as in a captured training step; `kernelhub bench`'s "graphed");
 - peak memory allocated by one such call beyond its inputs.
 
-Usage: python benchmarks/run.py kernels [--backends triton cuda_ext] [--ops ...] [--shapes ...] [--json FILE]
+Usage: python benchmarks/run.py kernels [--backends triton cuda_ext] [--ops ...] [--shapes ...] [--dtype float32]
+       [--sweep tv iso tv-forward tikhonov semiconv] [--json FILE]
 (the K-Planes taps rows "4_calls" and "2_calls" use whichever backend the hub picks for those calls)
 """
 
@@ -111,7 +112,7 @@ def bench(step, leaves) -> tuple[float, float, float]:
     return ms, graph_ms, peak
 
 
-def run(ops, backends, shapes=None) -> tuple[list[dict], list[str]]:
+def run(ops, backends, shapes=None, dtype=None) -> tuple[list[dict], list[str]]:
     """The rows, and the calls that failed: any backend's error, and any reference's other than running out of
     memory (eager torch_ref at some benchmark sizes: that comparison is then missing, not failed)."""
     hub = kernelhub.get_hub()
@@ -126,8 +127,8 @@ def run(ops, backends, shapes=None) -> tuple[list[dict], list[str]]:
         spec = hub.registry.spec(op)
         impls = hub.registry.impls(op)
         ref_fn = impls[spec.reference_backend].forward
-        dtype = torch.complex64 if torch.complex64 in spec.dtypes else torch.float32
-        for sample in testing.samples(op, "benchmark", dtype, "cuda", seed=0):
+        kind = dtype if dtype in spec.dtypes else torch.complex64 if torch.complex64 in spec.dtypes else torch.float32
+        for sample in testing.samples(op, "benchmark", kind, "cuda", seed=0):
             if shapes and not any(sub in sample.name for sub in shapes):
                 continue
             args = sample.args
@@ -242,6 +243,37 @@ def sweep_tikhonov() -> None:
     tikhonov.BLOCK_P, tikhonov.NUM_WARPS = keep
 
 
+def sweep_semiconv() -> None:
+    """GPU time (CUDA graph) of triton's semiconv launch configurations at every benchmark sample, forward alone
+    and forward + backward (the saving forward and the backward from its winners or statistics). max/min's row
+    kernels: outputs a program computes at a time (RB x BW), the widest row BW, warps, rows a program; linear,
+    root, log: outputs (forward) or image positions (gather) a program serves, and warps."""
+    from kernelhub_triton import semiconv as sc
+    names = ("ROW_BLOCK", "ROW_WIDTH", "ROW_WARPS", "ROWS", "BLOCK", "NUM_WARPS")
+    keep = {n: getattr(sc, n) for n in names}
+    rows = [(256, 256, 4, 8), (128, 128, 4, 8), (128, 64, 4, 8), (256, 256, 8, 8), (256, 128, 4, 16),
+            (512, 256, 8, 8), (256, 64, 4, 16), (128, 128, 2, 8)]
+    smooth = [(512, 4), (256, 4), (256, 2), (1024, 8), (1024, 4), (2048, 8), (512, 8), (128, 4)]
+    fn = kernelhub.op("semiconv", backend="triton")
+    for sample in testing.samples("semiconv", "benchmark", torch.float32, "cuda"):
+        tropical = sample.name.startswith("tropical")
+        for config in rows if tropical else smooth:
+            setattr(sc, "ROW_BLOCK" if tropical else "BLOCK", config[0])
+            if tropical:
+                sc.ROW_WIDTH, sc.ROW_WARPS, sc.ROWS = config[1:]
+            else:
+                sc.NUM_WARPS = config[1]
+            sc._call_of.cache_clear()
+            fwd = bench(*make_step(fn, sample.args, None, None))[1]
+            g = testing.upstream_grad(fn(*sample.args))
+            both = bench(*make_step(fn, sample.args, (0, 1), g))[1]
+            print(f"sweep semiconv {sample.name:36s} {'rows' if tropical else 'block/warps'} {config}: "
+                  f"fwd {fwd:.4f} ms  fwd+bwd {both:.4f} ms", flush=True)
+        for n, v in keep.items():
+            setattr(sc, n, v)
+        sc._call_of.cache_clear()
+
+
 def write_rows(rows: list[dict], path: str | None) -> None:
     if path:
         with open(path, "w") as f:
@@ -253,11 +285,14 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", nargs="*", default=["triton", "cuda_ext"])
     parser.add_argument("--ops", nargs="*", default=list(MODES))
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--dtype", choices=["float32", "complex64"], help="the samples' dtype where the op takes it "
+                        "(default: complex64 where it does, else float32)")
     parser.add_argument("--shapes", nargs="*", help="only the benchmark samples whose name contains one of these "
                         "(e.g. B614400_T4)")
-    parser.add_argument("--sweep", nargs="*", choices=["tv", "iso", "tv-forward", "tikhonov"],
+    parser.add_argument("--sweep", nargs="*", choices=["tv", "iso", "tv-forward", "tikhonov", "semiconv"],
                         help="first time these launch configurations (none named: tv and tikhonov; iso: TV iso's "
-                             "alone; tv-forward: the TV forwards by programs per multiprocessor)")
+                             "alone; tv-forward: the TV forwards by programs per multiprocessor; "
+                             "semiconv: triton's launch configurations)")
     args = parser.parse_args(argv)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     sweeps = args.sweep if args.sweep else ["tv", "tikhonov"] if args.sweep is not None else []
@@ -267,7 +302,9 @@ def main(argv=None) -> int:
         sweep_tv_forward()
     if "tikhonov" in sweeps:
         sweep_tikhonov()
-    rows, failures = run(args.ops, args.backends, args.shapes)
+    if "semiconv" in sweeps:
+        sweep_semiconv()
+    rows, failures = run(args.ops, args.backends, args.shapes, args.dtype and getattr(torch, args.dtype))
     write_rows(rows, args.json)
     for failure in failures:
         print(f"FAILED {failure}", flush=True)

@@ -35,7 +35,8 @@
 #   candidates - kernel changes not yet landed (docs/lab/candidates/*.patch), each against the tree as sent, in one
 #            call: benchmarks/kernels.py (BENCH_ARGS) on the tree, then for each patch in CANDIDATES: `git apply`
 #            (cuda_ext reinstalled where the patch touches it), the GPU tests that CANDIDATE_K (a -k expression)
-#            selects, benchmarks/kernels.py again, and the patch taken back out; $OUT/candidate_*.txt
+#            selects, benchmarks/kernels.py again, and the patch taken back out; $OUT/candidate_*.txt.
+#            CANDIDATE_ARGS, where set, takes BENCH_ARGS' place for these runs (so that bench can sweep beside them)
 #   ddp    - two GPUs: examples/ddp_step.py under torchrun (NCCL) and the second-GPU tests (with SPLIT: after the
 #            two halves, on both GPUs)
 #   all    - tests and bench (the default)
@@ -152,8 +153,8 @@ if has bench || has all; then
 fi
 if has candidates; then  # the tree as sent first, then each patch on it; cuda_ext is rebuilt for a patch that touches
   # it, and for the sent sources again only where something after that patch uses it (list such a patch last)
-  python3 benchmarks/run.py kernels ${BENCH_ARGS:-} --json "$OUT/candidate_sent.json" > "$OUT/candidate_sent.txt" 2>&1 \
-    || rc=1
+  python3 benchmarks/run.py kernels ${CANDIDATE_ARGS:-${BENCH_ARGS:-}} --json "$OUT/candidate_sent.json" \
+    > "$OUT/candidate_sent.txt" 2>&1 || rc=1
   runs="sent"
   stale=0  # 1: cuda_ext's library was built from a patch since taken back out (rebuilt only when something uses it)
   reinstall() { python3 -m pip install -q --no-deps --no-build-isolation -e ./backends/cuda_ext \
@@ -167,7 +168,7 @@ if has candidates; then  # the tree as sent first, then each patch on it; cuda_e
       python3 -m pytest -q -p no:cacheprovider -rfE -n "${PYTEST_WORKERS:-14}" tests ${CANDIDATE_K:+-k "$CANDIDATE_K"} \
         > "$OUT/candidate_${name}_tests.txt" 2>&1 || rc=1
       echo "candidate $name, GPU tests: $(tail -1 "$OUT/candidate_${name}_tests.txt")"
-      python3 benchmarks/run.py kernels ${BENCH_ARGS:-} --json "$OUT/candidate_$name.json" \
+      python3 benchmarks/run.py kernels ${CANDIDATE_ARGS:-${BENCH_ARGS:-}} --json "$OUT/candidate_$name.json" \
         > "$OUT/candidate_$name.txt" 2>&1 || rc=1
       runs="$runs $name"
     else
@@ -181,7 +182,7 @@ if has candidates; then  # the tree as sent first, then each patch on it; cuda_e
 import json, os, sys
 out, runs = sys.argv[1], sys.argv[2:]
 rows = {r: {(x["op"], x["shape"], x["mode"], x["impl"]): x["graph_ms"] for x in json.load(open(
-    os.path.join(out, f"candidate_{r}.json")))} for r in runs if os.path.exists(os.path.join(out, f"candidate_{r}.json"))}
+    os.path.join(out, f"candidate_{r}.json"))) if "shape" in x} for r in runs if os.path.exists(os.path.join(out, f"candidate_{r}.json"))}
 print("graphed ms: " + " | ".join(rows))
 for key in rows.get("sent", {}):
     if key[3] not in ("eager", "compiled"):

@@ -246,28 +246,29 @@ def sweep_tikhonov() -> None:
 def sweep_semiconv() -> None:
     """GPU time (CUDA graph) of triton's semiconv launch configurations at every benchmark sample, forward alone
     and forward + backward (the saving forward and the backward from its winners or statistics). max/min's row
-    kernels: outputs a program computes at a time (RB x BW), the widest row BW, warps, rows a program; linear,
-    root, log: outputs (forward) or image positions (gather) a program serves, and warps."""
+    kernels: outputs a program computes at a time (RB x BW), the widest row BW, warps, rows a program (dense calls
+    too: DENSE is lifted); linear, root, log: outputs (forward) or image positions (gather) a program serves, the
+    forward's warps and the gather's."""
     from kernelhub_triton import semiconv as sc
-    names = ("ROW_BLOCK", "ROW_WIDTH", "ROW_WARPS", "ROWS", "BLOCK", "NUM_WARPS")
+    names = ("ROW_BLOCK", "ROW_WIDTH", "ROW_WARPS", "ROWS", "DENSE", "BLOCK", "NUM_WARPS", "GATHER_WARPS")
     keep = {n: getattr(sc, n) for n in names}
     rows = [(256, 256, 4, 8), (128, 128, 4, 8), (128, 64, 4, 8), (256, 256, 8, 8), (256, 128, 4, 16),
             (512, 256, 8, 8), (256, 64, 4, 16), (128, 128, 2, 8)]
-    smooth = [(512, 4), (256, 4), (256, 2), (1024, 8), (1024, 4), (2048, 8), (512, 8), (128, 4)]
+    smooth = [(512, 4, 8), (512, 4, 4), (512, 8, 8), (256, 4, 8), (1024, 8, 8), (1024, 4, 8)]
     fn = kernelhub.op("semiconv", backend="triton")
     for sample in testing.samples("semiconv", "benchmark", torch.float32, "cuda"):
         tropical = sample.name.startswith("tropical")
         for config in rows if tropical else smooth:
-            setattr(sc, "ROW_BLOCK" if tropical else "BLOCK", config[0])
             if tropical:
-                sc.ROW_WIDTH, sc.ROW_WARPS, sc.ROWS = config[1:]
+                sc.ROW_BLOCK, sc.ROW_WIDTH, sc.ROW_WARPS, sc.ROWS = config
+                sc.DENSE = 2**31  # every call on the configuration swept
             else:
-                sc.NUM_WARPS = config[1]
+                sc.BLOCK, sc.NUM_WARPS, sc.GATHER_WARPS = config
             sc._call_of.cache_clear()
             fwd = bench(*make_step(fn, sample.args, None, None))[1]
             g = testing.upstream_grad(fn(*sample.args))
             both = bench(*make_step(fn, sample.args, (0, 1), g))[1]
-            print(f"sweep semiconv {sample.name:36s} {'rows' if tropical else 'block/warps'} {config}: "
+            print(f"sweep semiconv {sample.name:36s} {'rows' if tropical else 'block/warps/gather'} {config}: "
                   f"fwd {fwd:.4f} ms  fwd+bwd {both:.4f} ms", flush=True)
         for n, v in keep.items():
             setattr(sc, n, v)

@@ -107,6 +107,30 @@ def test_semiconv_row_kernel_gives_an_all_zero_window_s_gradient_to_its_first_ta
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("semifield", ["tropical_max", "tropical_min"])
+def test_semiconv_dense_calls_take_the_dense_rows_and_match_the_reference(semifield):
+    # windows of semiconv.DENSE channels or more compute semiconv.DENSE_BLOCK outputs at a time on DENSE_WARPS warps
+    # (the benchmark and parity samples' max/min windows have fewer channels): forward and both gradients in float64
+    from kernelhub_triton import semiconv
+
+    gen = torch.Generator(DEVICE).manual_seed(6)
+    x = torch.randn((2, semiconv.DENSE, 6, 5), dtype=torch.float64, device=DEVICE, generator=gen)
+    k = torch.randn((3, semiconv.DENSE, 3, 3), dtype=torch.float64, device=DEVICE, generator=gen)
+    args = (semifield, [1, 1], [1, 1, 1, 1], [1, 1], 1, "conv", False)
+    rows = semiconv._call(x, k, *args).rows
+    assert rows.forward.kwargs["num_warps"] == semiconv.DENSE_WARPS != semiconv.ROW_WARPS
+    assert rows.forward.kwargs["RB"] * rows.forward.kwargs["BW"] == min(semiconv.DENSE_BLOCK, 8 * 8)  # 6 x 5: 8 x 8
+    g = torch.rand((2, 3, 6, 5), dtype=torch.float64, device=DEVICE, generator=gen)
+    outs = {}
+    for backend in ("triton", "torch_ref"):
+        xi, ki = x.clone().requires_grad_(), k.clone().requires_grad_()
+        out = kernelhub.op("semiconv", backend=backend)(xi, ki, *args)
+        out.backward(g)
+        outs[backend] = (out.detach(), xi.grad, ki.grad)
+    for got, want in zip(outs["triton"], outs["torch_ref"]):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("semifield", ["tropical_min", "log:0.5", "root:2", "linear"])
 def test_semiconv_backward_from_the_saving_forward_matches_the_one_that_recomputes(semifield):
     """`Impl.can` "saves" (the conformance kit's check of it runs every sample: on CUDA, and in the full tier under

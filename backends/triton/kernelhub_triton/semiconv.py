@@ -40,7 +40,9 @@ from kernelhub_triton._launch import Bound, acc_type, cdiv, launch, next_power_o
 __all__ = ["forward", "backward", "not_supported_reasons"]
 
 BLOCK = 512
-NUM_WARPS = 4
+NUM_WARPS = 4  # linear's, root's and log's forward
+GATHER_WARPS = 8  # their backward (log 3x3 16x32x256^2 on an H200, forward+backward less the forward: 0.65 against
+# 0.76 ms at 4; benchmarks/kernels.py's semiconv sweep, docs/lab/benchmarks-history.md#measurements-behind-the-code)
 MAX, MIN, LINEAR, ROOT, LOG = 0, 1, 2, 3, 4  # SEMIFIELD_CODES
 STATS, LOGSUM = 0, 1  # _walk's passes
 
@@ -256,6 +258,10 @@ def _semiconv_gather_kernel(g_ptr, s_ptr, x_ptr, k_ptr, gx_ptr, gk_ptr, C, D, H,
 FORWARD, SAVING, SEARCH, SAVED = 0, 1, 2, 3
 ROWS, ROW_WIDTH, ROW_WARPS = 8, 256, 4
 ROW_BLOCK = 256  # outputs a program computes at a time (RB x BW)
+# windows of DENSE channels or more (dense calls): DENSE_BLOCK outputs at a time on DENSE_WARPS warps. On an H200, the
+# dense 4x32x256^2 3x3 forward+backward 1.49 against 1.63 ms at 256 on 4; the depthwise calls (one channel a
+# window) keep 256 on 4 (benchmarks/kernels.py's semiconv sweep; measured at 32 channels and at 1, not between)
+DENSE, DENSE_BLOCK, DENSE_WARPS = 8, 512, 8
 MAX_BINS = 32  # window indices the kernel-gradient pass sums at a time, at most
 GRAD_BLOCK = 256  # outputs per program of that pass
 
@@ -430,14 +436,14 @@ def _sizes(a, img_shape, kernel_shape) -> dict:
 
 def _row_layout(a, img_shape, kernel_shape, dtype, sms) -> _Rows:
     """max/min's kernels for a lifted call: RB rows of BW columns at a time (BW a power of two up to ROW_WIDTH, RB
-    up to ROW_BLOCK / BW), ROWS rows a program (a multiple of RB)."""
+    up to ROW_BLOCK / BW, or DENSE_BLOCK / BW for a dense call), ROWS rows a program (a multiple of RB)."""
     B, O = img_shape[0], kernel_shape[0]
     OD, OH, OW = a.out_size
+    block, warps = (DENSE_BLOCK, DENSE_WARPS) if kernel_shape[1] >= DENSE else (ROW_BLOCK, ROW_WARPS)
     bw = min(next_power_of_2(OW), ROW_WIDTH)
-    rb = min(next_power_of_2(OH), max(1, ROW_BLOCK // bw))
+    rb = min(next_power_of_2(OH), max(1, block // bw))
     rows = max(rb, ROWS // rb * rb)
-    fixed = dict(_sizes(a, img_shape, kernel_shape), ACC=acc_type(dtype), ROWS=rows, RB=rb, BW=bw,
-                 num_warps=ROW_WARPS)
+    fixed = dict(_sizes(a, img_shape, kernel_shape), ACC=acc_type(dtype), ROWS=rows, RB=rb, BW=bw, num_warps=warps)
     window, planes, per = math.prod(kernel_shape[1:]), B * O, OD * OH * OW
     split = max(1, min(cdiv(per, GRAD_BLOCK), cdiv(4 * sms, max(planes, 1))))  # no planes: an empty batch
     grad = Bound(_tropical_kernel_grad, O=O, Cg=kernel_shape[1], per=per, split=split, SF=a.code, BLOCK=GRAD_BLOCK,
@@ -472,7 +478,7 @@ def _smooth_layout(a, img_shape, kernel_shape, dtype) -> _Smooth:
                    Bound(_semiconv_forward_kernel, STORE_OUT=False, STORE_STAT=True, **fixed) if stat else None,
                    (ZD, ZH, ZW), (B * C * cdiv(ZD * ZH * ZW, BLOCK),),
                    {(img, ker): Bound(_semiconv_gather_kernel, NEED_IMG=img, NEED_KERNEL=ker, ZD=ZD, ZH=ZH, ZW=ZW,
-                                      **fixed)
+                                      **{**fixed, "num_warps": GATHER_WARPS})
                     for img in (False, True) for ker in (False, True)})
 
 

@@ -40,6 +40,10 @@ L1, SQ, ISO = 0, 1, 2
 # which keeps the chunks measured best at 256^3 and 512^3. Timed at every benchmark shape on an H200
 # (benchmarks/kernels.py's sweep; docs/lab/benchmarks-history.md#measurements-behind-the-code).
 LAUNCH = {L1: (512, 4, 35, 35, 256), SQ: (512, 4, 35, 35, 256), ISO: (512, 8, 6, 3, 256)}
+# The L1 and squared forwards on volumes of up to SMALL voxels: SMALL_FWD_PER_SM programs a multiprocessor, fewer and
+# longer D chunks (an H200 at 256^3 and 16x1024^2: 10-13% faster than 35, which 512^3 keeps: 8 costs it 7%;
+# docs/lab/benchmarks-history.md, "The TV forwards' programs").
+SMALL, SMALL_FWD_PER_SM = 2**25, 8
 FINISH = 1024  # partial rows the last program adds per step
 
 
@@ -286,6 +290,8 @@ def _layout(shape: tuple, sms: int, mode: int, dtype: torch.dtype,
     D, H, W = shape[-3:]
     B = math.prod(shape[:-3])
     tile, warps, fwd_per_sm, bwd_per_sm, row = LAUNCH[mode]
+    if mode != ISO and B * D * H * W <= SMALL:
+        fwd_per_sm = SMALL_FWD_PER_SM
     bw = min(next_power_of_2(W), row)
     bh = min(next_power_of_2(H), max(1, tile // bw))
     tiles = cdiv(H, bh) * cdiv(W, bw)

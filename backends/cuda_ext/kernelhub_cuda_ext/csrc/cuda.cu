@@ -639,31 +639,108 @@ struct TikLane {
   }
 };
 
+constexpr int TIK_THREADS = 128, TIK_HELD = 4;
+constexpr int TIK_WARP_PIXELS = 32 / TIK_LANES;                    // a warp's pixels: 4
+constexpr int TIK_STAGE = TIK_WARP_PIXELS * 2 * TIK_LANES * TIK_HELD;  // their values at most (Z <= 32): 256
+
+// Staged (a contiguous M and upstream gradient, Z <= TIK_LANES * TIK_HELD): a warp's 4 pixels are one contiguous
+// run of 8 Z values, which the warp copies into its own part of shared memory with consecutive lanes on consecutive
+// values, then each lane reads its entries from there in each pass (N = 0: none held in registers) and writes its
+// outputs over them (a lane reads and writes only its own entries z), which go back the same way. A pixel's 2 Z values
+// (168 bytes at Z = 21 in float32) are not a whole number of 32-byte sectors, so the lanes' own runs of 8 entries
+// straddle sectors and a warp's load requested about twice the sectors it used (Nsight Compute: the memory
+// pipeline at 66-71%, DRAM at 28-46%); the copy requests each sector once. Only __syncwarp orders the copy and the
+// algebra: the other warps of the block, and of the multiprocessor, keep their loads in flight meanwhile.
+// The first n (<= TIK_STAGE) values of src to dst, every load of the lane issued before its stores.
+template <typename T>
+__device__ __forceinline__ void warp_copy(T* __restrict__ dst, const T* __restrict__ src, int n) {
+  T v[TIK_STAGE / 32];
+  KERNELHUB_UNROLL
+  for (int j = 0; j < TIK_STAGE / 32; ++j) {
+    const int i = (threadIdx.x & 31) + 32 * j;
+    if (i < n) v[j] = src[i];
+  }
+  KERNELHUB_UNROLL
+  for (int j = 0; j < TIK_STAGE / 32; ++j) {
+    const int i = (threadIdx.x & 31) + 32 * j;
+    if (i < n) dst[i] = v[j];
+  }
+}
+
+// Stage k of Stages of this warp: TIK_STAGE values of shared memory (raw bytes: a complex type's constructor is not
+// allowed on a __shared__ array).
+template <typename T, int Stages>
+__device__ __forceinline__ T* tik_stage(int k) {
+  __shared__ alignas(T) unsigned char raw[Stages * (TIK_THREADS / 32) * TIK_STAGE * sizeof(T)];
+  return reinterpret_cast<T*>(raw) + (k * (TIK_THREADS / 32) + threadIdx.x / 32) * TIK_STAGE;
+}
+
+// The staged kernels' view of the warp: its first pixel, its number of values in the run (0 past the end), and the
+// strides of a contiguous pixel in the stage.
+struct TikWarp {
+  int64_t first;
+  int n, local;
+  PixelStrides strides;
+  __device__ TikWarp(int64_t P, int64_t Z) {
+    first = (int64_t(blockIdx.x) * blockDim.x + (threadIdx.x & ~31)) / TIK_LANES;
+    n = first < P ? int((P - first < TIK_WARP_PIXELS ? P - first : TIK_WARP_PIXELS) * 2 * Z) : 0;
+    local = (threadIdx.x & 31) / TIK_LANES;
+    strides = {2 * Z, Z, 1};
+  }
+};
+
 // M and the upstream gradient through their strides (tikhonov_pixel.h); the output is contiguous. UnitZ:
 // every input's z stride is 1 (the common contiguous case, compiled without a multiply per entry: measured
 // 6-8% faster on an H200 at 115000 x 2 x 21 complex64, forward and forward + backward). N: each lane's entries
 // held in registers, read once with all its loads in flight (Z <= TIK_LANES * TIK_HELD), or 0: read per pass.
-template <typename T, bool UnitZ, int N>
+// Staged (N > 0, contiguous inputs): through the warp's shared memory, above.
+template <typename T, bool UnitZ, int N, bool Staged>
 __global__ void tikhonov_forward_kernel(const T* __restrict__ m, PixelStrides ms, T* __restrict__ o, int64_t P,
                                         int64_t Z, double lam) {
   const TikLane l(P, Z);
-  T* w = o + l.pixel * 2 * Z;
-  const PixelEntries<PixelRows<T, UnitZ>, N> x(PixelRows<T, UnitZ>(m, ms, l.pixel), l.Z, l.share.first, TIK_LANES);
-  tikhonov_pixel_forward(x, w, w + Z, lam, l.share);
+  if constexpr (Staged && N > 0) {
+    T* s = tik_stage<T, 1>(0);
+    const TikWarp w(P, Z);
+    warp_copy(s, m + w.first * 2 * Z, w.n);
+    __syncwarp();
+    const PixelEntries<PixelRows<T, true>> x(PixelRows<T, true>(s, w.strides, w.local), l.Z, l.share.first,
+                                             TIK_LANES);
+    tikhonov_pixel_forward(x, s + w.local * 2 * Z, s + w.local * 2 * Z + Z, lam, l.share);
+    __syncwarp();
+    warp_copy(o + w.first * 2 * Z, s, w.n);
+  } else {
+    T* w = o + l.pixel * 2 * Z;
+    const PixelEntries<PixelRows<T, UnitZ>, N> x(PixelRows<T, UnitZ>(m, ms, l.pixel), l.Z, l.share.first, TIK_LANES);
+    tikhonov_pixel_forward(x, w, w + Z, lam, l.share);
+  }
 }
 
-template <typename T, bool UnitZ, int N>
+template <typename T, bool UnitZ, int N, bool Staged>
 __global__ void tikhonov_backward_kernel(const T* __restrict__ g, PixelStrides gs, const T* __restrict__ m,
                                          PixelStrides ms, T* __restrict__ o, int64_t P, int64_t Z, double lam) {
   const TikLane l(P, Z);
-  T* d = o + l.pixel * 2 * Z;
-  using Entries = PixelEntries<PixelRows<T, UnitZ>, N>;
-  const Entries y(PixelRows<T, UnitZ>(g, gs, l.pixel), l.Z, l.share.first, TIK_LANES);
-  const Entries x(PixelRows<T, UnitZ>(m, ms, l.pixel), l.Z, l.share.first, TIK_LANES);
-  tikhonov_pixel_backward(y, x, d, d + Z, lam, l.share);
+  if constexpr (Staged && N > 0) {
+    T* sg = tik_stage<T, 2>(0);
+    T* sm = tik_stage<T, 2>(1);
+    const TikWarp w(P, Z);
+    warp_copy(sg, g + w.first * 2 * Z, w.n);
+    warp_copy(sm, m + w.first * 2 * Z, w.n);
+    __syncwarp();
+    using Entries = PixelEntries<PixelRows<T, true>>;
+    const Entries y(PixelRows<T, true>(sg, w.strides, w.local), l.Z, l.share.first, TIK_LANES);
+    const Entries x(PixelRows<T, true>(sm, w.strides, w.local), l.Z, l.share.first, TIK_LANES);
+    tikhonov_pixel_backward(y, x, sg + w.local * 2 * Z, sg + w.local * 2 * Z + Z, lam, l.share);
+    __syncwarp();
+    warp_copy(o + w.first * 2 * Z, sg, w.n);
+  } else {
+    T* d = o + l.pixel * 2 * Z;
+    using Entries = PixelEntries<PixelRows<T, UnitZ>, N>;
+    const Entries y(PixelRows<T, UnitZ>(g, gs, l.pixel), l.Z, l.share.first, TIK_LANES);
+    const Entries x(PixelRows<T, UnitZ>(m, ms, l.pixel), l.Z, l.share.first, TIK_LANES);
+    tikhonov_pixel_backward(y, x, d, d + Z, lam, l.share);
+  }
 }
 
-constexpr int TIK_THREADS = 128, TIK_HELD = 4;
 
 unsigned tik_blocks(int64_t P) { return static_cast<unsigned>((P * TIK_LANES + TIK_THREADS - 1) / TIK_THREADS); }
 
@@ -676,6 +753,15 @@ void with_held(int64_t Z, F&& f) {
     f(std::integral_constant<int, 0>());
 }
 
+// Calls f(std::true_type()) where the staged kernels serve the call, else f(std::false_type()).
+template <typename F>
+void with_staged(bool staged, F&& f) {
+  if (staged)
+    f(std::true_type());
+  else
+    f(std::false_type());
+}
+
 at::Tensor tikhonov_forward_cuda(const at::Tensor& M, double lam) {
   TORCH_CHECK(M.dim() == 3 && M.size(1) == 2, "kernelhub_cuda_ext::tikhonov_forward: argument 'M' must be [P, 2, Z]");
   c10::cuda::CUDAGuard guard(M.device());
@@ -685,9 +771,11 @@ at::Tensor tikhonov_forward_cuda(const at::Tensor& M, double lam) {
   AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_forward_cuda", [&] {
     with_unit_z(M.stride(2) == 1, [&](auto unit_z) {
       with_held(Z, [&](auto held) {
-        tikhonov_forward_kernel<scalar_t, unit_z.value, held.value>
-            <<<tik_blocks(P), TIK_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
-                M.data_ptr<scalar_t>(), pixel_strides(M), out.data_ptr<scalar_t>(), P, Z, lam);
+        with_staged(held.value > 0 && M.is_contiguous(), [&](auto staged) {
+          tikhonov_forward_kernel<scalar_t, unit_z.value, held.value, staged.value>
+              <<<tik_blocks(P), TIK_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
+                  M.data_ptr<scalar_t>(), pixel_strides(M), out.data_ptr<scalar_t>(), P, Z, lam);
+        });
       });
     });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -703,10 +791,12 @@ at::Tensor tikhonov_backward_cuda(const at::Tensor& grad, const at::Tensor& M, d
   AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_backward_cuda", [&] {
     with_unit_z(M.stride(2) == 1 && grad.stride(2) == 1, [&](auto unit_z) {
       with_held(Z, [&](auto held) {
-        tikhonov_backward_kernel<scalar_t, unit_z.value, held.value>
-            <<<tik_blocks(P), TIK_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
-                grad.data_ptr<scalar_t>(), pixel_strides(grad), M.data_ptr<scalar_t>(), pixel_strides(M),
-                out.data_ptr<scalar_t>(), P, Z, lam);
+        with_staged(held.value > 0 && M.is_contiguous() && grad.is_contiguous(), [&](auto staged) {
+          tikhonov_backward_kernel<scalar_t, unit_z.value, held.value, staged.value>
+              <<<tik_blocks(P), TIK_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
+                  grad.data_ptr<scalar_t>(), pixel_strides(grad), M.data_ptr<scalar_t>(), pixel_strides(M),
+                  out.data_ptr<scalar_t>(), P, Z, lam);
+        });
       });
     });
     C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -643,14 +643,17 @@ constexpr int TIK_THREADS = 128, TIK_HELD = 4;
 constexpr int TIK_WARP_PIXELS = 32 / TIK_LANES;                    // a warp's pixels: 4
 constexpr int TIK_STAGE = TIK_WARP_PIXELS * 2 * TIK_LANES * TIK_HELD;  // their values at most (Z <= 32): 256
 
-// Staged (a contiguous M and upstream gradient, Z <= TIK_LANES * TIK_HELD): a warp's 4 pixels are one contiguous
-// run of 8 Z values, which the warp copies into its own part of shared memory with consecutive lanes on consecutive
-// values, then each lane reads its entries from there in each pass (N = 0: none held in registers) and writes its
-// outputs over them (a lane reads and writes only its own entries z), which go back the same way. A pixel's 2 Z values
-// (168 bytes at Z = 21 in float32) are not a whole number of 32-byte sectors, so the lanes' own runs of 8 entries
-// straddle sectors and a warp's load requested about twice the sectors it used (Nsight Compute: the memory
+// Staged (complex, a contiguous M and upstream gradient, Z <= TIK_LANES * TIK_HELD): a warp's 4 pixels are one
+// contiguous run of 8 Z values, which the warp copies into its own part of shared memory with consecutive lanes on
+// consecutive values, then each lane reads its entries from there in each pass (N = 0: none held in registers) and
+// writes its outputs over them (a lane reads and writes only its own entries z), which go back the same way. A pixel's
+// 2 Z values (168 bytes at Z = 21 in float32) are not a whole number of 32-byte sectors, so the lanes' own runs of 8
+// entries straddle sectors and a warp's load requested about twice the sectors it used (Nsight Compute: the memory
 // pipeline at 66-71%, DRAM at 28-46%); the copy requests each sector once. Only __syncwarp orders the copy and the
 // algebra: the other warps of the block, and of the multiprocessor, keep their loads in flight meanwhile.
+// On an H200 at 115000 x 2 x 21: complex64 forward+backward 63.7 against 68.1 us in place; float32 49.0 against 40.6
+// (its pixels are half as long: the copies through shared memory cost more than the straddled sectors), so float and
+// double stay in place (docs/lab/benchmarks-history.md#measurements-behind-the-code).
 // The first n (<= TIK_STAGE) values of src to dst, every load of the lane issued before its stores.
 template <typename T>
 __device__ __forceinline__ void warp_copy(T* __restrict__ dst, const T* __restrict__ src, int n) {
@@ -771,7 +774,7 @@ at::Tensor tikhonov_forward_cuda(const at::Tensor& M, double lam) {
   AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_forward_cuda", [&] {
     with_unit_z(M.stride(2) == 1, [&](auto unit_z) {
       with_held(Z, [&](auto held) {
-        with_staged(held.value > 0 && M.is_contiguous(), [&](auto staged) {
+        with_staged(held.value > 0 && M.is_complex() && M.is_contiguous(), [&](auto staged) {
           tikhonov_forward_kernel<scalar_t, unit_z.value, held.value, staged.value>
               <<<tik_blocks(P), TIK_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
                   M.data_ptr<scalar_t>(), pixel_strides(M), out.data_ptr<scalar_t>(), P, Z, lam);
@@ -791,7 +794,7 @@ at::Tensor tikhonov_backward_cuda(const at::Tensor& grad, const at::Tensor& M, d
   AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_backward_cuda", [&] {
     with_unit_z(M.stride(2) == 1 && grad.stride(2) == 1, [&](auto unit_z) {
       with_held(Z, [&](auto held) {
-        with_staged(held.value > 0 && M.is_contiguous() && grad.is_contiguous(), [&](auto staged) {
+        with_staged(held.value > 0 && M.is_complex() && M.is_contiguous() && grad.is_contiguous(), [&](auto staged) {
           tikhonov_backward_kernel<scalar_t, unit_z.value, held.value, staged.value>
               <<<tik_blocks(P), TIK_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
                   grad.data_ptr<scalar_t>(), pixel_strides(grad), M.data_ptr<scalar_t>(), pixel_strides(M),

@@ -41,8 +41,8 @@ __all__ = ["forward", "backward", "not_supported_reasons"]
 
 BLOCK = 512
 NUM_WARPS = 4  # linear's, root's and log's forward
-GATHER_WARPS = 8  # their backward (log 3x3 16x32x256^2 on an H200, forward+backward less the forward: 0.65 against
-# 0.76 ms at 4; benchmarks/kernels.py's semiconv sweep, docs/lab/benchmarks-history.md#measurements-behind-the-code)
+GATHER_WARPS = 8  # their backward: faster than 4 on an H200, where the forward is slower at 8 (benchmarks/kernels.py's
+# semiconv sweep; docs/lab/benchmarks-history.md#measurements-behind-the-code)
 MAX, MIN, LINEAR, ROOT, LOG = 0, 1, 2, 3, 4  # SEMIFIELD_CODES
 STATS, LOGSUM = 0, 1  # _walk's passes
 
@@ -258,9 +258,10 @@ def _semiconv_gather_kernel(g_ptr, s_ptr, x_ptr, k_ptr, gx_ptr, gk_ptr, C, D, H,
 FORWARD, SAVING, SEARCH, SAVED = 0, 1, 2, 3
 ROWS, ROW_WIDTH, ROW_WARPS = 8, 256, 4
 ROW_BLOCK = 256  # outputs a program computes at a time (RB x BW)
-# windows of DENSE channels or more (dense calls): DENSE_BLOCK outputs at a time on DENSE_WARPS warps. On an H200, the
-# dense 4x32x256^2 3x3 forward+backward 1.49 against 1.63 ms at 256 on 4; the depthwise calls (one channel a
-# window) keep 256 on 4 (benchmarks/kernels.py's semiconv sweep; measured at 32 channels and at 1, not between)
+# windows of DENSE channels or more (dense calls): DENSE_BLOCK outputs at a time on DENSE_WARPS warps, the fastest of
+# the semiconv sweep (benchmarks/kernels.py) for the dense benchmark sample on an H200; the depthwise calls (one
+# channel a window) keep 256 on 4 (measured at 32 channels and at 1, not between;
+# docs/lab/benchmarks-history.md#measurements-behind-the-code)
 DENSE, DENSE_BLOCK, DENSE_WARPS = 8, 512, 8
 MAX_BINS = 32  # window indices the kernel-gradient pass sums at a time, at most
 GRAD_BLOCK = 256  # outputs per program of that pass

@@ -651,9 +651,9 @@ constexpr int TIK_STAGE = TIK_WARP_PIXELS * 2 * TIK_LANES * TIK_HELD;  // their 
 // entries straddle sectors and a warp's load requested about twice the sectors it used (Nsight Compute: the memory
 // pipeline at 66-71%, DRAM at 28-46%); the copy requests each sector once. Only __syncwarp orders the copy and the
 // algebra: the other warps of the block, and of the multiprocessor, keep their loads in flight meanwhile.
-// On an H200 at 115000 x 2 x 21: complex64 forward+backward 63.7 against 68.1 us in place; float32 49.0 against 40.6
-// (its pixels are half as long: the copies through shared memory cost more than the straddled sectors), so float and
-// double stay in place (docs/lab/benchmarks-history.md#measurements-behind-the-code).
+// On an H200 at 115000 x 2 x 21 staging made complex64 faster and float32 slower (its pixels are half as long: the
+// copies through shared memory cost more than the straddled sectors), so float and double stay in place
+// (docs/lab/benchmarks-history.md#measurements-behind-the-code).
 // The first n (<= TIK_STAGE) values of src to dst, every load of the lane issued before its stores.
 template <typename T>
 __device__ __forceinline__ void warp_copy(T* __restrict__ dst, const T* __restrict__ src, int n) {

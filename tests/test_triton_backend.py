@@ -1,7 +1,10 @@
 """The triton backend beyond the generated parity matrix: availability, interpreter-only selection,
 determinism, float64 gradcheck, and (on a big GPU) tensors past 2^31 elements, for cuda_ext's kernels too."""
 
+import os
+import re
 import sys
+from pathlib import Path
 
 import harness
 import pytest
@@ -157,6 +160,20 @@ def test_semiconv_backward_from_the_saving_forward_matches_the_one_that_recomput
     for got, same, want in zip(from_saved, recomputed, (xi.grad, ki.grad)):
         torch.testing.assert_close(got, same, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_kernel_resources_compiles_each_launch_for_hopper_without_a_gpu():
+    """scripts/kernel_resources.py: the triton impl's launches recorded on CPU tensors (none run) and compiled for
+    sm_90 the way Triton's launch compiles them, with their registers (in a child without the interpreter, whose
+    kernels are not compiled)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    sample = testing.samples("tv_loss_l1_3d", "small", torch.float32, "cpu")[0].name
+    script = Path(__file__).resolve().parents[1] / "scripts" / "kernel_resources.py"
+    done = harness.run([sys.executable, str(script), "tv_loss_l1_3d",
+                        "--size", "small", "--sample", sample], timeout=300, env=env, check=True)
+    lines = {m.group(1): int(m.group(2)) for m in re.finditer(r" (_tv_\w+_kernel) grid \d+: (\d+) registers",
+                                                              done.stdout)}
+    assert set(lines) == {"_tv_forward_kernel", "_tv_backward_kernel"} and min(lines.values()) > 0, done.stdout
 
 
 # -- past 2^31 elements: 64-bit offsets (GPU with >= 60 GB) --------------------------------

@@ -15,7 +15,7 @@ Tikhonov), in one process:
 - peak memory allocated by one such call beyond its inputs.
 
 Usage: python benchmarks/run.py kernels [--backends triton cuda_ext] [--ops ...] [--shapes ...] [--dtype float32]
-       [--sweep tv iso tv-forward tikhonov semiconv] [--json FILE]
+       [--sweep tv iso tv-forward tikhonov semiconv] [--no-baselines] [--json FILE]
 (the K-Planes taps rows "4_calls" and "2_calls" use whichever backend the hub picks for those calls)
 """
 
@@ -112,9 +112,11 @@ def bench(step, leaves) -> tuple[float, float, float]:
     return ms, graph_ms, peak
 
 
-def run(ops, backends, shapes=None, dtype=None) -> tuple[list[dict], list[str]]:
+def run(ops, backends, shapes=None, dtype=None, baselines=True) -> tuple[list[dict], list[str]]:
     """The rows, and the calls that failed: any backend's error, and any reference's other than running out of
-    memory (eager torch_ref at some benchmark sizes: that comparison is then missing, not failed)."""
+    memory (eager torch_ref at some benchmark sizes: that comparison is then missing, not failed). ``baselines``
+    False: the kernel backends alone, no eager or compiled reference timed (nor compiled: the minutes of a
+    candidate's A/B go to the kernels)."""
     hub = kernelhub.get_hub()
     failures = []
     measured = rates(torch.device("cuda"))
@@ -132,12 +134,17 @@ def run(ops, backends, shapes=None, dtype=None) -> tuple[list[dict], list[str]]:
             if shapes and not any(sub in sample.name for sub in shapes):
                 continue
             args = sample.args
-            out, grad, compiled, compile_s = compiled_reference(ref_fn, args, MODES[op])
+            if baselines:
+                out, grad, compiled, compile_s = compiled_reference(ref_fn, args, MODES[op])
+            else:
+                out = ref_fn(*args)
+                grad, compiled, compile_s = testing.upstream_grad(out), None, None
             for grads_of in MODES[op]:
                 mode = "fwd" if grads_of is None else "fwd+bwd " + ",".join(spec.args[i].name for i in grads_of)
                 floor_ms, binds = floor(least_work(spec, args, out, grads_of), measured)
                 timings = {}
-                for label, fn in [("eager", ref_fn), ("compiled", compiled), *EXTRA.get(op, [])] + [
+                references = [("eager", ref_fn), ("compiled", compiled), *EXTRA.get(op, [])] if baselines else []
+                for label, fn in references + [
                         (b, kernelhub.op(op, backend=b)) for b in backends
                         if b in impls and "cuda" in (impls[b].devices or ("cuda",))]:
                     step, leaves = make_step(fn, args, grads_of, grad)
@@ -286,6 +293,8 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", nargs="*", default=["triton", "cuda_ext"])
     parser.add_argument("--ops", nargs="*", default=list(MODES))
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--no-baselines", dest="baselines", action="store_false",
+                        help="the kernel backends alone: no eager or compiled reference (a candidate's A/B)")
     parser.add_argument("--dtype", choices=["float32", "complex64"], help="the samples' dtype where the op takes it "
                         "(default: complex64 where it does, else float32)")
     parser.add_argument("--shapes", nargs="*", help="only the benchmark samples whose name contains one of these "
@@ -305,7 +314,8 @@ def main(argv=None) -> int:
         sweep_tikhonov()
     if "semiconv" in sweeps:
         sweep_semiconv()
-    rows, failures = run(args.ops, args.backends, args.shapes, args.dtype and getattr(torch, args.dtype))
+    rows, failures = run(args.ops, args.backends, args.shapes, args.dtype and getattr(torch, args.dtype),
+                         args.baselines)
     write_rows(rows, args.json)
     for failure in failures:
         print(f"FAILED {failure}", flush=True)

@@ -438,7 +438,7 @@ at::Tensor tikhonov_forward_cpu(const at::Tensor& M, double lam) {
   AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_forward_cpu", [&] {
     const scalar_t* m = M.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
-    with_unit_z(M.stride(2) == 1, [&](auto unit_z) {
+    with_flag(M.stride(2) == 1, [&](auto unit_z) {
       at::parallel_for(0, P, 64, [&](int64_t p0, int64_t p1) {
         for (int64_t p = p0; p < p1; ++p)
           tikhonov_pixel_forward(PixelEntries(PixelRows<scalar_t, unit_z.value>(m, ms, p), Z), o + p * 2 * Z,
@@ -457,7 +457,7 @@ at::Tensor tikhonov_backward_cpu(const at::Tensor& G, const at::Tensor& M, doubl
     const scalar_t* m = M.data_ptr<scalar_t>();
     const scalar_t* g = G.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
-    with_unit_z(M.stride(2) == 1 && G.stride(2) == 1, [&](auto unit_z) {
+    with_flag(M.stride(2) == 1 && G.stride(2) == 1, [&](auto unit_z) {
       using Rows = PixelRows<scalar_t, unit_z.value>;
       at::parallel_for(0, P, 64, [&](int64_t p0, int64_t p1) {
         for (int64_t p = p0; p < p1; ++p) {

@@ -756,15 +756,6 @@ void with_held(int64_t Z, F&& f) {
     f(std::integral_constant<int, 0>());
 }
 
-// Calls f(std::true_type()) where the staged kernels serve the call, else f(std::false_type()).
-template <typename F>
-void with_staged(bool staged, F&& f) {
-  if (staged)
-    f(std::true_type());
-  else
-    f(std::false_type());
-}
-
 at::Tensor tikhonov_forward_cuda(const at::Tensor& M, double lam) {
   TORCH_CHECK(M.dim() == 3 && M.size(1) == 2, "kernelhub_cuda_ext::tikhonov_forward: argument 'M' must be [P, 2, Z]");
   c10::cuda::CUDAGuard guard(M.device());
@@ -772,9 +763,9 @@ at::Tensor tikhonov_forward_cuda(const at::Tensor& M, double lam) {
   at::Tensor out = at::empty(M.sizes(), M.options());
   if (P == 0) return out;
   AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_forward_cuda", [&] {
-    with_unit_z(M.stride(2) == 1, [&](auto unit_z) {
+    with_flag(M.stride(2) == 1, [&](auto unit_z) {
       with_held(Z, [&](auto held) {
-        with_staged(held.value > 0 && M.is_complex() && M.is_contiguous(), [&](auto staged) {
+        with_flag(held.value > 0 && M.is_complex() && M.is_contiguous(), [&](auto staged) {
           tikhonov_forward_kernel<scalar_t, unit_z.value, held.value, staged.value>
               <<<tik_blocks(P), TIK_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
                   M.data_ptr<scalar_t>(), pixel_strides(M), out.data_ptr<scalar_t>(), P, Z, lam);
@@ -792,9 +783,9 @@ at::Tensor tikhonov_backward_cuda(const at::Tensor& grad, const at::Tensor& M, d
   at::Tensor out = at::empty(M.sizes(), M.options());
   if (P == 0) return out;
   AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES(M.scalar_type(), "tikhonov_backward_cuda", [&] {
-    with_unit_z(M.stride(2) == 1 && grad.stride(2) == 1, [&](auto unit_z) {
+    with_flag(M.stride(2) == 1 && grad.stride(2) == 1, [&](auto unit_z) {
       with_held(Z, [&](auto held) {
-        with_staged(held.value > 0 && M.is_complex() && M.is_contiguous() && grad.is_contiguous(), [&](auto staged) {
+        with_flag(held.value > 0 && M.is_complex() && M.is_contiguous() && grad.is_contiguous(), [&](auto staged) {
           tikhonov_backward_kernel<scalar_t, unit_z.value, held.value, staged.value>
               <<<tik_blocks(P), TIK_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
                   grad.data_ptr<scalar_t>(), pixel_strides(grad), M.data_ptr<scalar_t>(), pixel_strides(M),

@@ -79,12 +79,13 @@ C10_HOST_DEVICE inline cd pow2(cd z, int e) {
   return cd(pow2<Scaled>(z.real(), e), pow2<Scaled>(z.imag(), e));
 }
 
-// Calls f(std::true_type()) where k != 0 (Scale above), else f(std::false_type()): the per-entry passes compiled
-// without the scaling for the common case. k is the pixel's, the same in every lane that shares it (each holds the
-// same totals), so no lane of a pixel branches apart from the others.
+// Calls f(std::true_type()) where `on`, else f(std::false_type()): a run-time condition made a compile-time one, so
+// that each case compiles without the other's work: the per-entry passes without the scaling where k == 0 (Scale
+// above; k is the pixel's, the same in every lane that shares it, so no lane of a pixel branches apart from the
+// others), a unit z stride, cuda.cu's staged kernels.
 template <typename F>
-C10_HOST_DEVICE inline void with_scale(int k, F&& f) {
-  if (k != 0)
+C10_HOST_DEVICE inline void with_flag(bool on, F&& f) {
+  if (on)
     f(std::true_type());
   else
     f(std::false_type());
@@ -122,15 +123,6 @@ struct PixelRows {
       : p(base + pixel * s.pixel), row(s.row), z(s.z) {}
   C10_HOST_DEVICE Value operator()(int r, int64_t k) const { return to_algebra(p[r * row + (UnitZ ? k : k * z)]); }
 };
-
-// Calls f(std::true_type()) when every input's z stride is 1, else f(std::false_type()).
-template <typename F>
-inline void with_unit_z(bool unit_z, F&& f) {
-  if (unit_z)
-    f(std::true_type());
-  else
-    f(std::false_type());
-}
 
 #if defined(__CUDA_ARCH__)
 #define KERNELHUB_UNROLL _Pragma("unroll")
@@ -194,7 +186,7 @@ C10_HOST_DEVICE inline void tikhonov_pixel_forward(const Entries& m, typename En
   const int k = tikhonov_scale(s[0], s[1], lam);  // 0 but at extreme magnitudes (see Scale above)
   double a = s[0], c = s[1], l = lam;
   V b = value<V>(s[2], s[3]);
-  with_scale(k, [&](auto on) {
+  with_flag(k != 0, [&](auto on) {
     a = pow2<on.value>(a, -2 * k), c = pow2<on.value>(c, -2 * k), l = pow2<on.value>(l, -2 * k);
     b = pow2<on.value>(b, -2 * k);
   });
@@ -204,7 +196,7 @@ C10_HOST_DEVICE inline void tikhonov_pixel_forward(const Entries& m, typename En
   for (int64_t j = 0; j < m.count(); ++j)
     if (m.has(j)) rr += abs2(m(1, j) - kappa * m(0, j));
   share.sum(&rr, 1);
-  with_scale(k, [&](auto on) {
+  with_flag(k != 0, [&](auto on) {
     rr = pow2<on.value>(rr, -2 * k);
     const double inv = 1.0 / (l * (a + c + l) + a * rr);
     KERNELHUB_UNROLL
@@ -242,7 +234,7 @@ C10_HOST_DEVICE inline void tikhonov_pixel_backward(const Entries& g, const Entr
   }
   share.sum(s, Entries::complex ? 12 : 7);
   const int k = tikhonov_scale(s[0], s[1], lam);  // 0 but at extreme magnitudes (see Scale above)
-  with_scale(k, [&](auto on) {
+  with_flag(k != 0, [&](auto on) {
     const double a = pow2<on.value>(s[0], -2 * k), c = pow2<on.value>(s[1], -2 * k), l = pow2<on.value>(lam, -2 * k);
     const V b = pow2<on.value>(value<V>(s[2], s[7]), -2 * k);
     const V p00 = pow2<on.value>(value<V>(s[3], s[8]), -k), p01 = pow2<on.value>(value<V>(s[4], s[9]), -k),

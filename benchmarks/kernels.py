@@ -129,16 +129,13 @@ def run(ops, backends, shapes=None, dtype=None, baselines=True) -> tuple[list[di
         spec = hub.registry.spec(op)
         impls = hub.registry.impls(op)
         ref_fn = impls[spec.reference_backend].forward
-        kind = dtype if dtype in spec.dtypes else torch.complex64 if torch.complex64 in spec.dtypes else torch.float32
-        for sample in testing.samples(op, "benchmark", kind, "cuda", seed=0):
+        sample_dtype = (dtype if dtype in spec.dtypes else torch.complex64 if torch.complex64 in spec.dtypes
+                        else torch.float32)
+        for sample in testing.samples(op, "benchmark", sample_dtype, "cuda", seed=0):
             if shapes and not any(sub in sample.name for sub in shapes):
                 continue
             args = sample.args
-            if baselines:
-                out, grad, compiled, compile_s = compiled_reference(ref_fn, args, MODES[op])
-            else:
-                out = ref_fn(*args)
-                grad, compiled, compile_s = testing.upstream_grad(out), None, None
+            out, grad, compiled, compile_s = compiled_reference(ref_fn, args, MODES[op] if baselines else ())
             for grads_of in MODES[op]:
                 mode = "fwd" if grads_of is None else "fwd+bwd " + ",".join(spec.args[i].name for i in grads_of)
                 floor_ms, binds = floor(least_work(spec, args, out, grads_of), measured)

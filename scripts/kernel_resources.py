@@ -34,26 +34,25 @@ import torch
 import kernelhub
 from kernelhub import testing
 
-MODULES = ("tv", "kplanes", "trilinear", "tikhonov", "semiconv")  # kernelhub_triton's kernel modules
-
 
 def record_launches(op: str, args: tuple, sms: int) -> list[tuple]:
     """(Bound, grid, call arguments) of each launch of the triton impl's forward and backward on these arguments,
     none of them run."""
+    from kernelhub_triton import plugin
+
     launches = []
 
     def record(bound, grid, *call):
         launches.append((bound, grid, call))
 
-    mods = [importlib.import_module(f"kernelhub_triton.{m}") for m in MODULES]
-    kept = [(m, name, getattr(m, name)) for m in mods for name in ("launch", "sm_count") if hasattr(m, name)]
+    module = importlib.import_module(f"kernelhub_triton.{plugin.IMPLS[op][0]}")  # the op's launchers
+    kept = [(name, getattr(module, name)) for name in ("launch", "sm_count") if hasattr(module, name)]
     try:
-        for m in mods:
-            m.launch = record
-            if hasattr(m, "sm_count"):
-                m.sm_count = lambda t: sms
-        impl = kernelhub.get_hub().registry.impls(op)["triton"]
-        spec = kernelhub.get_hub().registry.spec(op)
+        module.launch = record
+        if hasattr(module, "sm_count"):
+            module.sm_count = lambda t: sms
+        registry = kernelhub.get_hub().registry
+        impl, spec = registry.impls(op)["triton"], registry.spec(op)
         if "saves" in impl.can:
             out, saved = impl.forward(*args, saving=True)
             extra = {"saved": saved}
@@ -62,8 +61,8 @@ def record_launches(op: str, args: tuple, sms: int) -> list[tuple]:
         needs = [True] * len(spec.differentiable)
         impl.backward(torch.ones_like(out), *args, needs=needs, **extra)
     finally:
-        for m, name, value in kept:
-            setattr(m, name, value)
+        for name, value in kept:
+            setattr(module, name, value)
     return launches
 
 

@@ -182,13 +182,14 @@ def sweep_tv(iso_only: bool = False) -> None:
     fewer partial waves where a kernel's registers let fewer programs be resident (the iso kernels). ``iso_only``:
     the iso loss's configurations alone."""
     from kernelhub_triton import tv
-    keep = dict(tv.LAUNCH)
+    keep, keep_regs = dict(tv.LAUNCH), dict(tv.BWD_REGS)
     general = [(512, 4, 32, 32, 256), (512, 4, 16, 16, 256), (512, 8, 8, 8, 256), (256, 4, 32, 32, 256),
                (1024, 8, 16, 16, 256), (512, 4, 32, 32, 128), (512, 8, 8, 8, 128), (1024, 8, 8, 8, 128)]
-    # 256 voxels at 8 warps: one voxel a thread, where 512 hold two (fewer registers a thread, more warps resident)
-    iso = [(512, 8, f, b, 256) for f in (4, 5, 6, 12) for b in (2, 3, 4, 6)] + [
-        (1024, 8, f, b, 256) for f in (2, 3, 6) for b in (1, 2, 3)] + [
-        (256, 8, f, b, 256) for f in (6, 8, 12) for b in (3, 4, 6, 8)]
+    # iso's last entry: the backward's registers at most (tv.BWD_REGS; None: the compiler's choice) with the
+    # backward's programs a multiprocessor they let fit; 256 voxels at 8 warps: one voxel a thread, where 512 hold two
+    iso = [(512, 8, 6, b, 256, r) for r, bs in ((None, (2, 3)), (64, (3, 4)), (56, (4,)), (48, (4, 5, 6)))
+           for b in bs] + [(512, 8, f, 5, 256, 48) for f in (4, 8)] + [
+        (256, 8, 8, b, 256, r) for r, bs in ((None, (3, 4)), (48, (5, 6))) for b in bs]
     for sample in testing.samples("tv_loss_l1_3d", "benchmark", torch.float32, "cuda"):
         v = sample.args[0]
         for config in ([] if iso_only else general) + iso:
@@ -196,15 +197,18 @@ def sweep_tv(iso_only: bool = False) -> None:
             for op, mode in (("tv_loss_l1_3d", tv.L1), ("tv_loss_sq_3d", tv.SQ), ("tv_loss_iso_3d", tv.ISO)):
                 if config in iso and mode != tv.ISO:
                     continue
-                tv.LAUNCH[mode] = config
+                tv.LAUNCH[mode] = config[:5]
+                tv.BWD_REGS[mode] = config[5] if len(config) > 5 else keep_regs[mode]
                 tv._layout.cache_clear()
                 fn = kernelhub.op(op, backend="triton")
                 step, leaves = make_step(fn, (v,), (0,), torch.ones_like(fn(v)))
                 fwd, _ = make_step(fn, (v,), None, None)
                 line.append(f"{op.split('_')[2]} {bench(fwd, [])[1]:.4f} {bench(step, leaves)[1]:.4f}")
+            regs = f" bwd regs {config[5]}" if len(config) > 5 else ""
             print(f"sweep tv {sample.name:12s} tile {config[0]:5d} warps {config[1]:3d} programs/SM {config[2]:3d} "
-                  f"{config[3]:3d} row {config[4]:4d}: fwd, fwd+bwd ms " + "  ".join(line), flush=True)
+                  f"{config[3]:3d} row {config[4]:4d}{regs}: fwd, fwd+bwd ms " + "  ".join(line), flush=True)
     tv.LAUNCH.update(keep)
+    tv.BWD_REGS.update(keep_regs)
     tv._layout.cache_clear()
 
 
@@ -251,20 +255,24 @@ def sweep_semiconv() -> None:
     """GPU time (CUDA graph) of triton's semiconv launch configurations at every benchmark sample, forward alone
     and forward + backward (the saving forward and the backward from its winners or statistics). max/min's row
     kernels: outputs a program computes at a time (RB x BW), the widest row BW, warps, rows a program (dense calls
-    too: DENSE is lifted); linear, root, log: outputs (forward) or image positions (gather) a program serves, the
-    forward's warps and the gather's."""
+    too: DENSE is lifted), the kernel-gradient pass's warps and the row kernels' registers at most; linear, root,
+    log: outputs (forward) or image positions (gather) a program serves, the forward's warps and the gather's."""
     from kernelhub_triton import semiconv as sc
-    names = ("ROW_BLOCK", "ROW_WIDTH", "ROW_WARPS", "ROWS", "DENSE", "BLOCK", "NUM_WARPS", "GATHER_WARPS")
+    names = ("ROW_BLOCK", "ROW_WIDTH", "ROW_WARPS", "ROWS", "DENSE", "BLOCK", "NUM_WARPS", "GATHER_WARPS", "GRAD_WARPS",
+             "ROW_REGS")
     keep = {n: getattr(sc, n) for n in names}
-    rows = [(256, 256, 4, 8), (128, 128, 4, 8), (128, 64, 4, 8), (256, 256, 8, 8), (256, 128, 4, 16),
-            (512, 256, 8, 8), (256, 64, 4, 16), (128, 128, 2, 8)]
+    # max/min: (outputs at a time, widest row, warps, rows a program, the kernel-gradient pass's warps, the row
+    # kernels' registers at most)
+    rows = [(256, 256, 4, 8, 8, None), (256, 256, 4, 8, 4, None), (256, 256, 4, 8, 8, 64), (256, 256, 4, 8, 8, 48),
+            (128, 128, 4, 8, 8, None), (256, 256, 8, 8, 8, None), (256, 128, 4, 16, 8, None),
+            (256, 128, 4, 16, 8, 64), (512, 256, 8, 8, 8, None), (512, 256, 8, 8, 4, None), (128, 128, 2, 8, 8, None)]
     smooth = [(512, 4, 8), (512, 4, 4), (512, 8, 8), (256, 4, 8), (1024, 8, 8), (1024, 4, 8)]
     fn = kernelhub.op("semiconv", backend="triton")
     for sample in testing.samples("semiconv", "benchmark", torch.float32, "cuda"):
         tropical = sample.name.startswith("tropical")
         for config in rows if tropical else smooth:
             if tropical:
-                sc.ROW_BLOCK, sc.ROW_WIDTH, sc.ROW_WARPS, sc.ROWS = config
+                sc.ROW_BLOCK, sc.ROW_WIDTH, sc.ROW_WARPS, sc.ROWS, sc.GRAD_WARPS, sc.ROW_REGS = config
                 sc.DENSE = 2**31  # every call on the configuration swept
             else:
                 sc.BLOCK, sc.NUM_WARPS, sc.GATHER_WARPS = config

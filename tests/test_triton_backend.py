@@ -132,6 +132,18 @@ def test_semiconv_dense_calls_take_the_dense_rows_and_match_the_reference(semifi
         outs[backend] = (out.detach(), xi.grad, ki.grad)
     for got, want in zip(outs["triton"], outs["torch_ref"]):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    # the row kernels add the kernel's gradient themselves here (a window of more than MAX_BINS indices): each
+    # gradient alone, from the saved winners and from a search
+    assert rows.grad is None and semiconv.DENSE * 9 > semiconv.MAX_BINS
+    _, saved = semiconv.forward(x, k, *args, saving=True)
+    for needs in ([True, False], [False, True]):
+        for winners in (saved, None):
+            got = semiconv.backward(g, x, k, *args, needs, saved=winners)
+            for i in (0, 1):
+                if needs[i]:
+                    torch.testing.assert_close(got[i], outs["torch_ref"][1 + i], rtol=1e-12, atol=1e-12)
+                else:
+                    assert got[i] is None
 
 
 @pytest.mark.parametrize("semifield", ["tropical_min", "log:0.5", "root:2", "linear"])

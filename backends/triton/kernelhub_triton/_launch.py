@@ -111,7 +111,9 @@ def launch(bound: Bound, grid: tuple, *args) -> None:
     """
     t = args[0]
     if type(t) is not torch.Tensor:  # traced into a torch.compile graph (`Impl.can` "traceable"): inductor launches it
-        torch.library.wrap_triton(bound.kernel)[grid](*_real(args), **bound.kwargs)
+        # (its Triton wrapper takes the launch options num_warps and num_stages, not maxnreg)
+        torch.library.wrap_triton(bound.kernel)[grid](*_real(args), **{k: v for k, v in bound.kwargs.items()
+                                                                        if k != "maxnreg"})
         return
     if not t.is_cuda or _knobs is None:
         bound.kernel[grid](*_real(args), **bound.kwargs)

@@ -254,7 +254,10 @@ def _semiconv_gather_kernel(g_ptr, s_ptr, x_ptr, k_ptr, gx_ptr, gk_ptr, C, D, H,
 # output's first winner ``c * taps + tap`` (-1 where the window holds a NaN); SEARCH (the backward without saved
 # winners) the winner, and with NEED_IMG adds the upstream gradient at it into the image's gradient (an atomic add);
 # SAVED (the backward with them) reads the winners and adds. The kernel's gradient is then one pass over the winners
-# (`_tropical_kernel_grad`: per program, a one-hot sum per window index, one atomic each).
+# (`_tropical_kernel_grad`: per program, a one-hot sum per window index, one atomic each) where a window has MAX_BINS
+# indices or fewer; a larger window (a dense call's) would take a one-hot pass per MAX_BINS indices, so there the row
+# kernel adds each output's upstream gradient at its winner's kernel entry itself (NEED_KERNEL: one atomic an output,
+# spread over the O x Cg x taps entries).
 FORWARD, SAVING, SEARCH, SAVED = 0, 1, 2, 3
 ROWS, ROW_WIDTH, ROW_WARPS = 8, 256, 4
 ROW_BLOCK = 256  # outputs a program computes at a time (RB x BW)
@@ -263,15 +266,25 @@ ROW_BLOCK = 256  # outputs a program computes at a time (RB x BW)
 # channel a window) keep 256 on 4 (measured at 32 channels and at 1, not between;
 # docs/lab/benchmarks-history.md#measurements-behind-the-code)
 DENSE, DENSE_BLOCK, DENSE_WARPS = 8, 512, 8
+# a dense call's backward row kernels (the winner search or the saved winners, with the gradients' atomics): outputs
+# at a time, warps, registers a thread at most (--sweep semiconv: 256 on 4 at 48 registers made the dense sample's
+# forward+backward 5% faster, its forward 5% slower, so the forward keeps DENSE_BLOCK on DENSE_WARPS)
+DENSE_BWD = (256, 4, 48)
+# the row kernels' registers a thread at most (Triton's maxnreg; None: the compiler's choice, 94 for the 3-D saving
+# forward with triton 3.6, 20 warps a multiprocessor; 64 and 48 spill nothing: scripts/kernel_resources.py)
+ROW_REGS = None
 MAX_BINS = 32  # window indices the kernel-gradient pass sums at a time, at most
 GRAD_BLOCK = 256  # outputs per program of that pass
+# that pass's warps: its one-hot sums are BINS x GRAD_BLOCK values a program, 64 a thread at 4 warps and 32 bins (95
+# registers with triton 3.6, at most 20 warps a multiprocessor), 32 at 8 (47 registers; scripts/kernel_resources.py)
+GRAD_WARPS = 8
 
 
 @triton.jit
-def _tropical_kernel(x_ptr, k_ptr, o_ptr, w_ptr, g_ptr, gx_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW, s0, s1, s2, p0, p1,
-                     p2, d0, d1, d2, SF: tl.constexpr, MODE: tl.constexpr, NEED_IMG: tl.constexpr,
-                     ROWS: tl.constexpr, RB: tl.constexpr, BW: tl.constexpr, ACC: tl.constexpr, KD: tl.constexpr,
-                     KH: tl.constexpr, KW: tl.constexpr, FLIP: tl.constexpr):
+def _tropical_kernel(x_ptr, k_ptr, o_ptr, w_ptr, g_ptr, gx_ptr, gk_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW, s0, s1, s2,
+                     p0, p1, p2, d0, d1, d2, SF: tl.constexpr, MODE: tl.constexpr, NEED_IMG: tl.constexpr,
+                     NEED_KERNEL: tl.constexpr, ROWS: tl.constexpr, RB: tl.constexpr, BW: tl.constexpr,
+                     ACC: tl.constexpr, KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, FLIP: tl.constexpr):
     pid = tl.program_id(0)
     n_w = tl.cdiv(OW, BW)
     n_h = tl.cdiv(OH, ROWS)
@@ -335,15 +348,25 @@ def _tropical_kernel(x_ptr, k_ptr, o_ptr, w_ptr, g_ptr, gx_ptr, C, D, H, W, O, C
                 tl.store(w_ptr + out, win.to(w_ptr.dtype.element_ty), mask=live)
             if MODE < 2:
                 tl.store(o_ptr + out, best.to(o_ptr.dtype.element_ty), mask=live)
-        if NEED_IMG:
+        if NEED_IMG or NEED_KERNEL:
+            won = live & (win >= 0)
+            g = tl.load(g_ptr + out, mask=won, other=0.0).to(ACC)
             t = win % taps
-            iz = od * s0 - p0 + (t // (KH * KW)) * d0
-            iy = oh * s1 - p1 + ((t // KW) % KH) * d1
-            ix = ow * s2 - p2 + (t % KW) * d2
-            hit = live & (win >= 0) & (iz >= 0) & (iz < D) & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
-            g = tl.load(g_ptr + out, mask=hit, other=0.0).to(ACC)
-            tl.atomic_add(gx_ptr + chan0 + (win // taps) * D * H * W + (iz * H + iy) * W + ix, g, mask=hit,
-                          sem="relaxed")
+            if NEED_IMG:
+                iz = od * s0 - p0 + (t // (KH * KW)) * d0
+                iy = oh * s1 - p1 + ((t // KW) % KH) * d1
+                ix = ow * s2 - p2 + (t % KW) * d2
+                hit = won & (iz >= 0) & (iz < D) & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
+                tl.atomic_add(gx_ptr + chan0 + (win // taps) * D * H * W + (iz * H + iy) * W + ix, g, mask=hit,
+                              sem="relaxed")
+            if NEED_KERNEL:  # windows of more than MAX_BINS indices: one atomic an output (`_row_layout`)
+                if SF == 1:
+                    g = -g
+                if FLIP:
+                    kt = (win - t) + (taps - 1 - t)
+                else:
+                    kt = win
+                tl.atomic_add(gk_ptr + oc * Cg * taps + kt, g, mask=won, sem="relaxed")
 
 
 @triton.jit
@@ -378,12 +401,13 @@ class _Rows(NamedTuple):
     """max/min's row kernel for one call: its grid and a Bound per MODE (the backwards' by NEED_IMG where it has
     the choice), the kernel-gradient pass's grid and Bound, and the winners' dtype."""
     grid: tuple
+    bwd_grid: tuple  # the backward row kernels' (a dense call's take a layout of their own)
     forward: Bound
     saving: Bound
-    search: tuple  # by NEED_IMG
-    saved: Bound  # NEED_IMG (without the image's gradient the saved winners need no row kernel)
+    search: dict  # by (NEED_IMG, NEED_KERNEL)
+    saved: dict  # by (NEED_IMG, NEED_KERNEL)
     grad_grid: tuple
-    grad: Bound
+    grad: Bound | None  # None: the row kernels add the kernel's gradient (a window of more than MAX_BINS indices)
     winner: torch.dtype
 
 
@@ -440,22 +464,31 @@ def _row_layout(a, img_shape, kernel_shape, dtype, sms) -> _Rows:
     up to ROW_BLOCK / BW, or DENSE_BLOCK / BW for a dense call), ROWS rows a program (a multiple of RB)."""
     B, O = img_shape[0], kernel_shape[0]
     OD, OH, OW = a.out_size
-    block, warps = (DENSE_BLOCK, DENSE_WARPS) if kernel_shape[1] >= DENSE else (ROW_BLOCK, ROW_WARPS)
-    bw = min(next_power_of_2(OW), ROW_WIDTH)
-    rb = min(next_power_of_2(OH), max(1, block // bw))
-    rows = max(rb, ROWS // rb * rb)
-    fixed = dict(_sizes(a, img_shape, kernel_shape), ACC=acc_type(dtype), ROWS=rows, RB=rb, BW=bw, num_warps=warps)
+    dense = kernel_shape[1] >= DENSE
+
+    def layout(block, warps, regs):  # the grid and the row kernels' launch settings
+        bw = min(next_power_of_2(OW), ROW_WIDTH)
+        rb = min(next_power_of_2(OH), max(1, block // bw))
+        rows = max(rb, ROWS // rb * rb)
+        return (B * O * OD * cdiv(OH, rows) * cdiv(OW, bw),), dict(
+            _sizes(a, img_shape, kernel_shape), ACC=acc_type(dtype), ROWS=rows, RB=rb, BW=bw, num_warps=warps,
+            **({"maxnreg": regs} if regs else {}))
+
+    grid, fixed = layout(*((DENSE_BLOCK, DENSE_WARPS) if dense else (ROW_BLOCK, ROW_WARPS)), ROW_REGS)
+    bwd_grid, bwd = layout(*DENSE_BWD) if dense else (grid, fixed)
     window, planes, per = math.prod(kernel_shape[1:]), B * O, OD * OH * OW
     split = max(1, min(cdiv(per, GRAD_BLOCK), cdiv(4 * sms, max(planes, 1))))  # no planes: an empty batch
     grad = Bound(_tropical_kernel_grad, O=O, Cg=kernel_shape[1], per=per, split=split, SF=a.code, BLOCK=GRAD_BLOCK,
                  BINS=min(MAX_BINS, next_power_of_2(window)), ACC=acc_type(dtype),
-                 TAPS=math.prod(kernel_shape[2:]), FLIP=a.flip, num_warps=ROW_WARPS)
-    return _Rows((B * O * OD * cdiv(OH, rows) * cdiv(OW, bw),),
-                 Bound(_tropical_kernel, MODE=FORWARD, NEED_IMG=False, **fixed),
-                 Bound(_tropical_kernel, MODE=SAVING, NEED_IMG=False, **fixed),
-                 tuple(Bound(_tropical_kernel, MODE=SEARCH, NEED_IMG=need, **fixed) for need in (False, True)),
-                 Bound(_tropical_kernel, MODE=SAVED, NEED_IMG=True, **fixed),
-                 (planes * split,), grad, _winner_dtype(window))
+                 TAPS=math.prod(kernel_shape[2:]), FLIP=a.flip, num_warps=GRAD_WARPS)
+    atomic = window > MAX_BINS  # the row kernels add the kernel's gradient
+    both = [(img, ker) for img in (False, True) for ker in ((False, True) if atomic else (False,))]
+    return _Rows(grid, bwd_grid,
+                 Bound(_tropical_kernel, MODE=FORWARD, NEED_IMG=False, NEED_KERNEL=False, **fixed),
+                 Bound(_tropical_kernel, MODE=SAVING, NEED_IMG=False, NEED_KERNEL=False, **fixed),
+                 {n: Bound(_tropical_kernel, MODE=SEARCH, NEED_IMG=n[0], NEED_KERNEL=n[1], **bwd) for n in both},
+                 {n: Bound(_tropical_kernel, MODE=SAVED, NEED_IMG=n[0], NEED_KERNEL=n[1], **bwd) for n in both},
+                 (planes * split,), None if atomic else grad, _winner_dtype(window))
 
 
 def _span(a, img_shape, kernel_shape) -> tuple[int, int, int]:
@@ -510,9 +543,9 @@ def forward(img, kernel, semifield, stride, padding, dilation, groups, kind, gro
     if call.rows is not None:
         if saving:
             saved = torch.empty(out.shape, dtype=call.rows.winner, device=img.device)
-            launch(call.rows.saving, call.rows.grid, x, k, out, saved, x, x)
+            launch(call.rows.saving, call.rows.grid, x, k, out, saved, x, x, x)
         else:
-            launch(call.rows.forward, call.rows.grid, x, k, out, x, x, x)
+            launch(call.rows.forward, call.rows.grid, x, k, out, x, x, x, x)
     elif saving and call.smooth.saving is not None:
         saved = torch.empty(out.shape, dtype=accumulation_dtype(img.dtype), device=img.device)
         launch(call.smooth.saving, call.smooth.grid, x, k, out, saved)
@@ -534,12 +567,13 @@ def backward(grad, img, kernel, semifield, stride, padding, dilation, groups, ki
     rows, smooth = call.rows, call.smooth
     if rows is not None:
         gx = torch.zeros_like(img, dtype=acc, memory_format=torch.contiguous_format)
+        in_rows = (bool(needs[0]), bool(needs[1]) and rows.grad is None)  # what the row kernel adds
         if saved is None:
             saved = torch.empty(g.shape, dtype=rows.winner, device=img.device)  # each output's (c, tap) winner
-            launch(rows.search[1 if needs[0] else 0], rows.grid, x, k, saved, saved, g, gx)  # dynamo indexes by int
-        elif needs[0]:
-            launch(rows.saved, rows.grid, x, k, saved, saved, g, gx)
-        if needs[1]:
+            launch(rows.search[in_rows], rows.bwd_grid, x, k, saved, saved, g, gx, gk)
+        elif any(in_rows):
+            launch(rows.saved[in_rows], rows.bwd_grid, x, k, saved, saved, g, gx, gk)
+        if needs[1] and rows.grad is not None:
             launch(rows.grad, rows.grad_grid, saved, g, gk)
         return [gx.to(img.dtype) if needs[0] else None, gk.to(kernel.dtype) if needs[1] else None]
     if saved is None and smooth.stats is not None:

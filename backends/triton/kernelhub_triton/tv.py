@@ -40,6 +40,11 @@ L1, SQ, ISO = 0, 1, 2
 # which keeps the chunks measured best at 256^3 and 512^3. Timed at every benchmark shape on an H200
 # (benchmarks/kernels.py's sweep; docs/lab/benchmarks-history.md#measurements-behind-the-code).
 LAUNCH = {L1: (512, 4, 35, 35, 256), SQ: (512, 4, 35, 35, 256), ISO: (512, 8, 6, 3, 256)}
+# The backward's registers a thread at most (Triton's maxnreg; None: the compiler's choice). Iso's backward takes 76
+# with triton 3.6; at 64 it spills nothing (scripts/kernel_resources.py), and --sweep iso measured it 5% faster at 512^3
+# with the same programs (48 with 5 programs a multiprocessor was slower). Not under torch.compile, whose Triton wrapper
+# takes no such option.
+BWD_REGS = {L1: None, SQ: None, ISO: 64}
 # The L1 and squared forwards on volumes of up to SMALL voxels: SMALL_FWD_PER_SM programs a multiprocessor, fewer and
 # longer D chunks (an H200 at 256^3 and 16x1024^2: 10-13% faster than 35, which 512^3 keeps: 8 costs it 7%;
 # docs/lab/benchmarks-history.md, "The TV forwards' programs").
@@ -304,6 +309,8 @@ def _layout(shape: tuple, sms: int, mode: int, dtype: torch.dtype,
 
     fwd_programs, fwd = chunked(fwd_per_sm)
     bwd_programs, bwd = chunked(bwd_per_sm)
+    if BWD_REGS[mode]:
+        bwd["maxnreg"] = BWD_REGS[mode]
     return (fwd_programs, Bound(_tv_forward_kernel, NOUT=3 if mode == L1 else 1, FINISH=FINISH, **fwd),
             bwd_programs, Bound(_tv_backward_kernel, **bwd), B * (D - 1) * (H - 1) * (W - 1))
 

@@ -398,8 +398,9 @@ def _tropical_kernel_grad(w_ptr, g_ptr, gk_ptr, O, Cg, per, split, SF: tl.conste
 
 
 class _Rows(NamedTuple):
-    """max/min's row kernel for one call: its grid and a Bound per MODE (the backwards' by NEED_IMG where it has
-    the choice), the kernel-gradient pass's grid and Bound, and the winners' dtype."""
+    """max/min's row kernel for one call: its grids (the forwards', the backwards') and a Bound per MODE (the
+    backwards' by what they add: NEED_IMG, NEED_KERNEL), the kernel-gradient pass's grid and Bound, and the winners'
+    dtype."""
     grid: tuple
     bwd_grid: tuple  # the backward row kernels' (a dense call's take a layout of their own)
     forward: Bound

@@ -360,13 +360,20 @@ def _tropical_kernel(x_ptr, k_ptr, o_ptr, w_ptr, g_ptr, gx_ptr, gk_ptr, C, D, H,
                 tl.atomic_add(gx_ptr + chan0 + (win // taps) * D * H * W + (iz * H + iy) * W + ix, g, mask=hit,
                               sem="relaxed")
             if NEED_KERNEL:  # windows of more than MAX_BINS indices: one atomic an output (`_row_layout`)
-                if SF == 1:
-                    g = -g
-                if FLIP:
-                    kt = (win - t) + (taps - 1 - t)
-                else:
-                    kt = win
+                kt, g = _kernel_share(win, g, taps, SF, FLIP)
                 tl.atomic_add(gk_ptr + oc * Cg * taps + kt, g, mask=won, sem="relaxed")
+
+
+@triton.jit
+def _kernel_share(win, g, taps, SF: tl.constexpr, FLIP: tl.constexpr):
+    """Where an upstream gradient ``g`` won by window index ``win`` (c * taps + tap) goes in the kernel's gradient,
+    and what it adds there: conv (FLIP) reads kernel tap taps - 1 - tap; min's product x - k passes -g."""
+    if FLIP:
+        t = win % taps
+        win = (win - t) + (taps - 1 - t)
+    if SF == 1:
+        g = -g
+    return win, g
 
 
 @triton.jit
@@ -387,13 +394,7 @@ def _tropical_kernel_grad(w_ptr, g_ptr, gk_ptr, O, Cg, per, split, SF: tl.conste
             w = tl.load(w_ptr + base + j, mask=j < per, other=-1).to(tl.int32)
             g = tl.load(g_ptr + base + j, mask=(w >= first) & (w < first + BINS), other=0.0).to(ACC)
             acc += tl.where(w[None, :] == idx[:, None], g[None, :], 0.0)
-        s = tl.sum(acc, axis=1)
-        if SF == 1:
-            s = -s
-        if FLIP:
-            kt = (idx // TAPS) * TAPS + (TAPS - 1 - idx % TAPS)
-        else:
-            kt = idx
+        kt, s = _kernel_share(idx, tl.sum(acc, axis=1), TAPS, SF, FLIP)
         tl.atomic_add(gk_ptr + (bo % O) * Cg * TAPS + kt, s, mask=idx < Cg * TAPS, sem="relaxed")
 
 

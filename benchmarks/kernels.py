@@ -255,11 +255,12 @@ def sweep_semiconv() -> None:
     """GPU time (CUDA graph) of triton's semiconv launch configurations at every benchmark sample, forward alone
     and forward + backward (the saving forward and the backward from its winners or statistics). max/min's row
     kernels: outputs a program computes at a time (RB x BW), the widest row BW, warps, rows a program (dense calls
-    too: DENSE is lifted), the kernel-gradient pass's warps and the row kernels' registers at most; linear, root,
-    log: outputs (forward) or image positions (gather) a program serves, the forward's warps and the gather's."""
+    too: DENSE is lifted), the kernel-gradient pass's warps and the row kernels' registers at most; then a dense
+    call's forwards by output channels at once, and the kernel's gradient by atomics into copies; linear, root, log:
+    outputs (forward) or image positions (gather) a program serves, the forward's warps and the gather's."""
     from kernelhub_triton import semiconv as sc
     names = ("ROW_BLOCK", "ROW_WIDTH", "ROW_WARPS", "ROWS", "DENSE", "BLOCK", "NUM_WARPS", "GATHER_WARPS", "GRAD_WARPS",
-             "ROW_REGS")
+             "ROW_REGS", "MAX_BINS", "KERNEL_COPIES", "DENSE_CHANNELS", "DENSE_BLOCK", "DENSE_WARPS", "DENSE_REGS")
     keep = {n: getattr(sc, n) for n in names}
     # max/min: (outputs at a time, widest row, warps, rows a program, the kernel-gradient pass's warps, the row
     # kernels' registers at most)
@@ -282,6 +283,33 @@ def sweep_semiconv() -> None:
             both = bench(*make_step(fn, sample.args, (0, 1), g))[1]
             print(f"sweep semiconv {sample.name:36s} {'rows' if tropical else 'block/warps/gather'} {config}: "
                   f"fwd {fwd:.4f} ms  fwd+bwd {both:.4f} ms", flush=True)
+        for n, v in keep.items():
+            setattr(sc, n, v)
+        # a dense call's forwards: (output channels at once, outputs at a time, warps, registers at most)
+        dense = tropical and sample.args[1].shape[1] >= sc.DENSE
+        for config in ((4, 512, 8, None), (4, 512, 8, 64), (4, 512, 8, 56), (4, 512, 8, 72), (2, 512, 8, 64),
+                       (4, 256, 4, 64), (8, 512, 8, 64), (8, 256, 8, 96)) if dense else ():
+            sc.DENSE_CHANNELS, sc.DENSE_BLOCK, sc.DENSE_WARPS, sc.DENSE_REGS = config
+            sc._call_of.cache_clear()
+            fwd = bench(*make_step(fn, sample.args, None, None))[1]
+            g = testing.upstream_grad(fn(*sample.args))
+            both = bench(*make_step(fn, sample.args, (0, 1), g))[1]
+            print(f"sweep semiconv {sample.name:36s} dense forwards {config}: fwd {fwd:.4f} ms  fwd+bwd {both:.4f} ms",
+                  flush=True)
+        for n, v in keep.items():
+            setattr(sc, n, v)
+        # max/min's kernel gradient by one atomic an output in the row kernels, into KERNEL_COPIES copies: the
+        # shipped path of a window of more than MAX_BINS indices; smaller windows (the one-hot pass) forced onto it
+        window = math.prod(sample.args[1].shape[1:])
+        tries = [(sc.MAX_BINS, c) for c in (1, 8, 32, 128)] if window > sc.MAX_BINS else [
+            (1, c) for c in (32, 128, 512)]
+        for bins, copies in tries if tropical else ():
+            sc.MAX_BINS, sc.KERNEL_COPIES = bins, copies
+            sc._call_of.cache_clear()
+            g = testing.upstream_grad(fn(*sample.args))
+            both = bench(*make_step(fn, sample.args, (0, 1), g))[1]
+            print(f"sweep semiconv {sample.name:36s} kernel gradient by atomics, {copies:3d} copies: fwd+bwd "
+                  f"{both:.4f} ms", flush=True)
         for n, v in keep.items():
             setattr(sc, n, v)
         sc._call_of.cache_clear()

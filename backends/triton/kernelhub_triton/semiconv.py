@@ -270,10 +270,19 @@ DENSE, DENSE_BLOCK, DENSE_WARPS = 8, 512, 8
 # at a time, warps, registers a thread at most (--sweep semiconv: 256 on 4 at 48 registers made the dense sample's
 # forward+backward 5% faster, its forward 5% slower, so the forward keeps DENSE_BLOCK on DENSE_WARPS)
 DENSE_BWD = (256, 4, 48)
+# a dense call's forwards compute DENSE_CHANNELS output channels of one group at once (a program's outputs times
+# them): each load of an image row serves them all, where a program per channel loads it once each; registers a
+# thread at most DENSE_REGS (--sweep semiconv on an H200: the dense sample's forward+backward 9% faster at 64 than at
+# the compiler's choice, the saving forward's 104 with triton 3.6)
+DENSE_CHANNELS, DENSE_REGS = 4, 64
 # the row kernels' registers a thread at most (Triton's maxnreg; None: the compiler's choice, 94 for the 3-D saving
 # forward with triton 3.6, 20 warps a multiprocessor; 64 and 48 spill nothing: scripts/kernel_resources.py)
 ROW_REGS = None
 MAX_BINS = 32  # window indices the kernel-gradient pass sums at a time, at most
+# where the row kernels add the kernel's gradient (one atomic an output), they add into KERNEL_COPIES copies of it, a
+# program into copy pid % KERNEL_COPIES, summed afterwards: a dense call's outputs all land on O x Cg x taps entries,
+# and the programs of one output channel, adjacent in the grid, would otherwise contend for its few hundred entries
+KERNEL_COPIES = 32
 GRAD_BLOCK = 256  # outputs per program of that pass
 # that pass's warps: its one-hot sums are BINS x GRAD_BLOCK values a program, 64 a thread at 4 warps and 32 bins (95
 # registers with triton 3.6, at most 20 warps a multiprocessor), 32 at 8 (47 registers; scripts/kernel_resources.py)
@@ -284,34 +293,38 @@ GRAD_WARPS = 8
 def _tropical_kernel(x_ptr, k_ptr, o_ptr, w_ptr, g_ptr, gx_ptr, gk_ptr, C, D, H, W, O, Cg, Og, OD, OH, OW, s0, s1, s2,
                      p0, p1, p2, d0, d1, d2, SF: tl.constexpr, MODE: tl.constexpr, NEED_IMG: tl.constexpr,
                      NEED_KERNEL: tl.constexpr, ROWS: tl.constexpr, RB: tl.constexpr, BW: tl.constexpr,
-                     ACC: tl.constexpr, KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, FLIP: tl.constexpr):
+                     ACC: tl.constexpr, KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, FLIP: tl.constexpr,
+                     COPIES: tl.constexpr, OCB: tl.constexpr):
     pid = tl.program_id(0)
     n_w = tl.cdiv(OW, BW)
     n_h = tl.cdiv(OH, ROWS)
     per = OD * n_h * n_w
-    bo = pid // per
+    n_ob = tl.cdiv(Og, OCB)  # blocks of OCB output channels a group
+    bo = pid // per  # (b, a group's block)
     rest = pid % per
     # scalar conditions join masks as tensors: the interpreter makes bool & bool ints
-    od = tl.zeros([1, 1], tl.int32) + rest // (n_h * n_w)
+    od = tl.zeros([1, 1, 1], tl.int32) + rest // (n_h * n_w)
     oh0 = ((rest // n_w) % n_h) * ROWS
-    ow = (rest % n_w) * BW + tl.arange(0, BW)[None, :]
-    b = bo // O
-    oc = bo % O
+    ow = (rest % n_w) * BW + tl.arange(0, BW)[None, None, :]
+    b = bo // (O // Og * n_ob)
+    grp = (bo // n_ob) % (O // Og)
+    j = (bo % n_ob) * OCB + tl.arange(0, OCB)[:, None, None]  # the block's output channels within their group
+    oc = grp * Og + j
     taps = KD * KH * KW
-    chan0 = (b * C + (oc // Og) * Cg).to(tl.int64) * D * H * W
+    chan0 = (b * C + grp * Cg).to(tl.int64) * D * H * W
     if SF == 0:
         start = float("-inf")
     else:
         start = float("inf")
     for r0 in range(0, ROWS, RB):
-        oh = oh0 + r0 + tl.arange(0, RB)[:, None]
-        live = (ow < OW) & (oh < OH)
-        out = bo.to(tl.int64) * OD * OH * OW + (od * OH + oh) * OW + ow
+        oh = oh0 + r0 + tl.arange(0, RB)[None, :, None]
+        live = (ow < OW) & (oh < OH) & (j < Og)
+        out = (b * O + oc).to(tl.int64) * OD * OH * OW + (od * OH + oh) * OW + ow  # [OCB, RB, BW]
         if MODE == 3:
             win = tl.load(w_ptr + out, mask=live, other=-1).to(tl.int32)
         else:
-            best = tl.full([RB, BW], start, ACC)
-            win = tl.full([RB, BW], -1, tl.int32)
+            best = tl.full([OCB, RB, BW], start, ACC)
+            win = tl.full([OCB, RB, BW], -1, tl.int32)
             for c in range(0, Cg):
                 x_c = x_ptr + chan0 + c * D * H * W
                 for kd in tl.static_range(KD):
@@ -323,10 +336,11 @@ def _tropical_kernel(x_ptr, k_ptr, o_ptr, w_ptr, g_ptr, gx_ptr, gk_ptr, C, D, H,
                         for kw in tl.static_range(KW):
                             ix = ow * s2 - p2 + kw * d2
                             tap = (kd * KH + kh) * KW + kw
+                            # each of the block's output channels' entry; one load of the row serves them all
                             if FLIP:
-                                kv = tl.load(k_ptr + (oc * Cg + c) * taps + (taps - 1 - tap)).to(ACC)
+                                kv = tl.load(k_ptr + (oc * Cg + c) * taps + (taps - 1 - tap), mask=j < Og).to(ACC)
                             else:
-                                kv = tl.load(k_ptr + (oc * Cg + c) * taps + tap).to(ACC)
+                                kv = tl.load(k_ptr + (oc * Cg + c) * taps + tap, mask=j < Og).to(ACC)
                             # padding reads the semifield's zero
                             xv = tl.load(row + ix, mask=row_in & (ix >= 0) & (ix < W), other=start).to(ACC)
                             if SF == 0:
@@ -361,7 +375,8 @@ def _tropical_kernel(x_ptr, k_ptr, o_ptr, w_ptr, g_ptr, gx_ptr, gk_ptr, C, D, H,
                               sem="relaxed")
             if NEED_KERNEL:  # windows of more than MAX_BINS indices: one atomic an output (`_row_layout`)
                 kt, g = _kernel_share(win, g, taps, SF, FLIP)
-                tl.atomic_add(gk_ptr + oc * Cg * taps + kt, g, mask=won, sem="relaxed")
+                copy = (pid % COPIES).to(tl.int64) * O * Cg * taps  # the program's copy (KERNEL_COPIES)
+                tl.atomic_add(gk_ptr + copy + oc * Cg * taps + kt, g, mask=won, sem="relaxed")
 
 
 @triton.jit
@@ -411,6 +426,7 @@ class _Rows(NamedTuple):
     grad_grid: tuple
     grad: Bound | None  # None: the row kernels add the kernel's gradient (a window of more than MAX_BINS indices)
     winner: torch.dtype
+    copies: int  # the copies of the kernel's gradient the row kernels add into (KERNEL_COPIES; 1 where they add none)
 
 
 class _Smooth(NamedTuple):
@@ -467,30 +483,36 @@ def _row_layout(a, img_shape, kernel_shape, dtype, sms) -> _Rows:
     B, O = img_shape[0], kernel_shape[0]
     OD, OH, OW = a.out_size
     dense = kernel_shape[1] >= DENSE
+    window, planes, per = math.prod(kernel_shape[1:]), B * O, OD * OH * OW
+    atomic = window > MAX_BINS  # the row kernels add the kernel's gradient
+    copies = KERNEL_COPIES if atomic else 1
 
-    def layout(block, warps, regs):  # the grid and the row kernels' launch settings
+    def layout(block, warps, regs, ocb=1):  # the grid and the row kernels' launch settings
         bw = min(next_power_of_2(OW), ROW_WIDTH)
         rb = min(next_power_of_2(OH), max(1, block // bw))
         rows = max(rb, ROWS // rb * rb)
-        return (B * O * OD * cdiv(OH, rows) * cdiv(OW, bw),), dict(
-            _sizes(a, img_shape, kernel_shape), ACC=acc_type(dtype), ROWS=rows, RB=rb, BW=bw, num_warps=warps,
-            **({"maxnreg": regs} if regs else {}))
+        blocks = a.groups * cdiv(O // a.groups, ocb)  # of ocb output channels, within a group each
+        return (B * blocks * OD * cdiv(OH, rows) * cdiv(OW, bw),), dict(
+            _sizes(a, img_shape, kernel_shape), ACC=acc_type(dtype), ROWS=rows, RB=rb, BW=bw, COPIES=copies, OCB=ocb,
+            num_warps=warps, **({"maxnreg": regs} if regs else {}))
 
-    grid, fixed = layout(*((DENSE_BLOCK, DENSE_WARPS) if dense else (ROW_BLOCK, ROW_WARPS)), ROW_REGS)
-    bwd_grid, bwd = layout(*DENSE_BWD) if dense else (grid, fixed)
-    window, planes, per = math.prod(kernel_shape[1:]), B * O, OD * OH * OW
+    if dense:
+        grid, fixed = layout(DENSE_BLOCK, DENSE_WARPS, DENSE_REGS, min(DENSE_CHANNELS, next_power_of_2(O // a.groups)))
+        bwd_grid, bwd = layout(*DENSE_BWD)
+    else:
+        grid, fixed = layout(ROW_BLOCK, ROW_WARPS, ROW_REGS)
+        bwd_grid, bwd = grid, fixed
     split = max(1, min(cdiv(per, GRAD_BLOCK), cdiv(4 * sms, max(planes, 1))))  # no planes: an empty batch
     grad = Bound(_tropical_kernel_grad, O=O, Cg=kernel_shape[1], per=per, split=split, SF=a.code, BLOCK=GRAD_BLOCK,
                  BINS=min(MAX_BINS, next_power_of_2(window)), ACC=acc_type(dtype),
                  TAPS=math.prod(kernel_shape[2:]), FLIP=a.flip, num_warps=GRAD_WARPS)
-    atomic = window > MAX_BINS  # the row kernels add the kernel's gradient
     both = [(img, ker) for img in (False, True) for ker in ((False, True) if atomic else (False,))]
     return _Rows(grid, bwd_grid,
                  Bound(_tropical_kernel, MODE=FORWARD, NEED_IMG=False, NEED_KERNEL=False, **fixed),
                  Bound(_tropical_kernel, MODE=SAVING, NEED_IMG=False, NEED_KERNEL=False, **fixed),
                  {n: Bound(_tropical_kernel, MODE=SEARCH, NEED_IMG=n[0], NEED_KERNEL=n[1], **bwd) for n in both},
                  {n: Bound(_tropical_kernel, MODE=SAVED, NEED_IMG=n[0], NEED_KERNEL=n[1], **bwd) for n in both},
-                 (planes * split,), None if atomic else grad, _winner_dtype(window))
+                 (planes * split,), None if atomic else grad, _winner_dtype(window), copies)
 
 
 def _span(a, img_shape, kernel_shape) -> tuple[int, int, int]:
@@ -570,11 +592,14 @@ def backward(grad, img, kernel, semifield, stride, padding, dilation, groups, ki
     if rows is not None:
         gx = torch.zeros_like(img, dtype=acc, memory_format=torch.contiguous_format)
         in_rows = (bool(needs[0]), bool(needs[1]) and rows.grad is None)  # what the row kernel adds
+        gks = gk.new_zeros((rows.copies, *gk.shape)) if in_rows[1] else gk  # its copies (KERNEL_COPIES)
         if saved is None:
             saved = torch.empty(g.shape, dtype=rows.winner, device=img.device)  # each output's (c, tap) winner
-            launch(rows.search[in_rows], rows.bwd_grid, x, k, saved, saved, g, gx, gk)
+            launch(rows.search[in_rows], rows.bwd_grid, x, k, saved, saved, g, gx, gks)
         elif any(in_rows):
-            launch(rows.saved[in_rows], rows.bwd_grid, x, k, saved, saved, g, gx, gk)
+            launch(rows.saved[in_rows], rows.bwd_grid, x, k, saved, saved, g, gx, gks)
+        if in_rows[1]:
+            gk = gks.sum(0)
         if needs[1] and rows.grad is not None:
             launch(rows.grad, rows.grad_grid, saved, g, gk)
         return [gx.to(img.dtype) if needs[0] else None, gk.to(kernel.dtype) if needs[1] else None]

@@ -92,7 +92,8 @@ def compile_launch(bound, call: tuple, arch: int, overrides: dict | None = None)
 
 
 def resources(kernel) -> dict:
-    """Registers, spilled (local) bytes, static shared bytes and SASS instructions of a compiled kernel."""
+    """Registers, spilled bytes (the stack frame and local memory), static shared bytes and SASS instructions of a
+    compiled kernel."""
     import triton
 
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -104,10 +105,12 @@ def resources(kernel) -> dict:
                                capture_output=True, text=True, check=True).stdout
         sass = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", path], capture_output=True, text=True,
                               check=True).stdout
-    fields = dict(re.findall(r"(REG|LOCAL|SHARED):(\d+)", usage))
+    fields = dict(re.findall(r"(REG|STACK|LOCAL|SHARED):(\d+)", usage))
     ops = collections.Counter(m.group(1).split(".")[0] for m in
                               re.finditer(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass, re.M))
-    return {"registers": int(fields.get("REG", 0)), "local": int(fields.get("LOCAL", 0)),
+    # ptxas spills registers into the thread's stack frame (cuobjdump's STACK; its LOCAL stays 0 for them), which
+    # the SASS's LDL and STL instructions read and write
+    return {"registers": int(fields.get("REG", 0)), "local": int(fields.get("STACK", 0)) + int(fields.get("LOCAL", 0)),
             "shared": int(fields.get("SHARED", 0)), "sass": sum(ops.values()), "ops": ops}
 
 
@@ -136,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             warps = shown.get("num_warps", 4)
             resident = min(64, 65536 // max(1, r["registers"] * 32) // warps * warps) if r["registers"] else 0
             top = ", ".join(f"{op} {n}" for op, n in r["ops"].most_common(6))
-            print(f"{sample.name} {name} grid {grid[0]}: {r['registers']} registers, {r['local']} B spilled, "
+            spilled = f"{r['local']} B spilled (LDL {r['ops']['LDL']}, STL {r['ops']['STL']})"
+            print(f"{sample.name} {name} grid {grid[0]}: {r['registers']} registers, {spilled}, "
                   f"{r['shared']} B shared, {r['sass']} SASS ({top}); at most {resident} warps an SM by registers "
                   f"| {' '.join(f'{k}={v}' for k, v in shown.items())}", flush=True)
     return 0

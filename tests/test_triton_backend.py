@@ -186,6 +186,14 @@ def test_kernel_resources_compiles_each_launch_for_hopper_without_a_gpu():
     lines = {m.group(1): int(m.group(2)) for m in re.finditer(r" (_tv_\w+_kernel) grid \d+: (\d+) registers",
                                                               done.stdout)}
     assert set(lines) == {"_tv_forward_kernel", "_tv_backward_kernel"} and min(lines.values()) > 0, done.stdout
+    # spills are counted (ptxas puts them in the stack frame, which cuobjdump does not call local): iso's backward
+    # capped at 24 registers cannot hold its values (triton 3.6 and 3.9)
+    sample = testing.samples("tv_loss_iso_3d", "small", torch.float32, "cpu")[0].name
+    done = harness.run([sys.executable, str(script), "tv_loss_iso_3d", "--size", "small", "--sample", sample,
+                        "--set", "maxnreg=24"], timeout=300, env=env, check=True)
+    spills = [(int(m.group(1)), int(m.group(2)), int(m.group(3))) for m in re.finditer(
+        r"24 registers, (\d+) B spilled \(LDL (\d+), STL (\d+)\)", done.stdout)]
+    assert len(spills) == 2 and any(b > 0 and ldl + stl > 0 for b, ldl, stl in spills), done.stdout
 
 
 # -- past 2^31 elements: 64-bit offsets (GPU with >= 60 GB) --------------------------------

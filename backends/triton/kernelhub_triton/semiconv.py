@@ -273,10 +273,11 @@ DENSE_BWD = (256, 4, 48)
 # a dense call's forwards compute DENSE_CHANNELS output channels of one group at once (a program's outputs times
 # them): each load of an image row serves them all, where a program per channel loads it once each; registers a
 # thread at most DENSE_REGS (--sweep semiconv on an H200: the dense sample's forward+backward 9% faster at 64 than at
-# the compiler's choice, the saving forward's 104 with triton 3.6)
+# the compiler's choice, the saving forward's 104 with triton 3.6, though it spills 48 bytes a thread at 64)
 DENSE_CHANNELS, DENSE_REGS = 4, 64
 # the row kernels' registers a thread at most (Triton's maxnreg; None: the compiler's choice, 94 for the 3-D saving
-# forward with triton 3.6, 20 warps a multiprocessor; 64 and 48 spill nothing: scripts/kernel_resources.py)
+# forward with triton 3.6, 20 warps a multiprocessor; it spills 64 bytes a thread at 64 and 152 at 48:
+# scripts/kernel_resources.py)
 ROW_REGS = None
 MAX_BINS = 32  # window indices the kernel-gradient pass sums at a time, at most
 # where the row kernels add the kernel's gradient (one atomic an output), they add into KERNEL_COPIES copies of it, a

@@ -41,9 +41,9 @@ L1, SQ, ISO = 0, 1, 2
 # (benchmarks/kernels.py's sweep; docs/lab/benchmarks-history.md#measurements-behind-the-code).
 LAUNCH = {L1: (512, 4, 35, 35, 256), SQ: (512, 4, 35, 35, 256), ISO: (512, 8, 6, 3, 256)}
 # The backward's registers a thread at most (Triton's maxnreg; None: the compiler's choice). Iso's backward takes 76
-# with triton 3.6; at 64 it spills nothing (scripts/kernel_resources.py), and --sweep iso measured it 5% faster at 512^3
-# with the same programs (48 with 5 programs a multiprocessor was slower). Not under torch.compile, whose Triton wrapper
-# takes no such option.
+# with triton 3.6; at 64 it spills 40 bytes a thread at 16x1024^2, none at 256^3 (scripts/kernel_resources.py), and
+# --sweep iso measured it 5% faster at 512^3, even at the other sizes, with the same programs (48 with 5 programs a
+# multiprocessor was slower). Not under torch.compile, whose Triton wrapper takes no such option.
 BWD_REGS = {L1: None, SQ: None, ISO: 64}
 # The L1 and squared forwards on volumes of up to SMALL voxels: SMALL_FWD_PER_SM programs a multiprocessor, fewer and
 # longer D chunks (an H200 at 256^3 and 16x1024^2: 10-13% faster than 35, which 512^3 keeps: 8 costs it 7%;

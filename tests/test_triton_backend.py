@@ -110,6 +110,21 @@ def test_semiconv_row_kernel_gives_an_all_zero_window_s_gradient_to_its_first_ta
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_semiconv_kernel_gradient_copies_are_bounded_by_the_kernels_size():
+    # a dense call's row kernels add the kernel's gradient into KERNEL_COPIES copies, fewer where the copies would
+    # hold more than COPIES_ELEMENTS values (the layout alone: nothing is allocated or launched)
+    from kernelhub_triton import semiconv
+
+    def copies(o, cg, k):
+        args = ("tropical_max", (1, 1), (1, 1, 1, 1), (1, 1), 1, "corr", False, torch.float32, 132)
+        return semiconv._call_of((2, cg, 64, 64), (o, cg, k, k), *args).rows.copies
+
+    assert copies(64, 64, 3) == semiconv.KERNEL_COPIES  # 36,864 entries
+    assert copies(256, 256, 5) == semiconv.COPIES_ELEMENTS // (256 * 256 * 25) == 2
+    assert copies(512, 512, 7) == 1  # more entries than COPIES_ELEMENTS: one copy, the gradient itself
+    assert copies(4, 1, 3) == 1  # a depthwise window of 9 indices: the one-hot pass, no copies
+
+
 @pytest.mark.parametrize("semifield", ["tropical_max", "tropical_min"])
 def test_semiconv_dense_calls_take_the_dense_rows_and_match_the_reference(semifield):
     # windows of semiconv.DENSE channels or more compute semiconv.DENSE_BLOCK outputs at a time on DENSE_WARPS warps

@@ -282,8 +282,10 @@ ROW_REGS = None
 MAX_BINS = 32  # window indices the kernel-gradient pass sums at a time, at most
 # where the row kernels add the kernel's gradient (one atomic an output), they add into KERNEL_COPIES copies of it, a
 # program into copy pid % KERNEL_COPIES, summed afterwards: a dense call's outputs all land on O x Cg x taps entries,
-# and the programs of one output channel, adjacent in the grid, would otherwise contend for its few hundred entries
-KERNEL_COPIES = 32
+# and the programs of one output channel, adjacent in the grid, would otherwise contend for its few hundred entries;
+# fewer copies where they would hold more than COPIES_ELEMENTS values (a large kernel's entries contend less, and its
+# copies would cost memory and a sum)
+KERNEL_COPIES, COPIES_ELEMENTS = 32, 2**22
 GRAD_BLOCK = 256  # outputs per program of that pass
 # that pass's warps: its one-hot sums are BINS x GRAD_BLOCK values a program, 64 a thread at 4 warps and 32 bins (95
 # registers with triton 3.6, at most 20 warps a multiprocessor), 32 at 8 (47 registers; scripts/kernel_resources.py)
@@ -486,7 +488,7 @@ def _row_layout(a, img_shape, kernel_shape, dtype, sms) -> _Rows:
     dense = kernel_shape[1] >= DENSE
     window, planes, per = math.prod(kernel_shape[1:]), B * O, OD * OH * OW
     atomic = window > MAX_BINS  # the row kernels add the kernel's gradient
-    copies = KERNEL_COPIES if atomic else 1
+    copies = max(1, min(KERNEL_COPIES, COPIES_ELEMENTS // (O * window))) if atomic else 1
 
     def layout(block, warps, regs, ocb=1):  # the grid and the row kernels' launch settings
         bw = min(next_power_of_2(OW), ROW_WIDTH)

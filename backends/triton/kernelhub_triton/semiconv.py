@@ -6,7 +6,8 @@ for "conv" window tap t reads kernel tap taps-1-t, FLIP). The kernel's spatial s
 
 max/min (`_tropical_kernel`): a program serves rows of output segments, RB rows by BW columns at a time (about 256
 outputs, so a narrow image, 64 wide say, still fills every lane), and each tap is one load of the segments shifted by
-the tap (no per-output index arithmetic per tap), the semifield's zero in the padding. Each output's first winner
+the tap (no per-output index arithmetic per tap), the semifield's zero in the padding; a dense call's forward
+computes several output channels at once, so that each load serves them all. Each output's first winner
 (a strict comparison in (c, tap) order) is what the backward needs: a forward whose backward follows saves it (one
 byte an output where the window has fewer than 128 taps; `Impl.can` "saves"), else the backward searches again.
 The backward adds the upstream gradient at the winner into the image's gradient (atomics: windows overlap), and
@@ -249,15 +250,16 @@ def _semiconv_gather_kernel(g_ptr, s_ptr, x_ptr, k_ptr, gx_ptr, gk_ptr, C, D, H,
 
 # -- max/min: output rows ---------------------------------------------------------------------
 # A program serves ROWS rows of BW outputs of one (b, oc, od) output plane, RB rows at a time with one output column
-# per lane: each tap is one load of the row segments shifted by the tap (neighbouring taps hit L1; a warp's load is 32
-# adjacent elements), one add and one max or min. MODE: FORWARD stores the output; SAVING the output and each
+# per lane (a dense call's forwards: of OCB output channels of one group at once, [OCB, RB, BW]): each tap is one load
+# of the row segments shifted by the tap (neighbouring taps hit L1; a warp's load is 32 adjacent elements, which
+# serves the OCB channels), one add and one max or min. MODE: FORWARD stores the output; SAVING the output and each
 # output's first winner ``c * taps + tap`` (-1 where the window holds a NaN); SEARCH (the backward without saved
 # winners) the winner, and with NEED_IMG adds the upstream gradient at it into the image's gradient (an atomic add);
 # SAVED (the backward with them) reads the winners and adds. The kernel's gradient is then one pass over the winners
 # (`_tropical_kernel_grad`: per program, a one-hot sum per window index, one atomic each) where a window has MAX_BINS
 # indices or fewer; a larger window (a dense call's) would take a one-hot pass per MAX_BINS indices, so there the row
 # kernel adds each output's upstream gradient at its winner's kernel entry itself (NEED_KERNEL: one atomic an output,
-# spread over the O x Cg x taps entries).
+# spread over the O x Cg x taps entries, into COPIES copies of them by program).
 FORWARD, SAVING, SEARCH, SAVED = 0, 1, 2, 3
 ROWS, ROW_WIDTH, ROW_WARPS = 8, 256, 4
 ROW_BLOCK = 256  # outputs a program computes at a time (RB x BW)

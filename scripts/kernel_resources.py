@@ -110,7 +110,8 @@ def resources(kernel) -> dict:
                               re.finditer(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass, re.M))
     # ptxas spills registers into the thread's stack frame (cuobjdump's STACK; its LOCAL stays 0 for them), which
     # the SASS's LDL and STL instructions read and write
-    return {"registers": int(fields.get("REG", 0)), "local": int(fields.get("STACK", 0)) + int(fields.get("LOCAL", 0)),
+    spilled = int(fields.get("STACK", 0)) + int(fields.get("LOCAL", 0))
+    return {"registers": int(fields.get("REG", 0)), "spilled": spilled,
             "shared": int(fields.get("SHARED", 0)), "sass": sum(ops.values()), "ops": ops}
 
 
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             warps = shown.get("num_warps", 4)
             resident = min(64, 65536 // max(1, r["registers"] * 32) // warps * warps) if r["registers"] else 0
             top = ", ".join(f"{op} {n}" for op, n in r["ops"].most_common(6))
-            spilled = f"{r['local']} B spilled (LDL {r['ops']['LDL']}, STL {r['ops']['STL']})"
+            spilled = f"{r['spilled']} B spilled (LDL {r['ops']['LDL']}, STL {r['ops']['STL']})"
             print(f"{sample.name} {name} grid {grid[0]}: {r['registers']} registers, {spilled}, "
                   f"{r['shared']} B shared, {r['sass']} SASS ({top}); at most {resident} warps an SM by registers "
                   f"| {' '.join(f'{k}={v}' for k, v in shown.items())}", flush=True)

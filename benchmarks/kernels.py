@@ -269,6 +269,19 @@ def sweep_semiconv() -> None:
             (256, 128, 4, 16, 8, 64), (512, 256, 8, 8, 8, None), (512, 256, 8, 8, 4, None), (128, 128, 2, 8, 8, None)]
     smooth = [(512, 4, 8), (512, 4, 4), (512, 8, 8), (256, 4, 8), (1024, 8, 8), (1024, 4, 8)]
     fn = kernelhub.op("semiconv", backend="triton")
+
+    def measure(sample, forward=True):
+        """(forward ms or None, forward+backward ms) at the settings as they stand, from a fresh layout."""
+        sc._call_of.cache_clear()
+        fwd = bench(*make_step(fn, sample.args, None, None))[1] if forward else None
+        g = testing.upstream_grad(fn(*sample.args))
+        return fwd, bench(*make_step(fn, sample.args, (0, 1), g))[1]
+
+    def restore():
+        for n, v in keep.items():
+            setattr(sc, n, v)
+        sc._call_of.cache_clear()
+
     for sample in testing.samples("semiconv", "benchmark", torch.float32, "cuda"):
         tropical = sample.name.startswith("tropical")
         for config in rows if tropical else smooth:
@@ -277,27 +290,19 @@ def sweep_semiconv() -> None:
                 sc.DENSE = 2**31  # every call on the configuration swept
             else:
                 sc.BLOCK, sc.NUM_WARPS, sc.GATHER_WARPS = config
-            sc._call_of.cache_clear()
-            fwd = bench(*make_step(fn, sample.args, None, None))[1]
-            g = testing.upstream_grad(fn(*sample.args))
-            both = bench(*make_step(fn, sample.args, (0, 1), g))[1]
+            fwd, both = measure(sample)
             print(f"sweep semiconv {sample.name:36s} {'rows' if tropical else 'block/warps/gather'} {config}: "
                   f"fwd {fwd:.4f} ms  fwd+bwd {both:.4f} ms", flush=True)
-        for n, v in keep.items():
-            setattr(sc, n, v)
+        restore()
         # a dense call's forwards: (output channels at once, outputs at a time, warps, registers at most)
         dense = tropical and sample.args[1].shape[1] >= sc.DENSE
         for config in ((4, 512, 8, None), (4, 512, 8, 64), (4, 512, 8, 56), (4, 512, 8, 72), (2, 512, 8, 64),
                        (4, 256, 4, 64), (8, 512, 8, 64), (8, 256, 8, 96)) if dense else ():
             sc.DENSE_CHANNELS, sc.DENSE_BLOCK, sc.DENSE_WARPS, sc.DENSE_REGS = config
-            sc._call_of.cache_clear()
-            fwd = bench(*make_step(fn, sample.args, None, None))[1]
-            g = testing.upstream_grad(fn(*sample.args))
-            both = bench(*make_step(fn, sample.args, (0, 1), g))[1]
+            fwd, both = measure(sample)
             print(f"sweep semiconv {sample.name:36s} dense forwards {config}: fwd {fwd:.4f} ms  fwd+bwd {both:.4f} ms",
                   flush=True)
-        for n, v in keep.items():
-            setattr(sc, n, v)
+        restore()
         # max/min's kernel gradient by one atomic an output in the row kernels, into KERNEL_COPIES copies: the
         # shipped path of a window of more than MAX_BINS indices; smaller windows (the one-hot pass) forced onto it
         window = math.prod(sample.args[1].shape[1:])
@@ -305,14 +310,10 @@ def sweep_semiconv() -> None:
             (1, c) for c in (32, 128, 512)]
         for bins, copies in tries if tropical else ():
             sc.MAX_BINS, sc.KERNEL_COPIES = bins, copies
-            sc._call_of.cache_clear()
-            g = testing.upstream_grad(fn(*sample.args))
-            both = bench(*make_step(fn, sample.args, (0, 1), g))[1]
+            both = measure(sample, forward=False)[1]
             print(f"sweep semiconv {sample.name:36s} kernel gradient by atomics, {copies:3d} copies: fwd+bwd "
                   f"{both:.4f} ms", flush=True)
-        for n, v in keep.items():
-            setattr(sc, n, v)
-        sc._call_of.cache_clear()
+        restore()
 
 
 def write_rows(rows: list[dict], path: str | None) -> None:
